@@ -1,0 +1,97 @@
+#ifndef KPOOL_RING_CLOSE_HPP
+#define KPOOL_RING_CLOSE_HPP
+
+#include <KPool_Options.hpp>
+#include <KPool_Types.hpp>
+#include <details/KPool_DetailsCall.hpp>
+#include <details/KPool_DetailsRingCloseFunctor.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+
+/// ring_close (SEMANTICS.md; the seed page kpool_ring_close_kernel): the
+/// one pending pool the ring already partly holds. For request r with
+/// c = cache_lengths(r), have = c % K and n rows: when have > 0 and
+/// have + n >= K, pool c / K closes from ring members [0, have) of slot
+/// slot_idx(r) and rows [0, K - have) of the request; pooled(r) is its
+/// value and closed_pool(r) = c / K. Otherwise closed_pool(r) = -1 and
+/// pooled(r) is not written. The ring is only read. Rows at and past
+/// num_requests are not touched.
+///
+/// tail [max_slots, 2, K, D] T; key, gate [T, D]; ape [K, D] float;
+/// row_offsets [B + 1], cache_lengths [B], slot_idx [B] uint32;
+/// pooled [B, D] T and closed_pool [B] int32, written. One launch.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class ApeView, class RowOffsetsView, class CacheLengthsView,
+          class SlotView, class PooledView, class ClosedView>
+void ring_close(ExecutionSpace const& space, TailView const& tail,
+                KeyView const& key, GateView const& gate, ApeView const& ape,
+                RowOffsetsView const& row_offsets,
+                CacheLengthsView const& cache_lengths,
+                SlotView const& slot_idx, int num_requests,
+                PooledView const& pooled, ClosedView const& closed_pool,
+                Options const& options = Options()) {
+  using T = typename KeyView::non_const_value_type;
+  static_assert(is_storage_type<T>::value,
+                "KPool: key must hold float, double, KPool::bfloat16 or "
+                "KPool::float16");
+  KPOOL_IMPL_CHECK_VIEW(TailView, T, 4, ExecutionSpace, "tail");
+  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
+  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                        "row_offsets");
+  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                        "cache_lengths");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 2, ExecutionSpace, "pooled");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 1, ExecutionSpace,
+                               "closed_pool");
+  using M = typename ExecutionSpace::memory_space;
+
+  Details::KokkosExt::ScopedProfileRegion region("KPool::ring_close");
+  Details::Checker const chk("KPool::ring_close");
+  int const K = static_cast<int>(ape.extent(0));
+  int const D = static_cast<int>(ape.extent(1));
+  auto call = Details::ragged_call<ExecutionSpace, T>(
+      chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
+  Details::check_tail(chk, tail, K, D);
+  Details::attach_slots(chk, call, slot_idx, static_cast<int>(tail.extent(0)));
+  chk.extent_is("pooled", 0, pooled.extent(0), call.batch_size, "B");
+  chk.extent_is("pooled", 1, pooled.extent(1), D, "head_dim");
+  chk.extent_is("closed_pool", 0, closed_pool.extent(0), call.batch_size, "B");
+  if (options.validate)
+    Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
+                                &slot_idx, num_requests, key.extent(0), K,
+                                static_cast<int>(tail.extent(0)));
+
+  Details::View4<const T, M> const ring = tail;
+  Details::View2<T, M> const out = pooled;
+  bool const contiguous =
+      call.contiguous() && out.stride(1) == 1 && ring.stride(3) == 1;
+  bool const aligned =
+      call.aligned() && Details::rows_aligned(out.data(), out.stride(0), 16) &&
+      Details::rows_aligned(ring.data(), ring.stride(2), 16);
+  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
+                                            [&](auto path) {
+    using P = decltype(path);
+    Details::RingCloseFunctor<ExecutionSpace, T, P, false> f;
+    f.batch = call.batch;
+    f.tail = ring;
+    f.key = call.key;
+    f.gate = call.gate;
+    f.ape = call.ape;
+    f.out.pooled = out;
+    f.closed_pool = closed_pool;
+    f.head_dim = D;
+    Details::launch_items(space, "KPool::ring_close", f,
+                          static_cast<std::uint64_t>(num_requests), D,
+                          P::width, options.team_size);
+  });
+}
+
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,151 @@
+#ifndef KPOOL_TAIL_UPDATE_HPP
+#define KPOOL_TAIL_UPDATE_HPP
+
+#include <KPool_Options.hpp>
+#include <KPool_Types.hpp>
+#include <details/KPool_DetailsCall.hpp>
+#include <details/KPool_DetailsTailUpdateFunctor.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+
+namespace Details {
+
+// Shapes of a decode call, checked whatever Options::validate says.
+template <class KeyView, class GateView, class ApeView, class PositionsView,
+          class TailView>
+void check_decode_shapes(Checker const& chk, KeyView const& key,
+                         GateView const& gate, ApeView const& ape,
+                         PositionsView const& positions, TailView const& tail,
+                         int num_requests) {
+  std::size_t const K = ape.extent(0), D = ape.extent(1);
+  chk.pool_shape(K, D);
+  check_tail(chk, tail, static_cast<int>(K), static_cast<int>(D));
+  std::size_t const B = positions.extent(0), next_n = positions.extent(1);
+  if (next_n < 1)
+    chk.fail("positions", "extent 1", -1, "0",
+             "is not a valid next_n (at least 1 token per row)");
+  chk.extent_is("key", 0, key.extent(0), B, "the batch size B (positions is [B, next_n])");
+  chk.extent_is("key", 1, key.extent(1), next_n, "next_n (positions is [B, next_n])");
+  chk.extent_is("key", 2, key.extent(2), D, "head_dim");
+  chk.extent_is("gate", 0, gate.extent(0), B, "the batch size B (positions is [B, next_n])");
+  chk.extent_is("gate", 1, gate.extent(1), next_n, "next_n (positions is [B, next_n])");
+  chk.extent_is("gate", 2, gate.extent(2), D, "head_dim");
+  if (num_requests < 0)
+    chk.fail_scalar("num_requests", num_requests, "is negative");
+  if (static_cast<std::size_t>(num_requests) > B)
+    chk.fail_scalar("num_requests", num_requests,
+                    "exceeds the batch size B = " + std::to_string(B));
+}
+
+template <class ExecutionSpace, class T, class M>
+bool decode_aligned(View3<const T, M> const& key, View3<const T, M> const& gate,
+                    View2<const float, M> const& ape, View4<T, M> const& ring) {
+  constexpr int W = packet_width<ExecutionSpace, T>();
+  return rows_aligned(key.data(), key.stride(1), 16) && (key.stride(0) * sizeof(T)) % 16 == 0 &&
+         rows_aligned(gate.data(), gate.stride(1), 16) && (gate.stride(0) * sizeof(T)) % 16 == 0 &&
+         rows_aligned(ape.data(), ape.stride(0), W * sizeof(float)) &&
+         rows_aligned(ring.data(), ring.stride(2), 16) && (ring.stride(1) * sizeof(T)) % 16 == 0 &&
+         (ring.stride(0) * sizeof(T)) % 16 == 0;
+}
+
+}  // namespace Details
+
+/// tail_update (SEMANTICS.md): the decode writer, next_n tokens a row.
+/// Row r's tokens are taken in order; a real token (positions(r, i) >= 0)
+/// is stashed at ring index pos % K of slot slot_idx(r), and when
+/// pos % K == K - 1 pool pos / K closes from ring indices 0..K-1. Closed
+/// pools go to pooled(r, j) / closed_pool(r, j) in order; the rest of
+/// closed_pool(r) is -1.
+///
+/// tail [max_slots, 2, K, D] T, read and written; key, gate [B, next_n, D]
+/// T; ape [K, D] float; positions [B, next_n] int32; slot_idx [B] uint32;
+/// pooled [B, M, D] T and closed_pool [B, M] int32, written, with
+/// M >= ceil(next_n / K). Validation also requires a row's real positions
+/// to be consecutive. One launch.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class ApeView, class PositionsView, class SlotView, class PooledView,
+          class ClosedView>
+void tail_update(ExecutionSpace const& space, TailView const& tail,
+                 KeyView const& key, GateView const& gate, ApeView const& ape,
+                 PositionsView const& positions, SlotView const& slot_idx,
+                 int num_requests, PooledView const& pooled,
+                 ClosedView const& closed_pool,
+                 Options const& options = Options()) {
+  using T = typename KeyView::non_const_value_type;
+  static_assert(is_storage_type<T>::value,
+                "KPool: key must hold float, double, KPool::bfloat16 or "
+                "KPool::float16");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
+  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 3, ExecutionSpace, "key");
+  KPOOL_IMPL_CHECK_VIEW(GateView, T, 3, ExecutionSpace, "gate");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_VIEW(PositionsView, std::int32_t, 2, ExecutionSpace,
+                        "positions");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 3, ExecutionSpace, "pooled");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 2, ExecutionSpace,
+                               "closed_pool");
+  using M = typename ExecutionSpace::memory_space;
+
+  Details::KokkosExt::ScopedProfileRegion region("KPool::tail_update");
+  Details::Checker const chk("KPool::tail_update");
+  Details::check_decode_shapes(chk, key, gate, ape, positions, tail,
+                               num_requests);
+  int const K = static_cast<int>(ape.extent(0));
+  int const D = static_cast<int>(ape.extent(1));
+  std::size_t const B = positions.extent(0);
+  std::size_t const next_n = positions.extent(1);
+  std::size_t const max_closed = (next_n + K - 1) / K;
+  chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,
+                "the batch size B (positions is [B, next_n])");
+  chk.extent_is("pooled", 0, pooled.extent(0), B, "the batch size B");
+  chk.extent_at_least("pooled", 1, pooled.extent(1), max_closed,
+                      "pools a row of next_n tokens can close (ceil(next_n / K))");
+  chk.extent_is("pooled", 2, pooled.extent(2), D, "head_dim");
+  chk.extent_is("closed_pool", 0, closed_pool.extent(0), B, "the batch size B");
+  chk.extent_is("closed_pool", 1, closed_pool.extent(1), pooled.extent(1),
+                "the extent 1 of pooled");
+  int const max_slots = static_cast<int>(tail.extent(0));
+  if (options.validate)
+    Details::check_decode_batch(chk, space, positions, slot_idx, num_requests,
+                                K, max_slots);
+
+  Details::View4<T, M> const ring = tail;
+  Details::View3<const T, M> const k = key;
+  Details::View3<const T, M> const g = gate;
+  Details::View2<const float, M> const a = ape;
+  Details::View3<T, M> const out = pooled;
+  bool const contiguous = k.stride(2) == 1 && g.stride(2) == 1 &&
+                          a.stride(1) == 1 && ring.stride(3) == 1 &&
+                          out.stride(2) == 1;
+  bool const aligned = Details::decode_aligned<ExecutionSpace, T, M>(k, g, a, ring) &&
+                       Details::rows_aligned(out.data(), out.stride(1), 16) &&
+                       (out.stride(0) * sizeof(T)) % 16 == 0;
+  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
+                                            [&](auto path) {
+    using P = decltype(path);
+    Details::TailUpdateFunctor<ExecutionSpace, T, P, false> f;
+    f.tail = ring;
+    f.key = k;
+    f.gate = g;
+    f.ape = a;
+    f.positions = positions;
+    f.slot_idx = slot_idx;
+    f.pooled = out;
+    f.closed_pool = closed_pool;
+    f.num_requests = num_requests;
+    f.kpool = K;
+    f.head_dim = D;
+    f.max_slots = max_slots;
+    Details::launch_items(space, "KPool::tail_update", f,
+                          static_cast<std::uint64_t>(num_requests), D,
+                          P::width, options.team_size);
+  });
+}
+
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,126 @@
+#ifndef KPOOL_DETAILS_BATCH_HPP
+#define KPOOL_DETAILS_BATCH_HPP
+
+// Views as the kernels see them, and one request of a ragged batch as the
+// kernels load it. Public entry points accept any layout; internally every
+// view is LayoutStride, so one functor instantiation serves LayoutRight,
+// LayoutLeft and strided inputs alike, and the contiguous fast path is a
+// run-time choice made from the strides.
+
+#include <details/KPool_DetailsKokkosExt.hpp>
+#include <details/KPool_DetailsPool.hpp>
+#include <details/KPool_DetailsRequest.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+namespace Details {
+
+template <class T, class M>
+using View1 = Kokkos::View<T*, Kokkos::LayoutStride, M>;
+template <class T, class M>
+using View2 = Kokkos::View<T**, Kokkos::LayoutStride, M>;
+template <class T, class M>
+using View3 = Kokkos::View<T***, Kokkos::LayoutStride, M>;
+template <class T, class M>
+using View4 = Kokkos::View<T****, Kokkos::LayoutStride, M>;
+
+// One live request as every kernel sees it. `valid` is false when the
+// request's rows or length are out of range (only possible with validation
+// off); such a request closes, compresses and seeds nothing. `slot_ok` is
+// false when its ring slot is out of range; then it reads and writes no
+// ring entry.
+struct Request {
+  RequestGeometry g;
+  std::uint64_t row_begin;
+  int slot;
+  bool valid;
+  bool slot_ok;
+  // ring_close and the step's count agree on this: a close needs the ring.
+  KOKKOS_INLINE_FUNCTION bool closes() const { return valid && slot_ok && g.closes; }
+  KOKKOS_INLINE_FUNCTION std::uint64_t full() const { return valid ? g.full : 0; }
+};
+
+// The batch description shared by the ragged writers. slot_idx may be
+// empty (compress does not use the ring).
+template <class MemorySpace>
+struct RaggedBatch {
+  View1<const std::uint32_t, MemorySpace> row_offsets;
+  View1<const std::uint32_t, MemorySpace> cache_lengths;
+  View1<const std::uint32_t, MemorySpace> slot_idx;
+  int num_requests;
+  int kpool;
+  std::uint64_t total_rows;  // rows of key/gate
+  int max_slots;
+
+  KOKKOS_INLINE_FUNCTION Request request(int r) const {
+    Request q;
+    std::uint64_t const b = row_offsets(r);
+    std::uint64_t const e = row_offsets(r + 1);
+    std::uint64_t const c = cache_lengths(r);
+    q.valid = b <= e && e <= total_rows && c + (e - b) <= max_sequence_length;
+    q.row_begin = b;
+    q.g = request_geometry(c, q.valid ? e - b : 0, kpool);
+    std::uint32_t const s = slot_idx.extent(0) > 0 ? slot_idx(r) : 0u;
+    q.slot_ok = s < static_cast<std::uint32_t>(max_slots);
+    q.slot = static_cast<int>(s);
+    return q;
+  }
+};
+
+// Where pool j of the request is built from.
+template <class T, class MemorySpace>
+KOKKOS_INLINE_FUNCTION PoolSource<T> rows_source(
+    View2<const T, MemorySpace> const& key,
+    View2<const T, MemorySpace> const& gate, std::uint64_t row) {
+  PoolSource<T> s;
+  s.ring_key = s.ring_gate = nullptr;
+  s.ring_m = s.ring_c = 0;
+  s.row_key = key.data() + row * key.stride(0);
+  s.row_gate = gate.data() + row * gate.stride(0);
+  s.key_r = key.stride(0);
+  s.key_c = key.stride(1);
+  s.gate_r = gate.stride(0);
+  s.gate_c = gate.stride(1);
+  s.have = 0;
+  return s;
+}
+
+template <class T, class TailView>
+KOKKOS_INLINE_FUNCTION void attach_ring(PoolSource<T>& s, TailView const& tail,
+                                        int slot, int have) {
+  s.ring_key = tail.data() + slot * tail.stride(0);
+  s.ring_gate = s.ring_key + tail.stride(1);
+  s.ring_m = tail.stride(2);
+  s.ring_c = tail.stride(3);
+  s.have = have;
+}
+
+template <class MemorySpace>
+KOKKOS_INLINE_FUNCTION ApeSource
+ape_source(View2<const float, MemorySpace> const& ape) {
+  return ApeSource{ape.data(), static_cast<std::ptrdiff_t>(ape.stride(0)),
+                   static_cast<std::ptrdiff_t>(ape.stride(1))};
+}
+
+// Largest r in [0, n] with offsets(r) <= value: the request owning output
+// row `value` when offsets is an exclusive prefix sum (empty requests share
+// their offset with the next one and are skipped).
+template <class OffsetsView>
+KOKKOS_INLINE_FUNCTION int owner_of(OffsetsView const& offsets, int n,
+                                    std::uint64_t value) {
+  int lo = 0, hi = n;  // offsets(lo) <= value holds for lo = 0
+  while (lo < hi) {
+    int const mid = lo + (hi - lo + 1) / 2;
+    if (static_cast<std::uint64_t>(offsets(mid)) <= value)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

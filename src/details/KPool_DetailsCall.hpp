@@ -1,0 +1,122 @@
+#ifndef KPOOL_DETAILS_CALL_HPP
+#define KPOOL_DETAILS_CALL_HPP
+
+// What every ragged entry point does between its signature and its launch:
+// the normalized views, the shape checks (free, always on), and the path
+// choice from strides and alignment.
+
+#include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsLaunch.hpp>
+#include <details/KPool_DetailsOffsetsFunctor.hpp>
+#include <details/KPool_DetailsValidate.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace KPool {
+namespace Details {
+
+template <class ExecutionSpace, class T>
+struct RaggedCall {
+  using memory_space = typename ExecutionSpace::memory_space;
+  RaggedBatch<memory_space> batch;
+  View2<const T, memory_space> key;
+  View2<const T, memory_space> gate;
+  View2<const float, memory_space> ape;
+  int batch_size;  // B
+  int head_dim;    // D
+
+  bool contiguous() const {
+    return key.stride(1) == 1 && gate.stride(1) == 1 && ape.stride(1) == 1;
+  }
+  // Every row start 16-byte aligned, ape rows aligned for W floats.
+  bool aligned() const {
+    constexpr int W = packet_width<ExecutionSpace, T>();
+    return rows_aligned(key.data(), key.stride(0), 16) &&
+           rows_aligned(gate.data(), gate.stride(0), 16) &&
+           rows_aligned(ape.data(), ape.stride(0), W * sizeof(float));
+  }
+};
+
+// Shapes of a ragged call, checked whatever Options::validate says: they
+// cost nothing, and with them the kernels never index past an index array.
+template <class ExecutionSpace, class T, class KeyView, class GateView,
+          class ApeView, class Offsets, class Lengths>
+RaggedCall<ExecutionSpace, T> ragged_call(Checker const& chk,
+                                          KeyView const& key,
+                                          GateView const& gate,
+                                          ApeView const& ape,
+                                          Offsets const& row_offsets,
+                                          Lengths const& cache_lengths,
+                                          int num_requests, int kpool,
+                                          int head_dim) {
+  chk.pool_shape(static_cast<std::size_t>(kpool),
+                 static_cast<std::size_t>(head_dim));
+  chk.extent_is("ape", 0, ape.extent(0), kpool, "kpool");
+  chk.extent_is("ape", 1, ape.extent(1), head_dim, "head_dim");
+  chk.extent_is("key", 1, key.extent(1), head_dim, "head_dim");
+  chk.extent_is("gate", 0, gate.extent(0), key.extent(0), "the rows of key");
+  chk.extent_is("gate", 1, gate.extent(1), head_dim, "head_dim");
+  if (row_offsets.extent(0) < 1)
+    chk.fail("row_offsets", "extent 0", -1, "0",
+             "leaves no room for B + 1 entries");
+  std::size_t const B = row_offsets.extent(0) - 1;
+  chk.extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
+                "the batch size B (row_offsets has B + 1 entries)");
+  if (num_requests < 0)
+    chk.fail_scalar("num_requests", num_requests, "is negative");
+  if (static_cast<std::size_t>(num_requests) > B)
+    chk.fail_scalar("num_requests", num_requests,
+                    "exceeds the batch size B = " + std::to_string(B));
+
+  RaggedCall<ExecutionSpace, T> call;
+  call.key = key;
+  call.gate = gate;
+  call.ape = ape;
+  call.batch.row_offsets = row_offsets;
+  call.batch.cache_lengths = cache_lengths;
+  call.batch.num_requests = num_requests;
+  call.batch.kpool = kpool;
+  call.batch.total_rows = key.extent(0);
+  call.batch.max_slots = 0;
+  call.batch_size = static_cast<int>(B);
+  call.head_dim = head_dim;
+  return call;
+}
+
+template <class ExecutionSpace, class T, class Slots>
+void attach_slots(Checker const& chk, RaggedCall<ExecutionSpace, T>& call,
+                  Slots const& slot_idx, int max_slots) {
+  chk.extent_is("slot_idx", 0, slot_idx.extent(0),
+                static_cast<std::size_t>(call.batch_size),
+                "the batch size B (row_offsets has B + 1 entries)");
+  call.batch.slot_idx = slot_idx;
+  call.batch.max_slots = max_slots;
+}
+
+template <class Tail>
+void check_tail(Checker const& chk, Tail const& tail, int kpool, int head_dim) {
+  chk.extent_is("tail", 1, tail.extent(1), 2, "2 (keys and gate scores)");
+  chk.extent_is("tail", 2, tail.extent(2), kpool, "kpool");
+  chk.extent_is("tail", 3, tail.extent(3), head_dim, "head_dim");
+  if (tail.extent(0) > 0x7FFFFFFF)
+    chk.fail("tail", "extent 0", -1, std::to_string(tail.extent(0)),
+             "is too many slots");
+}
+
+// The device scan that lays out a ragged call's output rows.
+template <bool StepMode, class ExecutionSpace, class T, class OffsetsView>
+void launch_ragged_offsets(ExecutionSpace const& space, std::string const& label,
+                           RaggedCall<ExecutionSpace, T> const& call,
+                           OffsetsView const& offsets) {
+  RaggedOffsetsFunctor<typename ExecutionSpace::memory_space, StepMode> f{
+      call.batch, offsets};
+  Kokkos::parallel_scan(
+      label, Kokkos::RangePolicy<ExecutionSpace>(space, 0, call.batch_size + 1),
+      f);
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

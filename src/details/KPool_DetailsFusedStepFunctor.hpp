@@ -1,0 +1,51 @@
+#ifndef KPOOL_DETAILS_FUSED_STEP_FUNCTOR_HPP
+#define KPOOL_DETAILS_FUSED_STEP_FUNCTOR_HPP
+
+#include <details/KPool_DetailsCompressFunctor.hpp>
+#include <details/KPool_DetailsRingCloseFunctor.hpp>
+#include <details/KPool_DetailsSeedTailFunctor.hpp>
+
+namespace KPool {
+namespace Details {
+
+// The general step in one launch. The first request_teams teams take the
+// requests: each team thread closes its request's pending pool and then
+// seeds its ring slot. The close reads ring entries the seed may overwrite
+// (the next pool's members land on the same ring indices), and both are done
+// by the same team thread with the same channel-to-lane mapping, so each
+// lane reads its ring entries before it writes them, with no barrier. No
+// other request touches that slot. The remaining teams build the compress
+// pools, which never touch the ring. It calls the same member functions as
+// the three-launch path, so both produce the same bits.
+template <class ExecutionSpace, class T, class P>
+struct FusedStepFunctor {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+
+  RingCloseFunctor<ExecutionSpace, T, P, true> ring_close;
+  CompressFunctor<ExecutionSpace, T, P, true> compress;
+  SeedTailFunctor<ExecutionSpace, T, P> seed_tail;
+  int request_teams;
+  int items_per_team = 1;
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    int const team = member.league_rank();
+    if (team < request_teams) {
+      int const begin = team * items_per_team;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
+                           [&](int i) {
+                             ring_close.close(member, begin + i);
+                             seed_tail.seed(member, begin + i);
+                           });
+    } else {
+      std::uint64_t const begin =
+          static_cast<std::uint64_t>(team - request_teams) * items_per_team;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
+                           [&](int i) { compress.pool_row(member, begin + i); });
+    }
+  }
+};
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,113 @@
+#ifndef KPOOL_DETAILS_KOKKOS_EXT_HPP
+#define KPOOL_DETAILS_KOKKOS_EXT_HPP
+
+// The one place where Kokkos version and backend differences live. Kernels
+// call these names and never test KOKKOS_VERSION themselves.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#ifndef KOKKOS_VERSION
+#error "KPool needs a Kokkos that defines KOKKOS_VERSION (3.4 or newer)"
+#endif
+#if KOKKOS_VERSION < 30400
+#error "KPool needs Kokkos 3.4 or newer"
+#endif
+
+namespace KPool {
+namespace Details {
+namespace KokkosExt {
+
+// Kokkos::exp arrived in 3.7; before that it lived in Kokkos::Experimental.
+KOKKOS_INLINE_FUNCTION double exp(double x) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::exp(x);
+#else
+  return Kokkos::Experimental::exp(x);
+#endif
+}
+
+template <class MemorySpace, class ExecutionSpace>
+struct is_accessible_from {
+  static constexpr bool value =
+      Kokkos::SpaceAccessibility<ExecutionSpace, MemorySpace>::accessible;
+};
+
+// A device execution space is one whose memory the host cannot touch.
+// Launch shapes (channels per lane, team sizes) follow from this, not from
+// a list of backend names.
+template <class ExecutionSpace>
+struct is_device_space {
+  static constexpr bool value = !Kokkos::SpaceAccessibility<
+      Kokkos::HostSpace, typename ExecutionSpace::memory_space>::accessible;
+};
+
+template <class To, class From>
+KOKKOS_FORCEINLINE_FUNCTION To bit_cast(From const& from) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
+// Kokkos::Profiling::ScopedRegion only exists in recent releases.
+class ScopedProfileRegion {
+ public:
+  explicit ScopedProfileRegion(std::string const& name) {
+    Kokkos::Profiling::pushRegion(name);
+  }
+  ~ScopedProfileRegion() { Kokkos::Profiling::popRegion(); }
+  ScopedProfileRegion(ScopedProfileRegion const&) = delete;
+  ScopedProfileRegion& operator=(ScopedProfileRegion const&) = delete;
+};
+
+// The loop over channels. On a device it is Kokkos' ThreadVectorRange, so
+// consecutive lanes take consecutive channel packets. On the host Kokkos'
+// own vector range hides the loop from GCC's vectorizer behind a lambda
+// call and an aliasing doubt (outputs and inputs share the storage type),
+// so it is written out with an ivdep: iterations of a channel loop never
+// depend on each other, which is what every caller promises.
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define KPOOL_IMPL_IVDEP
+#elif defined(__clang__)
+#define KPOOL_IMPL_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__INTEL_COMPILER) || defined(__INTEL_LLVM_COMPILER)
+#define KPOOL_IMPL_IVDEP _Pragma("ivdep")
+#elif defined(__GNUC__) && !defined(__NVCC__)
+#define KPOOL_IMPL_IVDEP _Pragma("GCC ivdep")
+#else
+#define KPOOL_IMPL_IVDEP
+#endif
+
+template <class ExecutionSpace, class Member, class Functor>
+KOKKOS_FORCEINLINE_FUNCTION void vector_for(Member const& member, int n,
+                                            Functor const& f) {
+  if constexpr (is_device_space<ExecutionSpace>::value) {
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), f);
+  } else {
+    (void)member;
+    KPOOL_IMPL_IVDEP
+    for (int i = 0; i < n; ++i) f(i);
+  }
+}
+
+template <class ExecutionSpace, class Member, class Functor>
+KOKKOS_FORCEINLINE_FUNCTION void team_thread_for(Member const& member, int n,
+                                                 Functor const& f) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), f);
+}
+
+template <class Member, class Functor>
+KOKKOS_FORCEINLINE_FUNCTION void single_per_thread(Member const& member,
+                                                   Functor const& f) {
+  Kokkos::single(Kokkos::PerThread(member), f);
+}
+
+}  // namespace KokkosExt
+}  // namespace Details
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,214 @@
+#ifndef KPOOL_DETAILS_POOL_HPP
+#define KPOOL_DETAILS_POOL_HPP
+
+// The per-channel softmax pooling every writer calls (SEMANTICS.md, "What a
+// pool is"). One team thread computes one pool with its vector lanes over
+// the channels; compress, ring_close, tail_update and the fused step differ
+// only in where the K members come from, which PoolSource describes, so the
+// writers cannot drift apart: a pool has the same bits whichever writer
+// closed it.
+
+#include <KPool_Types.hpp>
+#include <details/KPool_DetailsExp.hpp>
+#include <details/KPool_DetailsKokkosExt.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace KPool {
+namespace Details {
+
+// A kernel variant. KPool/DPool > 0 fix kpool/head_dim at compile time (the
+// checkpoint's K=4, D=128 fast path); Width channels go to one vector lane
+// (16 bytes of the storage type on GPUs, 1 on hosts, whose compilers
+// vectorize across lanes instead); Contiguous means unit channel stride in
+// every view the kernel touches.
+template <int KPool_, int DPool_, int Width_, bool Contiguous_>
+struct Path {
+  static constexpr int kpool = KPool_;
+  static constexpr int head_dim = DPool_;
+  static constexpr int width = Width_;
+  static constexpr bool contiguous = Contiguous_;
+};
+
+// Where the K members of one pool live: members [0, have) at ring indices
+// [0, have) of one slot, members [have, K) in consecutive input rows.
+template <class T>
+struct PoolSource {
+  T const* ring_key;
+  T const* ring_gate;
+  std::ptrdiff_t ring_m;  // stride between ring indices
+  std::ptrdiff_t ring_c;  // stride between channels in the ring
+  T const* row_key;       // row of member `have`
+  T const* row_gate;
+  std::ptrdiff_t key_r, key_c;
+  std::ptrdiff_t gate_r, gate_c;
+  int have;
+
+  KOKKOS_INLINE_FUNCTION T const* key_ptr(int m) const {
+    return m < have ? ring_key + m * ring_m : row_key + (m - have) * key_r;
+  }
+  KOKKOS_INLINE_FUNCTION T const* gate_ptr(int m) const {
+    return m < have ? ring_gate + m * ring_m : row_gate + (m - have) * gate_r;
+  }
+  KOKKOS_INLINE_FUNCTION std::ptrdiff_t key_stride(int m) const {
+    return m < have ? ring_c : key_c;
+  }
+  KOKKOS_INLINE_FUNCTION std::ptrdiff_t gate_stride(int m) const {
+    return m < have ? ring_c : gate_c;
+  }
+};
+
+// ape is [K, D], f32.
+struct ApeSource {
+  float const* data;
+  std::ptrdiff_t m;
+  std::ptrdiff_t c;
+};
+
+// Width consecutive values, aligned so one load moves all of them (16 bytes
+// for the storage types).
+template <class T, int Width>
+struct alignas(sizeof(T) * Width) Packet {
+  T v[Width];
+};
+
+template <int Width, class T>
+KOKKOS_FORCEINLINE_FUNCTION Packet<T, Width> load_packet(T const* p) {
+  if constexpr (Width == 1) {
+    return Packet<T, 1>{{*p}};
+  } else {
+    return *reinterpret_cast<Packet<T, Width> const*>(p);
+  }
+}
+
+template <int Width, class T>
+KOKKOS_FORCEINLINE_FUNCTION void store_packet(T* p,
+                                              Packet<T, Width> const& v) {
+  if constexpr (Width == 1) {
+    *p = v.v[0];
+  } else {
+    *reinterpret_cast<Packet<T, Width>*>(p) = v;
+  }
+}
+
+// Softmax of K logits weighting K keys, one channel, in the accumulator
+// type. The order of operations is fixed (max from member 0 up, then sums
+// from member 0 up), so every path below rounds identically.
+template <int KS, class A>
+KOKKOS_FORCEINLINE_FUNCTION A softmax_pool(A const (&logit)[KS],
+                                           A const (&key)[KS]) {
+  A mx = logit[0];
+  for (int m = 1; m < KS; ++m) mx = logit[m] > mx ? logit[m] : mx;
+  A sum = 0, acc = 0;
+  for (int m = 0; m < KS; ++m) {
+    A const e = pool_exp(logit[m] - mx);
+    sum += e;
+    acc += e * key[m];
+  }
+  return acc / sum;
+}
+
+/// One pool, computed by the calling team thread's vector lanes, written
+/// to out[c * out_c] for c in [0, D). Lanes own channel packets
+/// [p * Width, (p + 1) * Width), the same mapping thread_vector_copy uses,
+/// so a lane only ever reads ring entries it wrote itself.
+template <class ExecutionSpace, class P, class T, class Member>
+KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
+                                               int D, ApeSource const& ape,
+                                               PoolSource<T> const& src,
+                                               T* out, std::ptrdiff_t out_c) {
+  using A = accumulator_t<T>;
+  constexpr int W = P::width;
+  int const head_dim = P::head_dim > 0 ? P::head_dim : D;
+  if constexpr (P::kpool > 0) {
+    static_assert(P::contiguous, "the fixed-K path reads unit strides");
+    constexpr int KS = P::kpool;
+    T const* kp[KS];
+    T const* gp[KS];
+    for (int m = 0; m < KS; ++m) {
+      kp[m] = src.key_ptr(m);
+      gp[m] = src.gate_ptr(m);
+    }
+    KokkosExt::vector_for<ExecutionSpace>(member, head_dim / W, [&](int p) {
+      int const c0 = p * W;
+      A logit[W][KS], key[W][KS];
+      for (int m = 0; m < KS; ++m) {
+        auto const g = load_packet<W>(gp[m] + c0);
+        auto const k = load_packet<W>(kp[m] + c0);
+        auto const a = load_packet<W>(ape.data + m * ape.m + c0);
+        for (int w = 0; w < W; ++w) {
+          logit[w][m] = to_accumulator(g.v[w]) + a.v[w];
+          key[w][m] = to_accumulator(k.v[w]);
+        }
+      }
+      Packet<T, W> o;
+      for (int w = 0; w < W; ++w)
+        o.v[w] = from_accumulator<T>(softmax_pool<KS>(logit[w], key[w]));
+      store_packet<W>(out + c0, o);
+    });
+  } else if constexpr (P::contiguous) {
+    KokkosExt::vector_for<ExecutionSpace>(member, head_dim / W, [&](int p) {
+      int const c0 = p * W;
+      for (int w = 0; w < W; ++w) {
+        int const c = c0 + w;
+        A mx = 0;
+        for (int m = 0; m < K; ++m) {
+          A const l = to_accumulator(src.gate_ptr(m)[c]) + ape.data[m * ape.m + c];
+          mx = (m == 0 || l > mx) ? l : mx;
+        }
+        A sum = 0, acc = 0;
+        for (int m = 0; m < K; ++m) {
+          A const l = to_accumulator(src.gate_ptr(m)[c]) + ape.data[m * ape.m + c];
+          A const e = pool_exp(l - mx);
+          sum += e;
+          acc += e * to_accumulator(src.key_ptr(m)[c]);
+        }
+        out[c] = from_accumulator<T>(acc / sum);
+      }
+    });
+  } else {
+    static_assert(W == 1, "strided views are read one channel a lane");
+    KokkosExt::vector_for<ExecutionSpace>(member, head_dim, [&](int c) {
+      A mx = 0;
+      for (int m = 0; m < K; ++m) {
+        A const l = to_accumulator(src.gate_ptr(m)[c * src.gate_stride(m)]) +
+                    ape.data[m * ape.m + c * ape.c];
+        mx = (m == 0 || l > mx) ? l : mx;
+      }
+      A sum = 0, acc = 0;
+      for (int m = 0; m < K; ++m) {
+        A const l = to_accumulator(src.gate_ptr(m)[c * src.gate_stride(m)]) +
+                    ape.data[m * ape.m + c * ape.c];
+        A const e = pool_exp(l - mx);
+        sum += e;
+        acc += e * to_accumulator(src.key_ptr(m)[c * src.key_stride(m)]);
+      }
+      out[c * out_c] = from_accumulator<T>(acc / sum);
+    });
+  }
+}
+
+/// Copies one row of D channels with the lane mapping of
+/// thread_vector_pool (used to stash keys and gates in the ring).
+template <class ExecutionSpace, class P, class T, class Member>
+KOKKOS_INLINE_FUNCTION void thread_vector_copy(Member const& member, int D,
+                                               T const* src,
+                                               std::ptrdiff_t src_c, T* dst,
+                                               std::ptrdiff_t dst_c) {
+  constexpr int W = P::width;
+  int const head_dim = P::head_dim > 0 ? P::head_dim : D;
+  if constexpr (P::contiguous) {
+    KokkosExt::vector_for<ExecutionSpace>(member, head_dim / W, [&](int p) {
+      store_packet<W>(dst + p * W, load_packet<W>(src + p * W));
+    });
+  } else {
+    KokkosExt::vector_for<ExecutionSpace>(
+        member, head_dim, [&](int c) { dst[c * dst_c] = src[c * src_c]; });
+  }
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,61 @@
+#ifndef KPOOL_DETAILS_REQUEST_HPP
+#define KPOOL_DETAILS_REQUEST_HPP
+
+// The one place that derives a request's pools from its cache length and
+// row count (SEMANTICS.md, "The writers"). The kernels, the offset scan and
+// host-side validation all call request_geometry, so compress skips exactly
+// the rows ring_close consumes and seed_tail stashes exactly what neither
+// closed.
+
+#include <details/KPool_DetailsKokkosExt.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+namespace Details {
+
+// Positions and pool ids leave the library as int32, so a request may end
+// at most here.
+constexpr std::uint64_t max_sequence_length = 0x7FFFFFFFull;
+
+struct RequestGeometry {
+  std::uint64_t cache_length;  // c: tokens before this call
+  std::uint64_t rows;          // n: this call's rows
+  std::uint64_t end;           // c + n
+  int have;                    // c % K: members the ring holds
+  int align;                   // rows to skip to the first whole pool
+  std::uint64_t first;         // ceil(c / K): first pool starting here
+  std::uint64_t full;          // pools made entirely of this call's rows
+  bool closes;                 // ring_close closes pool c / K
+  std::uint64_t seed_start;    // first position seed_tail stashes
+};
+
+KOKKOS_INLINE_FUNCTION RequestGeometry request_geometry(std::uint64_t c,
+                                                        std::uint64_t n,
+                                                        int kpool) {
+  std::uint64_t const K = static_cast<std::uint64_t>(kpool);
+  RequestGeometry g;
+  g.cache_length = c;
+  g.rows = n;
+  g.end = c + n;
+  g.have = static_cast<int>(c % K);
+  g.align = static_cast<int>((K - c % K) % K);
+  g.first = (c + K - 1) / K;
+  std::uint64_t const last = g.end / K;
+  g.full = last > g.first ? last - g.first : 0;
+  g.closes = g.have != 0 && c % K + n >= K;
+  std::uint64_t const whole = last * K;
+  g.seed_start = whole > c ? whole : c;
+  return g;
+}
+
+// Pools that close when a decode row stashes `pos`: one when it is the last
+// member of its pool.
+KOKKOS_INLINE_FUNCTION bool closes_pool(std::int64_t pos, int kpool) {
+  return pos >= 0 && pos % kpool == kpool - 1;
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

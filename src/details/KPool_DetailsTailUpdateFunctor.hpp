@@ -1,0 +1,104 @@
+#ifndef KPOOL_DETAILS_TAIL_UPDATE_FUNCTOR_HPP
+#define KPOOL_DETAILS_TAIL_UPDATE_FUNCTOR_HPP
+
+#include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsCompressFunctor.hpp>
+#include <details/KPool_DetailsPool.hpp>
+#include <details/KPool_DetailsRequest.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+namespace Details {
+
+// tail_update: next_n decode tokens per row, taken in order. Each real
+// token is stashed at ring index pos % K; when it is a pool's last member
+// the pool closes from ring indices 0..K-1. A later token of the same row
+// may overwrite an index this pool reads, so the order matters: one team
+// thread walks the row's tokens, and its lanes stash and read back the same
+// channels (thread_vector_copy and thread_vector_pool share the mapping),
+// so each lane sees its own writes in program order.
+// Writer mode: closed pools go to pooled(r, j) / closed_pool(r, j), the
+// rest of closed_pool(r) is -1. StepMode: to rows offsets(r) + j.
+template <class ExecutionSpace, class T, class P, bool StepMode>
+struct TailUpdateFunctor {
+  using memory_space = typename ExecutionSpace::memory_space;
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+
+  View4<T, memory_space> tail;
+  View3<const T, memory_space> key;   // [B, next_n, D]
+  View3<const T, memory_space> gate;  // [B, next_n, D]
+  View2<const float, memory_space> ape;
+  View2<const std::int32_t, memory_space> positions;  // [B, next_n]
+  View1<const std::uint32_t, memory_space> slot_idx;
+  View3<T, memory_space> pooled;                      // writer: [B, M, D]
+  View2<std::int32_t, memory_space> closed_pool;      // writer: [B, M]
+  PoolSink<T, memory_space> out;                      // step
+  int num_requests;
+  int kpool;
+  int head_dim;
+  int max_slots;
+  int items_per_team = 1;
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    int const begin = member.league_rank() * items_per_team;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
+                         [&](int i) { update(member, begin + i); });
+  }
+
+  KOKKOS_INLINE_FUNCTION void update(member_type const& member, int r) const {
+    if (r >= num_requests) return;
+    int const next_n = static_cast<int>(positions.extent(1));
+    std::uint32_t const slot = slot_idx(r);
+    int closed = 0;
+    if (slot < static_cast<std::uint32_t>(max_slots)) {
+      T* const ring_key = &tail(slot, 0, 0, 0);
+      T* const ring_gate = &tail(slot, 1, 0, 0);
+      PoolSource<T> src;
+      src.row_key = src.row_gate = nullptr;
+      src.key_r = src.key_c = src.gate_r = src.gate_c = 0;
+      attach_ring(src, tail, static_cast<int>(slot), kpool);
+      for (int i = 0; i < next_n; ++i) {
+        std::int32_t const pos = positions(r, i);
+        if (pos < 0) continue;
+        int const idx = pos % kpool;
+        thread_vector_copy<ExecutionSpace, P>(
+            member, head_dim, &key(r, i, 0), key.stride(2),
+            ring_key + idx * tail.stride(2), tail.stride(3));
+        thread_vector_copy<ExecutionSpace, P>(
+            member, head_dim, &gate(r, i, 0), gate.stride(2),
+            ring_gate + idx * tail.stride(2), tail.stride(3));
+        if (!closes_pool(pos, kpool)) continue;
+        std::int32_t const pool = pos / kpool;
+        if constexpr (StepMode) {
+          std::uint64_t const o = out.offsets(r) + closed;
+          if (o < out.offsets(r + 1) && out.holds(o)) {
+            thread_vector_pool<ExecutionSpace, P>(member, kpool, head_dim,
+                                                  ape_source(ape), src,
+                                                  out.row(o),
+                                                  out.channel_stride());
+            out.label(member, o, r, pool);
+          }
+        } else if (closed < static_cast<int>(closed_pool.extent(1))) {
+          thread_vector_pool<ExecutionSpace, P>(
+              member, kpool, head_dim, ape_source(ape), src,
+              &pooled(r, closed, 0), pooled.stride(2));
+          KokkosExt::single_per_thread(member,
+                                       [&]() { closed_pool(r, closed) = pool; });
+        }
+        ++closed;
+      }
+    }
+    if constexpr (!StepMode) {
+      int const M = static_cast<int>(closed_pool.extent(1));
+      KokkosExt::single_per_thread(member, [&]() {
+        for (int j = closed; j < M; ++j) closed_pool(r, j) = -1;
+      });
+    }
+  }
+};
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

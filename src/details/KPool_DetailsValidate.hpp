@@ -1,0 +1,264 @@
+#ifndef KPOOL_DETAILS_VALIDATE_HPP
+#define KPOOL_DETAILS_VALIDATE_HPP
+
+// Argument validation, run on the host before anything is launched. Checks
+// on extents are free; checks on index data fence the caller's execution
+// space instance and copy only the per-request arrays (row_offsets,
+// cache_lengths, slot_idx, positions) to the host.
+
+#include <KPool_Exceptions.hpp>
+#include <details/KPool_DetailsKokkosExt.hpp>
+#include <details/KPool_DetailsRequest.hpp>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// Compile-time checks of a View argument, with the argument's name in the
+// message.
+#define KPOOL_IMPL_CHECK_VIEW(ViewType, Value, Rank, ExecSpace, name)          \
+  static_assert(Kokkos::is_view<ViewType>::value,                              \
+                "KPool: '" name "' must be a Kokkos::View");                   \
+  static_assert(static_cast<int>(ViewType::rank) == (Rank),                    \
+                "KPool: '" name "' has the wrong rank");                       \
+  static_assert(                                                               \
+      std::is_same<typename ViewType::non_const_value_type, Value>::value,     \
+      "KPool: '" name "' has the wrong value type");                           \
+  static_assert(std::is_same<typename ViewType::memory_space,                  \
+                             typename ExecSpace::memory_space>::value,         \
+                "KPool: '" name                                                \
+                "' must live in the execution space's memory space")
+
+#define KPOOL_IMPL_CHECK_OUTPUT_VIEW(ViewType, Value, Rank, ExecSpace, name) \
+  KPOOL_IMPL_CHECK_VIEW(ViewType, Value, Rank, ExecSpace, name);             \
+  static_assert(!std::is_const<typename ViewType::value_type>::value,        \
+                "KPool: '" name "' is written and must not be const")
+
+namespace KPool {
+namespace Details {
+
+class Checker {
+ public:
+  explicit Checker(std::string entry_point) : entry_(std::move(entry_point)) {}
+
+  std::string const& entry_point() const { return entry_; }
+
+  [[noreturn]] void fail(std::string const& argument, std::string const& where,
+                         std::int64_t row, std::string const& value,
+                         std::string const& problem) const {
+    throw InvalidArgument(entry_, argument, where, row, value, problem);
+  }
+  [[noreturn]] void fail_row(std::string const& argument, std::int64_t row,
+                             std::int64_t value,
+                             std::string const& problem) const {
+    fail(argument, "row " + std::to_string(row), row, std::to_string(value),
+         problem);
+  }
+  [[noreturn]] void fail_scalar(std::string const& argument,
+                                std::int64_t value,
+                                std::string const& problem) const {
+    fail(argument, "", -1, std::to_string(value), problem);
+  }
+
+  // extent(dim) of `argument` must equal `expected`, which `source` names.
+  void extent_is(std::string const& argument, int dim, std::size_t actual,
+                 std::size_t expected, std::string const& source) const {
+    if (actual != expected)
+      fail(argument, "extent " + std::to_string(dim), -1,
+           std::to_string(actual),
+           "does not match " + source + " = " + std::to_string(expected));
+  }
+  void extent_at_least(std::string const& argument, int dim,
+                       std::size_t actual, std::size_t needed,
+                       std::string const& what) const {
+    if (actual < needed)
+      fail(argument, "extent " + std::to_string(dim), -1,
+           std::to_string(actual),
+           "is less than the " + std::to_string(needed) + " " + what);
+  }
+
+  // kpool and head_dim, both taken from ape's extents [K, D].
+  void pool_shape(std::size_t kpool, std::size_t head_dim,
+                  std::string const& source = "ape") const {
+    if (kpool < 1)
+      fail(source, "extent 0", -1, std::to_string(kpool),
+           "is not a valid kpool (K must be at least 1)");
+    if (kpool > 0x7FFFFFFF)
+      fail(source, "extent 0", -1, std::to_string(kpool),
+           "is too large a kpool");
+    if (head_dim < 1)
+      fail(source, "extent 1", -1, std::to_string(head_dim),
+           "is not a valid head_dim (D must be at least 1)");
+    if (head_dim > 0x7FFFFFFF)
+      fail(source, "extent 1", -1, std::to_string(head_dim),
+           "is too large a head_dim");
+  }
+
+ private:
+  std::string entry_;
+};
+
+// The first n entries of a small index array on the host, after the work
+// queued on `space` has finished (it may have written them).
+template <class ExecutionSpace, class View1D>
+std::vector<typename View1D::non_const_value_type> host_copy(
+    ExecutionSpace const& space, View1D const& v, std::size_t n) {
+  space.fence();
+  auto const sub = Kokkos::subview(v, std::make_pair(std::size_t(0), n));
+  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sub);
+  std::vector<typename View1D::non_const_value_type> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = h(i);
+  return out;
+}
+
+// A ragged batch as validated on the host.
+struct HostBatch {
+  std::vector<std::uint32_t> row_offsets;    // [num_requests + 1]
+  std::vector<std::uint32_t> cache_lengths;  // [num_requests]
+  std::vector<RequestGeometry> geometry;     // [num_requests]
+  std::uint64_t full_pools = 0;              // sum of compress pools
+  std::uint64_t closing = 0;                 // requests ring_close closes
+};
+
+// Every rule of a ragged batch (SEMANTICS.md, "Ragged batches" and "The
+// ring"): B = row_offsets.extent(0) - 1, cache_lengths (and slot_idx when
+// the writer uses the ring) have B entries, 0 <= num_requests <= B,
+// row_offsets starts at 0 and never decreases, its live end fits the key
+// rows, every sequence stays within int32 positions, live slots are below
+// max_slots and distinct.
+template <class ExecutionSpace, class Offsets, class Lengths, class Slots>
+HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
+                             Offsets const& row_offsets,
+                             Lengths const& cache_lengths, Slots const* slot_idx,
+                             int num_requests, std::size_t key_rows,
+                             int kpool, int max_slots) {
+  if (row_offsets.extent(0) < 1)
+    chk.fail("row_offsets", "extent 0", -1, "0",
+             "leaves no room for B + 1 entries");
+  std::size_t const B = row_offsets.extent(0) - 1;
+  chk.extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
+                "the batch size B (row_offsets has B + 1 entries)");
+  if (slot_idx)
+    chk.extent_is("slot_idx", 0, slot_idx->extent(0), B,
+                  "the batch size B (row_offsets has B + 1 entries)");
+  if (num_requests < 0)
+    chk.fail_scalar("num_requests", num_requests, "is negative");
+  if (static_cast<std::size_t>(num_requests) > B)
+    chk.fail_scalar("num_requests", num_requests,
+                    "exceeds the batch size B = " + std::to_string(B));
+
+  std::size_t const n = static_cast<std::size_t>(num_requests);
+  HostBatch hb;
+  hb.row_offsets = host_copy(space, row_offsets, n + 1);
+  hb.cache_lengths = host_copy(space, cache_lengths, n);
+  if (hb.row_offsets[0] != 0)
+    chk.fail_row("row_offsets", 0, hb.row_offsets[0], "is not 0");
+  for (std::size_t r = 1; r <= n; ++r) {
+    if (hb.row_offsets[r] < hb.row_offsets[r - 1])
+      chk.fail_row("row_offsets", static_cast<std::int64_t>(r),
+                   hb.row_offsets[r],
+                   "is less than row_offsets[" + std::to_string(r - 1) +
+                       "] = " + std::to_string(hb.row_offsets[r - 1]));
+  }
+  if (hb.row_offsets[n] > key_rows)
+    chk.fail_row("row_offsets", static_cast<std::int64_t>(n),
+                 hb.row_offsets[n],
+                 "exceeds the " + std::to_string(key_rows) +
+                     " rows of key and gate");
+  hb.geometry.resize(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    std::uint64_t const rows = hb.row_offsets[r + 1] - hb.row_offsets[r];
+    std::uint64_t const c = hb.cache_lengths[r];
+    if (c + rows > max_sequence_length)
+      chk.fail_row("cache_lengths", static_cast<std::int64_t>(r),
+                   static_cast<std::int64_t>(c),
+                   "plus the request's " + std::to_string(rows) +
+                       " rows exceeds " + std::to_string(max_sequence_length) +
+                       ", the longest sequence KPool indexes (int32 "
+                       "positions)");
+    hb.geometry[r] = request_geometry(c, rows, kpool);
+    hb.full_pools += hb.geometry[r].full;
+    hb.closing += hb.geometry[r].closes ? 1 : 0;
+  }
+  if (slot_idx) {
+    std::vector<std::uint32_t> const slots = host_copy(space, *slot_idx, n);
+    std::unordered_map<std::uint32_t, std::size_t> owner;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (slots[r] >= static_cast<std::uint32_t>(max_slots))
+        chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
+                     "is not below max_slots = " + std::to_string(max_slots));
+      auto const ins = owner.emplace(slots[r], r);
+      if (!ins.second)
+        chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
+                     "is already the slot of row " +
+                         std::to_string(ins.first->second));
+    }
+  }
+  return hb;
+}
+
+// Decode rows: live slots below max_slots and distinct; real positions
+// (>= 0) of a row consecutive, since a gap would close a pool from stale
+// ring entries. Returns the pools each live row closes.
+template <class ExecutionSpace, class Positions, class Slots>
+std::vector<int> check_decode_batch(Checker const& chk,
+                                    ExecutionSpace const& space,
+                                    Positions const& positions,
+                                    Slots const& slot_idx, int num_requests,
+                                    int kpool, int max_slots) {
+  std::size_t const B = positions.extent(0);
+  std::size_t const next_n = positions.extent(1);
+  chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,
+                "the batch size B (positions is [B, next_n])");
+  if (next_n < 1)
+    chk.fail("positions", "extent 1", -1, "0",
+             "is not a valid next_n (at least 1 token per row)");
+  if (num_requests < 0)
+    chk.fail_scalar("num_requests", num_requests, "is negative");
+  if (static_cast<std::size_t>(num_requests) > B)
+    chk.fail_scalar("num_requests", num_requests,
+                    "exceeds the batch size B = " + std::to_string(B));
+  std::size_t const n = static_cast<std::size_t>(num_requests);
+  std::vector<std::uint32_t> const slots = host_copy(space, slot_idx, n);
+  std::unordered_map<std::uint32_t, std::size_t> owner;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (slots[r] >= static_cast<std::uint32_t>(max_slots))
+      chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
+                   "is not below max_slots = " + std::to_string(max_slots));
+    auto const ins = owner.emplace(slots[r], r);
+    if (!ins.second)
+      chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
+                   "is already the slot of row " +
+                       std::to_string(ins.first->second));
+  }
+  space.fence();
+  auto const sub = Kokkos::subview(positions, std::make_pair(std::size_t(0), n),
+                                   Kokkos::ALL);
+  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sub);
+  std::vector<int> closes(n, 0);
+  for (std::size_t r = 0; r < n; ++r) {
+    std::int64_t prev = -1;
+    for (std::size_t i = 0; i < next_n; ++i) {
+      std::int64_t const pos = h(r, i);
+      if (pos < 0) continue;
+      if (prev >= 0 && pos != prev + 1)
+        chk.fail("positions",
+                 "row " + std::to_string(r) + ", column " + std::to_string(i),
+                 static_cast<std::int64_t>(r), std::to_string(pos),
+                 "does not follow the row's previous real position " +
+                     std::to_string(prev) + " (real positions must be "
+                     "consecutive)");
+      prev = pos;
+      closes[r] += closes_pool(pos, kpool) ? 1 : 0;
+    }
+  }
+  return closes;
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif
