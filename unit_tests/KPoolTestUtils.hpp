@@ -1,0 +1,271 @@
+#ifndef KPOOL_TEST_UTILS_HPP
+#define KPOOL_TEST_UTILS_HPP
+
+// Shared by the unit tests: the (execution space, storage type) grid every
+// test body runs over, deterministic inputs, views from reference matrices
+// and back, and the spec's tolerances (SEMANTICS.md, "Oracle properties").
+
+#include <KPool.hpp>
+#include <KPoolReference.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace KPoolTest {
+
+using KPoolRef::DType;
+using KPoolRef::Matrix;
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same<T, float>::value) return DType::f32;
+  if constexpr (std::is_same<T, double>::value) return DType::f64;
+  if constexpr (std::is_same<T, KPool::bfloat16>::value) return DType::bf16;
+  return DType::f16;
+}
+
+// One typed-test parameter: where it runs and what it stores.
+template <class ExecSpace, class T>
+struct Config {
+  using execution_space = ExecSpace;
+  using memory_space = typename ExecSpace::memory_space;
+  using value_type = T;
+  static constexpr DType dtype = dtype_of<T>();
+};
+
+#define KPOOL_TEST_CONFIGS_FOR(E)                                        \
+  Config<E, float>, Config<E, double>, Config<E, KPool::bfloat16>, \
+      Config<E, KPool::float16>
+
+// Every enabled execution space: the default one, and the default host
+// space where it differs (a CUDA build tests OpenMP too).
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || \
+    defined(KOKKOS_ENABLE_SYCL)
+using Configs =
+    ::testing::Types<KPOOL_TEST_CONFIGS_FOR(Kokkos::DefaultExecutionSpace),
+                     KPOOL_TEST_CONFIGS_FOR(Kokkos::DefaultHostExecutionSpace)>;
+#else
+using Configs =
+    ::testing::Types<KPOOL_TEST_CONFIGS_FOR(Kokkos::DefaultExecutionSpace)>;
+#endif
+
+struct ConfigName {
+  template <class C>
+  static std::string GetName(int) {
+    return std::string(C::execution_space::name()) + "_" +
+           KPool::storage_name<typename C::value_type>();
+  }
+};
+
+// Team sizes above one on hosts, so races between team threads can show.
+template <class ExecSpace>
+KPool::Options test_options() {
+  KPool::Options o;
+  if (!KPool::Details::KokkosExt::is_device_space<ExecSpace>::value)
+    o.team_size = 2;
+  return o;
+}
+
+// The grid of SEMANTICS.md, "Oracle properties" 1.
+inline std::vector<int> k_grid() { return {1, 2, 3, 4, 8, 16}; }
+inline std::vector<int> d_grid() { return {1, 7, 64, 128, 256}; }
+
+// splitmix64: deterministic inputs on every platform.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : s_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform(double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53;
+  }
+  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
+
+ private:
+  std::uint64_t s_;
+};
+
+// Values already representable in the storage type, so the kernels and the
+// reference read the same numbers.
+inline Matrix random_matrix(Rng& rng, DType t, int rows, int cols, double lo,
+                            double hi) {
+  Matrix m(rows, cols);
+  for (double& x : m.v) x = KPoolRef::round_to(t, rng.uniform(lo, hi));
+  return m;
+}
+
+inline Matrix random_ape(Rng& rng, int K, int D) {
+  Matrix m(K, D);
+  for (double& x : m.v) x = static_cast<float>(rng.uniform(-1.0, 1.0));
+  return m;
+}
+
+template <class T>
+T to_storage(double x) {
+  return KPool::from_accumulator<T>(static_cast<KPool::accumulator_t<T>>(x));
+}
+
+template <class T>
+bool same_bits(T const& a, T const& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+template <class T>
+double to_double(T x) {
+  return static_cast<double>(KPool::to_accumulator(x));
+}
+
+template <class T, class MemorySpace>
+Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace> to_view(
+    Matrix const& m, std::string const& label) {
+  Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace> v(label, m.rows, m.cols);
+  auto h = Kokkos::create_mirror_view(v);
+  for (int r = 0; r < m.rows; ++r)
+    for (int c = 0; c < m.cols; ++c) h(r, c) = to_storage<T>(m.at(r, c));
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+template <class MemorySpace>
+Kokkos::View<float**, Kokkos::LayoutRight, MemorySpace> ape_view(Matrix const& m) {
+  return to_view<float, MemorySpace>(m, "ape");
+}
+
+template <class V, class U>
+V to_index_view(std::vector<U> const& values, std::string const& label) {
+  V v(label, values.size());
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    h(i) = static_cast<typename V::value_type>(values[i]);
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+template <class V>
+auto on_host(V const& v) {
+  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+}
+
+// key and gate as the two halves of one [T, 2D] buffer: LayoutStride views
+// with a row stride of 2D.
+template <class T, class MemorySpace>
+struct InterleavedInput {
+  Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace> buffer;
+  Kokkos::View<T**, Kokkos::LayoutStride, MemorySpace> key;
+  Kokkos::View<T**, Kokkos::LayoutStride, MemorySpace> gate;
+};
+
+template <class T, class MemorySpace>
+InterleavedInput<T, MemorySpace> interleaved(Matrix const& key,
+                                             Matrix const& gate) {
+  Matrix both(key.rows, 2 * key.cols);
+  for (int r = 0; r < key.rows; ++r)
+    for (int c = 0; c < key.cols; ++c) {
+      both.at(r, c) = key.at(r, c);
+      both.at(r, key.cols + c) = gate.at(r, c);
+    }
+  InterleavedInput<T, MemorySpace> in;
+  in.buffer = to_view<T, MemorySpace>(both, "key_gate");
+  int const D = key.cols;
+  in.key = Kokkos::subview(in.buffer, Kokkos::ALL, std::make_pair(0, D));
+  in.gate = Kokkos::subview(in.buffer, Kokkos::ALL, std::make_pair(D, 2 * D));
+  return in;
+}
+
+// SEMANTICS.md, "Oracle properties" 3, against an f64 reference:
+//   f64:       1e-12 relative
+//   f32:       1e-5 relative
+//   bf16, f16: one unit in the last place of the storage type, plus the
+//              f32 computation's own 1e-5 relative
+// "Relative" is to max(|ref|, scale), scale = sum_m w_m |key_m|: a pool that
+// cancels to near zero is judged against the size of its terms.
+inline double tolerance(DType t, double ref, double scale) {
+  double const mag = std::max(std::fabs(ref), scale);
+  switch (t) {
+    case DType::f64: return 1e-12 * mag + 1e-300;
+    case DType::f32: return 1e-5 * mag + 1e-30;
+    default: return KPoolRef::ulp(t, ref) + 1e-5 * scale;
+  }
+}
+
+template <class T>
+::testing::AssertionResult pool_matches(DType t, T const* got,
+                                        std::ptrdiff_t stride,
+                                        double const* ref, double const* scale,
+                                        int D) {
+  for (int c = 0; c < D; ++c) {
+    double const g = to_double(got[c * stride]);
+    double const tol = tolerance(t, ref[c], scale[c]);
+    if (!(std::fabs(g - ref[c]) <= tol))
+      return ::testing::AssertionFailure()
+             << "channel " << c << ": got " << g << ", reference " << ref[c]
+             << " (scale " << scale[c] << ", tolerance " << tol << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+inline std::string shape(int K, int D) {
+  std::ostringstream s;
+  s << "K=" << K << " D=" << D;
+  return s.str();
+}
+
+// A ragged batch from (cache length, rows) per live request, padded to B
+// with dead rows. `device` carries garbage in the dead rows (the kernels
+// must not look at them); `reference` carries harmless values there, since
+// the reference checks every row.
+struct TestBatch {
+  KPoolRef::Batch device;
+  KPoolRef::Batch reference;
+};
+
+inline TestBatch make_batch(
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> const& live, int B,
+    Rng& rng, int max_slots = 0) {
+  TestBatch t;
+  KPoolRef::Batch& b = t.device;
+  b.num_requests = static_cast<int>(live.size());
+  b.row_offsets.push_back(0);
+  for (auto const& cn : live) {
+    b.cache_lengths.push_back(cn.first);
+    b.row_offsets.push_back(b.row_offsets.back() + cn.second);
+  }
+  t.reference = b;
+  for (int r = b.num_requests; r < B; ++r) {
+    b.cache_lengths.push_back(static_cast<std::uint32_t>(rng.next()));
+    b.row_offsets.push_back(static_cast<std::uint32_t>(rng.next()));
+    t.reference.cache_lengths.push_back(0);
+    t.reference.row_offsets.push_back(t.reference.row_offsets.back());
+  }
+  if (max_slots > 0) {
+    // Distinct live slots in random order; dead rows point anywhere.
+    std::vector<std::uint32_t> slots(max_slots);
+    for (int s = 0; s < max_slots; ++s) slots[s] = s;
+    for (int s = max_slots - 1; s > 0; --s) std::swap(slots[s], slots[rng.below(s + 1)]);
+    for (int r = 0; r < B; ++r)
+      b.slot_idx.push_back(r < b.num_requests ? slots[r]
+                                              : static_cast<std::uint32_t>(rng.next()));
+    t.reference.slot_idx = b.slot_idx;
+  }
+  return t;
+}
+
+inline std::uint32_t total_rows(KPoolRef::Batch const& b) {
+  return b.row_offsets[b.num_requests];
+}
+
+}  // namespace KPoolTest
+
+#endif
