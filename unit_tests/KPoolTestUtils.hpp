@@ -266,6 +266,52 @@ inline std::uint32_t total_rows(KPoolRef::Batch const& b) {
   return b.row_offsets[b.num_requests];
 }
 
+// The ring: random contents standing for earlier calls, loaded into a
+// KPool::Ring, and compared back bit for bit (the ring only ever holds
+// copies of stored values).
+inline KPoolRef::Ring random_ring(Rng& rng, DType t, int slots, int K, int D) {
+  KPoolRef::Ring r(slots, K, D);
+  for (double& x : r.data) x = KPoolRef::round_to(t, rng.uniform(-3, 3));
+  return r;
+}
+
+template <class T, class M>
+void load_ring(KPool::Ring<T, M> const& ring, KPoolRef::Ring const& ref) {
+  auto h = Kokkos::create_mirror_view(ring.tail());
+  for (int s = 0; s < ref.max_slots; ++s)
+    for (int w = 0; w < 2; ++w)
+      for (int m = 0; m < ref.K; ++m)
+        for (int c = 0; c < ref.D; ++c)
+          h(s, w, m, c) = to_storage<T>(ref.at(s, w, m, c));
+  Kokkos::deep_copy(ring.tail(), h);
+}
+
+template <class T, class M>
+::testing::AssertionResult ring_equals(KPool::Ring<T, M> const& ring,
+                                       KPoolRef::Ring const& ref) {
+  auto const h = on_host(ring.tail());
+  for (int s = 0; s < ref.max_slots; ++s)
+    for (int w = 0; w < 2; ++w)
+      for (int m = 0; m < ref.K; ++m)
+        for (int c = 0; c < ref.D; ++c)
+          if (!same_bits(h(s, w, m, c), to_storage<T>(ref.at(s, w, m, c))))
+            return ::testing::AssertionFailure()
+                   << "ring slot " << s << (w ? " gate" : " key") << " index "
+                   << m << " channel " << c << ": " << to_double(h(s, w, m, c))
+                   << " != " << ref.at(s, w, m, c);
+  return ::testing::AssertionSuccess();
+}
+
+// Views of a ragged batch's index arrays.
+template <class M>
+struct BatchViews {
+  Kokkos::View<std::uint32_t*, M> row_offsets, cache_lengths, slot_idx;
+  explicit BatchViews(KPoolRef::Batch const& b)
+      : row_offsets(to_index_view<Kokkos::View<std::uint32_t*, M>>(b.row_offsets, "row_offsets")),
+        cache_lengths(to_index_view<Kokkos::View<std::uint32_t*, M>>(b.cache_lengths, "cache_lengths")),
+        slot_idx(to_index_view<Kokkos::View<std::uint32_t*, M>>(b.slot_idx, "slot_idx")) {}
+};
+
 }  // namespace KPoolTest
 
 #endif

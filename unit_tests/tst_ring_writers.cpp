@@ -1,0 +1,200 @@
+// ring_close, seed_tail and tail_update against the f64 reference
+// (SEMANTICS.md, "The ring" and "The writers").
+
+#include <KPoolTestUtils.hpp>
+
+namespace {
+
+using namespace KPoolTest;
+
+template <class C>
+class RingWriters : public ::testing::Test {};
+TYPED_TEST_SUITE(RingWriters, Configs, ConfigName);
+
+// Requests covering every ring_close case: have == 0, have + n < K,
+// have + n == K, have + n > K, n == 0 with have > 0.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> ring_requests(int K) {
+  std::uint32_t const k = K;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> v = {
+      {2 * k, 3},              // have == 0
+      {k + 1, k - 1},          // have + n == K (K >= 2)
+      {3 * k + 1, 3 * k + 2},  // have + n > K
+      {k - 1, 0},              // n == 0
+      {0, 2 * k + 1},          // fresh prefill
+  };
+  if (K >= 3) v.emplace_back(k + 1, k - 2);  // have + n < K
+  if (K >= 2) v.emplace_back(5 * k - 1, 1);  // a single-token decode closing
+  return v;
+}
+
+TYPED_TEST(RingWriters, RingCloseMatchesReferenceAndOnlyReadsTheRing) {
+  using C = TypeParam;
+  using T = typename C::value_type;
+  using E = typename C::execution_space;
+  using M = typename C::memory_space;
+  for (int K : k_grid())
+    for (int D : d_grid()) {
+      SCOPED_TRACE(shape(K, D));
+      Rng rng(31 * K + D);
+      int const slots = 12;
+      TestBatch const batch = make_batch(ring_requests(K), 10, rng, slots);
+      int const B = 10;
+      int const rows = static_cast<int>(total_rows(batch.device));
+      Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
+      Matrix const gate = random_matrix(rng, C::dtype, rows, D, -4, 4);
+      Matrix const ape = random_ape(rng, K, D);
+      KPoolRef::Ring const ref_ring = random_ring(rng, C::dtype, slots, K, D);
+      auto const ref = KPoolRef::ring_close(key, gate, ape, batch.reference, ref_ring);
+
+      E space;
+      KPool::Ring<T, M> ring(space, slots, K, D);
+      load_ring(ring, ref_ring);
+      BatchViews<M> const bv(batch.device);
+      Kokkos::View<T**, Kokkos::LayoutRight, M> pooled("pooled", B, D);
+      T const sentinel = to_storage<T>(777.0);
+      Kokkos::deep_copy(pooled, sentinel);
+      Kokkos::View<std::int32_t*, M> closed("closed_pool", B);
+      Kokkos::deep_copy(closed, -99);
+      KPool::ring_close(space, ring.tail(), to_view<T, M>(key, "key"),
+                        to_view<T, M>(gate, "gate"), ape_view<M>(ape),
+                        bv.row_offsets, bv.cache_lengths, bv.slot_idx,
+                        batch.device.num_requests, pooled, closed,
+                        test_options<E>());
+      auto const hc = on_host(closed);
+      auto const hp = on_host(pooled);
+      for (int r = 0; r < B; ++r) {
+        std::int32_t const want =
+            ref.closed_pool[r] == KPoolRef::kUntouched ? -99 : ref.closed_pool[r];
+        ASSERT_EQ(hc(r), want) << "closed_pool row " << r;
+        if (want >= 0) {
+          ASSERT_TRUE(pool_matches(C::dtype, &hp(r, 0), 1, ref.pooled.row(r),
+                                   ref.scale.row(r), D))
+              << "row " << r;
+        } else {
+          for (int c = 0; c < D; ++c)
+            ASSERT_TRUE(same_bits(hp(r, c), sentinel))
+                << "row " << r << " closed nothing but pooled was written";
+        }
+      }
+      ASSERT_TRUE(ring_equals(ring, ref_ring)) << "ring_close wrote the ring";
+    }
+}
+
+TYPED_TEST(RingWriters, SeedTailStashesExactlyTheIncompletePool) {
+  using C = TypeParam;
+  using T = typename C::value_type;
+  using E = typename C::execution_space;
+  using M = typename C::memory_space;
+  for (int K : k_grid())
+    for (int D : d_grid()) {
+      SCOPED_TRACE(shape(K, D));
+      Rng rng(17 * K + D);
+      int const slots = 12;
+      TestBatch const batch = make_batch(ring_requests(K), 9, rng, slots);
+      int const rows = static_cast<int>(total_rows(batch.device));
+      Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
+      Matrix const gate = random_matrix(rng, C::dtype, rows, D, -4, 4);
+      KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+
+      E space;
+      KPool::Ring<T, M> ring(space, slots, K, D);
+      load_ring(ring, ref_ring);
+      KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
+      BatchViews<M> const bv(batch.device);
+      auto const in = interleaved<T, M>(key, gate);  // strided rows too
+      KPool::seed_tail(space, ring.tail(), in.key, in.gate, bv.row_offsets,
+                       bv.cache_lengths, bv.slot_idx,
+                       batch.device.num_requests, test_options<E>());
+      ASSERT_TRUE(ring_equals(ring, ref_ring));
+    }
+}
+
+// Decode rows: next_n from 1 to 2K, padded entries anywhere in a row,
+// rows of padding only, dead rows, and more output columns than needed.
+TYPED_TEST(RingWriters, TailUpdateMatchesReferenceForEveryNextN) {
+  using C = TypeParam;
+  using T = typename C::value_type;
+  using E = typename C::execution_space;
+  using M = typename C::memory_space;
+  for (int K : k_grid())
+    for (int D : d_grid()) {
+      for (int next_n = 1; next_n <= 2 * K; next_n += (K >= 8 ? 3 : 1)) {
+        SCOPED_TRACE(shape(K, D) + " next_n=" + std::to_string(next_n));
+        Rng rng(1009 * K + 31 * D + next_n);
+        int const B = 7, live = 5, slots = 9;
+        int const Mcols = (next_n + K - 1) / K + (next_n % 2);
+        std::vector<std::int32_t> positions(B * next_n, -1);
+        std::vector<std::uint32_t> slot_idx(B);
+        std::vector<std::uint32_t> perm(slots);
+        for (int s = 0; s < slots; ++s) perm[s] = s;
+        for (int s = slots - 1; s > 0; --s) std::swap(perm[s], perm[rng.below(s + 1)]);
+        for (int r = 0; r < B; ++r) {
+          slot_idx[r] = r < live ? perm[r] : 1000 + r;
+          if (r == 3) continue;  // padding only
+          std::int32_t pos = rng.below(5 * K + 3);
+          for (int i = 0; i < next_n; ++i)
+            positions[r * next_n + i] = rng.below(4) == 0 ? -1 : pos++;
+        }
+        Matrix const key = random_matrix(rng, C::dtype, B * next_n, D, -2, 2);
+        Matrix const gate = random_matrix(rng, C::dtype, B * next_n, D, -4, 4);
+        Matrix const ape = random_ape(rng, K, D);
+        KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+
+        E space;
+        KPool::Ring<T, M> ring(space, slots, K, D);
+        load_ring(ring, ref_ring);
+        auto const ref = KPoolRef::tail_update(next_n, key, gate, ape, positions,
+                                               slot_idx, live, ref_ring);
+        Kokkos::View<T***, Kokkos::LayoutRight, M> k3("key", B, next_n, D),
+            g3("gate", B, next_n, D);
+        {
+          auto hk = Kokkos::create_mirror_view(k3);
+          auto hg = Kokkos::create_mirror_view(g3);
+          for (int r = 0; r < B; ++r)
+            for (int i = 0; i < next_n; ++i)
+              for (int c = 0; c < D; ++c) {
+                hk(r, i, c) = to_storage<T>(key.at(r * next_n + i, c));
+                hg(r, i, c) = to_storage<T>(gate.at(r * next_n + i, c));
+              }
+          Kokkos::deep_copy(k3, hk);
+          Kokkos::deep_copy(g3, hg);
+        }
+        Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> pos_v("positions", B, next_n);
+        {
+          auto h = Kokkos::create_mirror_view(pos_v);
+          for (int r = 0; r < B; ++r)
+            for (int i = 0; i < next_n; ++i) h(r, i) = positions[r * next_n + i];
+          Kokkos::deep_copy(pos_v, h);
+        }
+        Kokkos::View<T***, Kokkos::LayoutRight, M> pooled("pooled", B, Mcols, D);
+        Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> closed("closed", B, Mcols);
+        Kokkos::deep_copy(closed, -99);
+        KPool::tail_update(space, ring.tail(), k3, g3, ape_view<M>(ape), pos_v,
+                           to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"),
+                           live, pooled, closed, test_options<E>());
+        auto const hc = on_host(closed);
+        auto const hp = on_host(pooled);
+        for (int r = 0; r < B; ++r)
+          for (int j = 0; j < Mcols; ++j) {
+            std::int32_t want;
+            if (r >= live)
+              want = -99;
+            else if (j < ref.M)
+              want = ref.closed_pool[r * ref.M + j];
+            else
+              want = -1;
+            ASSERT_EQ(hc(r, j), want) << "closed_pool(" << r << ", " << j << ")";
+            if (want >= 0) {
+              std::size_t const o = static_cast<std::size_t>(r) * ref.M + j;
+              ASSERT_TRUE(pool_matches(C::dtype, &hp(r, j, 0), 1,
+                                       ref.pooled.data() + o * D,
+                                       ref.scale.data() + o * D, D))
+                  << "pool (" << r << ", " << j << ")";
+            }
+          }
+        ASSERT_TRUE(ring_equals(ring, ref_ring));
+      }
+    }
+}
+
+}  // namespace
