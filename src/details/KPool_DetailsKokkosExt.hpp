@@ -53,6 +53,41 @@ KOKKOS_FORCEINLINE_FUNCTION To bit_cast(From const& from) {
   return to;
 }
 
+// a * b + c, fused where the target has a fused multiply-add and plain
+// where it has none. Compilers contract a * b + c on their own (GCC by
+// default, nvcc with --fmad=true) but decide per context, vectorized or
+// not, inlined here or there: the same pool built by two writers could then
+// differ in its last bit. Every multiply-add of the pooling goes through
+// here, so the choice is made once, and a pool has the same bits whichever
+// writer builds it (and, with FMA on both, on host and device alike).
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define KPOOL_IMPL_HAS_FMA 1
+#elif defined(__FMA__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
+#define KPOOL_IMPL_HAS_FMA 1
+#else
+#define KPOOL_IMPL_HAS_FMA 0
+#endif
+
+KOKKOS_FORCEINLINE_FUNCTION float fmadd(float a, float b, float c) {
+#if KPOOL_IMPL_HAS_FMA && (defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__))
+  return ::fmaf(a, b, c);
+#elif KPOOL_IMPL_HAS_FMA
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+KOKKOS_FORCEINLINE_FUNCTION double fmadd(double a, double b, double c) {
+#if KPOOL_IMPL_HAS_FMA && (defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__))
+  return ::fma(a, b, c);
+#elif KPOOL_IMPL_HAS_FMA
+  return __builtin_fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // Kokkos::Profiling::ScopedRegion only exists in recent releases.
 class ScopedProfileRegion {
  public:

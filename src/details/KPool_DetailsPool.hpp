@@ -104,7 +104,7 @@ KOKKOS_FORCEINLINE_FUNCTION A softmax_pool(A const (&logit)[KS],
   for (int m = 0; m < KS; ++m) {
     A const e = pool_exp(logit[m] - mx);
     sum += e;
-    acc += e * key[m];
+    acc = KokkosExt::fmadd(e, key[m], acc);
   }
   return acc / sum;
 }
@@ -162,7 +162,7 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
           A const l = to_accumulator(src.gate_ptr(m)[c]) + ape.data[m * ape.m + c];
           A const e = pool_exp(l - mx);
           sum += e;
-          acc += e * to_accumulator(src.key_ptr(m)[c]);
+          acc = KokkosExt::fmadd(e, to_accumulator(src.key_ptr(m)[c]), acc);
         }
         out[c] = from_accumulator<T>(acc / sum);
       }
@@ -182,7 +182,8 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
                     ape.data[m * ape.m + c * ape.c];
         A const e = pool_exp(l - mx);
         sum += e;
-        acc += e * to_accumulator(src.key_ptr(m)[c * src.key_stride(m)]);
+        acc = KokkosExt::fmadd(
+            e, to_accumulator(src.key_ptr(m)[c * src.key_stride(m)]), acc);
       }
       out[c * out_c] = from_accumulator<T>(acc / sum);
     });

@@ -1,0 +1,408 @@
+// kpool_replay: runs a serving trace (TRACE.md) through KPool::step and
+// KPool::decode_step and prints every pool it produced, so that two builds
+// or backends can be compared pool by pool.
+//
+//   kpool_replay [--fused | --unfused] [TRACE | -]
+
+#include "KPoolTrace.hpp"
+
+#include <KPool.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <new>
+#include <string>
+#include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#define KPOOL_REPLAY_HAVE_DUP 1
+#endif
+
+namespace {
+
+char const usage_text[] =
+    "usage: kpool_replay [--fused | --unfused] [TRACE | -]\n"
+    "\n"
+    "Replays a KPool serving trace (format: TRACE.md) through KPool::step and\n"
+    "KPool::decode_step on Kokkos' default execution space and prints every\n"
+    "pool produced, sorted by sequence then pool id, then 'pools N'.\n"
+    "Reads standard input when TRACE is '-' or absent.\n"
+    "\n"
+    "  --fused     one launch per step for ring_close, compress, seed_tail\n"
+    "              (the default)\n"
+    "  --unfused   three launches per step (Options::fused = false)\n"
+    "  --help      print this and exit\n"
+    "\n"
+    "Exit status: 0 on success; 2 for a bad command line, an unreadable file\n"
+    "or a broken trace ('trace:LINE: what is wrong' on stderr, nothing on\n"
+    "stdout).\n";
+
+struct Pool {
+  std::uint32_t seq;
+  std::int32_t id;
+  std::vector<float> values;
+};
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using MemSpace = ExecSpace::memory_space;
+template <class T, int Rank>
+struct ViewOf;
+template <class T>
+struct ViewOf<T, 1> {
+  using type = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
+};
+template <class T>
+struct ViewOf<T, 2> {
+  using type = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
+};
+template <class T>
+struct ViewOf<T, 3> {
+  using type = Kokkos::View<T***, Kokkos::LayoutRight, MemSpace>;
+};
+template <class T, int Rank>
+using ViewT = typename ViewOf<T, Rank>::type;
+
+template <class T>
+T storage(float x) {
+  return T(x);  // float -> storage type, nearest even (exact for f32/f64)
+}
+
+// The pools the last call left in `out`, attributed to the block's seqs.
+template <class T>
+void collect(ExecSpace const& space, KPool::StepOutput<T, MemSpace> const& out,
+             KPoolTrace::Block const& block, int D, std::vector<Pool>& pools) {
+  space.fence();
+  std::uint32_t n = 0;
+  Kokkos::deep_copy(n, out.count());
+  if (n > out.capacity())
+    throw std::runtime_error("KPool reported " + std::to_string(n) +
+                             " pools, more than the output's capacity " +
+                             std::to_string(out.capacity()));
+  if (n == 0) return;
+  auto const range = std::make_pair(std::size_t(0), std::size_t(n));
+  auto const rows = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), Kokkos::subview(out.batch_row(), range));
+  auto const ids = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), Kokkos::subview(out.pool_id(), range));
+  auto const vals = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), Kokkos::subview(out.pooled(), range, Kokkos::ALL));
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int32_t const r = rows(i);
+    if (r < 0 || static_cast<std::size_t>(r) >= block.rows.size())
+      throw std::runtime_error("KPool reported pool " + std::to_string(i) +
+                               " from batch row " + std::to_string(r) +
+                               ", outside the block's " +
+                               std::to_string(block.rows.size()) + " rows");
+    Pool p;
+    p.seq = block.rows[r].seq;
+    p.id = ids(i);
+    p.values.resize(D);
+    for (int c = 0; c < D; ++c) p.values[c] = static_cast<float>(vals(i, c));
+    pools.push_back(std::move(p));
+  }
+}
+
+template <class T>
+void run_step(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
+              ViewT<float, 2> const& ape, KPoolTrace::Trace const& t,
+              KPoolTrace::Block const& block,
+              KPool::StepOutput<T, MemSpace>& out,
+              KPool::Options const& options) {
+  int const D = t.head_dim;
+  std::size_t const B = block.rows.size();
+  ViewT<T, 2> key(Kokkos::view_alloc(Kokkos::WithoutInitializing, "key"),
+                  block.tokens, D);
+  ViewT<T, 2> gate(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gate"),
+                   block.tokens, D);
+  ViewT<std::uint32_t, 1> row_offsets("row_offsets", B + 1);
+  ViewT<std::uint32_t, 1> cache_lengths("cache_lengths", B);
+  ViewT<std::uint32_t, 1> slot_idx("slot_idx", B);
+  auto hk = Kokkos::create_mirror_view(key);
+  auto hg = Kokkos::create_mirror_view(gate);
+  auto ho = Kokkos::create_mirror_view(row_offsets);
+  auto hc = Kokkos::create_mirror_view(cache_lengths);
+  auto hs = Kokkos::create_mirror_view(slot_idx);
+  std::size_t t0 = 0;
+  ho(0) = 0;
+  for (std::size_t r = 0; r < B; ++r) {
+    KPoolTrace::Row const& row = block.rows[r];
+    for (std::uint64_t i = 0; i < row.n_new; ++i) {
+      std::uint64_t const pos = row.cache_len + i;
+      for (int c = 0; c < D; ++c) {
+        hk(t0 + i, c) = storage<T>(KPoolTrace::key_value(t.seed, row.seq, pos, c));
+        hg(t0 + i, c) = storage<T>(KPoolTrace::gate_value(t.seed, row.seq, pos, c));
+      }
+    }
+    t0 += row.n_new;
+    ho(r + 1) = static_cast<std::uint32_t>(t0);
+    hc(r) = static_cast<std::uint32_t>(row.cache_len);
+    hs(r) = row.slot;
+  }
+  Kokkos::deep_copy(space, key, hk);
+  Kokkos::deep_copy(space, gate, hg);
+  Kokkos::deep_copy(space, row_offsets, ho);
+  Kokkos::deep_copy(space, cache_lengths, hc);
+  Kokkos::deep_copy(space, slot_idx, hs);
+  KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
+              slot_idx, static_cast<int>(B), out, options);
+}
+
+template <class T>
+void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
+                ViewT<float, 2> const& ape, KPoolTrace::Trace const& t,
+                KPoolTrace::Block const& block,
+                KPool::StepOutput<T, MemSpace>& out,
+                KPool::Options const& options) {
+  int const D = t.head_dim;
+  int const N = block.next_n;
+  std::size_t const B = block.rows.size();
+  // Padded entries are zero: nothing may read them.
+  ViewT<T, 3> key("key", B, N, D);
+  ViewT<T, 3> gate("gate", B, N, D);
+  ViewT<std::int32_t, 2> positions("positions", B, N);
+  ViewT<std::uint32_t, 1> slot_idx("slot_idx", B);
+  auto hk = Kokkos::create_mirror_view(key);
+  auto hg = Kokkos::create_mirror_view(gate);
+  auto hp = Kokkos::create_mirror_view(positions);
+  auto hs = Kokkos::create_mirror_view(slot_idx);
+  Kokkos::deep_copy(hk, storage<T>(0.0f));
+  Kokkos::deep_copy(hg, storage<T>(0.0f));
+  for (std::size_t r = 0; r < B; ++r) {
+    KPoolTrace::Row const& row = block.rows[r];
+    hs(r) = row.slot;
+    for (int i = 0; i < N; ++i) {
+      std::int32_t const pos = row.positions[i];
+      hp(r, i) = pos;
+      if (pos < 0) continue;
+      for (int c = 0; c < D; ++c) {
+        hk(r, i, c) = storage<T>(KPoolTrace::key_value(t.seed, row.seq, pos, c));
+        hg(r, i, c) = storage<T>(KPoolTrace::gate_value(t.seed, row.seq, pos, c));
+      }
+    }
+  }
+  Kokkos::deep_copy(space, key, hk);
+  Kokkos::deep_copy(space, gate, hg);
+  Kokkos::deep_copy(space, positions, hp);
+  Kokkos::deep_copy(space, slot_idx, hs);
+  KPool::decode_step(space, ring, key, gate, ape, positions, slot_idx,
+                     static_cast<int>(B), out, options);
+}
+
+// Replays the whole trace in storage type T; `line` follows the block being
+// run so a failure can name it.
+template <class T>
+std::vector<Pool> replay(KPoolTrace::Trace const& t,
+                         KPool::Options const& options, int& line) {
+  ExecSpace const space;
+  int const K = t.kpool;
+  int const D = t.head_dim;
+
+  ViewT<float, 2> ape("ape", K, D);
+  auto ha = Kokkos::create_mirror_view(ape);
+  for (int m = 0; m < K; ++m)
+    for (int c = 0; c < D; ++c) ha(m, c) = KPoolTrace::ape_value(t.seed, m, c);
+  Kokkos::deep_copy(space, ape, ha);
+
+  // One output for the largest call.
+  std::size_t capacity = 1;
+  int max_batch = 1;
+  for (auto const& b : t.blocks) {
+    int const B = static_cast<int>(b.rows.size());
+    max_batch = std::max(max_batch, B);
+    std::size_t const need =
+        b.decode ? b.rows.size() * static_cast<std::size_t>((b.next_n + K - 1) / K)
+                 : KPool::StepOutput<T, MemSpace>::capacity_for(b.tokens, B, K);
+    capacity = std::max(capacity, need);
+  }
+  KPool::Ring<T, MemSpace> ring(space, static_cast<int>(t.slots), K, D);
+  KPool::StepOutput<T, MemSpace> out(space, capacity, max_batch, D);
+
+  std::vector<Pool> pools;
+  for (auto const& b : t.blocks) {
+    line = b.line;
+    if (b.decode)
+      run_decode<T>(space, ring, ape, t, b, out, options);
+    else
+      run_step<T>(space, ring, ape, t, b, out, options);
+    collect<T>(space, out, b, D, pools);
+  }
+  space.fence();
+  line = 0;
+  return pools;
+}
+
+std::string format(std::vector<Pool>& pools) {
+  std::stable_sort(pools.begin(), pools.end(), [](Pool const& a, Pool const& b) {
+    return a.seq != b.seq ? a.seq < b.seq : a.id < b.id;
+  });
+  std::string s;
+  char buf[64];
+  for (auto const& p : pools) {
+    std::snprintf(buf, sizeof buf, "pool %u %d", static_cast<unsigned>(p.seq),
+                  static_cast<int>(p.id));
+    s += buf;
+    for (float v : p.values) {
+      std::snprintf(buf, sizeof buf, " %.9g", static_cast<double>(v));
+      s += buf;
+    }
+    s += '\n';
+  }
+  std::snprintf(buf, sizeof buf, "pools %zu\n", pools.size());
+  s += buf;
+  return s;
+}
+
+// Kokkos writes its own notes (OpenMP binding warnings, ...) to stdout,
+// which belongs to the pools: while Kokkos lives, file descriptor 1 points
+// at stderr.
+class StdoutToStderr {
+ public:
+  StdoutToStderr() {
+#ifdef KPOOL_REPLAY_HAVE_DUP
+    std::cout.flush();
+    std::fflush(stdout);
+    saved_ = ::dup(1);
+    if (saved_ >= 0 && ::dup2(2, 1) < 0) {
+      ::close(saved_);
+      saved_ = -1;
+    }
+#endif
+  }
+  ~StdoutToStderr() {
+#ifdef KPOOL_REPLAY_HAVE_DUP
+    std::cout.flush();
+    std::fflush(stdout);
+    if (saved_ >= 0) {
+      ::dup2(saved_, 1);
+      ::close(saved_);
+    }
+#endif
+  }
+  StdoutToStderr(StdoutToStderr const&) = delete;
+  StdoutToStderr& operator=(StdoutToStderr const&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
+int fail(int line, std::string const& what) {
+  if (line > 0)
+    std::cerr << "trace:" << line << ": " << what << '\n';
+  else
+    std::cerr << "kpool_replay: " << what << '\n';
+  return 2;
+}
+
+// Kokkos' whole life, and every view's, is inside this function.
+int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
+               KPool::Options const& options, std::string& output) {
+  int line = 0;
+  try {
+    Kokkos::ScopeGuard guard(argc, argv);
+    try {
+      std::vector<Pool> pools;
+      switch (trace.dtype) {
+        case KPoolTrace::DType::f32:
+          pools = replay<float>(trace, options, line);
+          break;
+        case KPoolTrace::DType::f64:
+          pools = replay<double>(trace, options, line);
+          break;
+        case KPoolTrace::DType::bf16:
+          pools = replay<KPool::bfloat16>(trace, options, line);
+          break;
+        case KPoolTrace::DType::f16:
+          pools = replay<KPool::float16>(trace, options, line);
+          break;
+      }
+      output = format(pools);
+    } catch (std::bad_alloc const&) {
+      return fail(line, "out of memory replaying the trace");
+    } catch (std::exception const& e) {
+      return fail(line, e.what());
+    }
+  } catch (std::exception const& e) {
+    return fail(0, e.what());
+  } catch (...) {
+    return fail(line, "unknown error");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  KPool::Options options;
+  std::string path = "-";
+  bool have_path = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string const a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << usage_text;
+      return 0;
+    } else if (a == "--fused") {
+      options.fused = true;
+    } else if (a == "--unfused") {
+      options.fused = false;
+    } else if (a.rfind("--kokkos-", 0) == 0) {
+      // Kokkos' own (--kokkos-threads=N, ...): Kokkos reads them.
+    } else if ((a.size() > 1 && a[0] == '-') || have_path) {
+      std::cerr << "kpool_replay: "
+                << (have_path && !(a.size() > 1 && a[0] == '-')
+                        ? "more than one trace: '" + a + "'"
+                        : "unknown option '" + a + "'")
+                << "\n\n"
+                << usage_text;
+      return 2;
+    } else {
+      path = a;
+      have_path = true;
+    }
+  }
+
+  // The whole trace is read and checked before anything runs, so a broken
+  // one produces no output at all.
+  KPoolTrace::Trace trace;
+  try {
+    if (path == "-") {
+      trace = KPoolTrace::parse(std::cin);
+    } else {
+      std::ifstream in(path);
+      in.peek();  // a directory opens, then fails here
+      if (!in || in.bad()) {
+        std::cerr << "kpool_replay: cannot read '" << path
+                  << "': " << std::strerror(errno) << '\n';
+        return 2;
+      }
+      trace = KPoolTrace::parse(in);
+    }
+  } catch (KPoolTrace::TraceError const& e) {
+    std::cerr << e.what() << '\n';
+    return 2;
+  } catch (std::exception const& e) {
+    return fail(0, std::string("reading the trace: ") + e.what());
+  }
+
+  std::string output;
+  int status;
+  {
+    StdoutToStderr const redirect;
+    status = replay_all(argc, argv, trace, options, output);
+  }
+  if (status != 0) return status;
+  std::fwrite(output.data(), 1, output.size(), stdout);
+  if (std::fflush(stdout) != 0) {
+    std::cerr << "kpool_replay: writing the output failed\n";
+    return 2;
+  }
+  return 0;
+}

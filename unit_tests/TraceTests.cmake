@@ -1,0 +1,98 @@
+# Trace replay tests: kpool_tracegen -> kpool_replay (--fused, --unfused) ->
+# kpool_trace_check against the host reference; fused and unfused output
+# byte-identical; every rule of TRACE.md broken once in trace/bad/.
+add_executable(kpool_trace_check kpool_trace_check.cpp)
+target_include_directories(kpool_trace_check PRIVATE
+  ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/example)
+target_link_libraries(kpool_trace_check PRIVATE kpool_internal_flags)
+target_compile_features(kpool_trace_check PRIVATE cxx_std_17)
+
+if(NOT TARGET kpool_replay OR NOT TARGET kpool_tracegen)
+  message(STATUS "KPool: trace tests need the examples (KPool_ENABLE_EXAMPLES)")
+  return()
+endif()
+
+set(_kpool_trace_script ${CMAKE_CURRENT_SOURCE_DIR}/trace/replay_check.cmake)
+set(_kpool_trace_work ${CMAKE_CURRENT_BINARY_DIR}/trace_work)
+set(_kpool_trace_tools
+  -DGEN=$<TARGET_FILE:kpool_tracegen>
+  -DREPLAY=$<TARGET_FILE:kpool_replay>
+  -DCHECK=$<TARGET_FILE:kpool_trace_check>)
+
+# kpool_trace_replay(NAME MODE [GEN_ARGS...]): one generated trace.
+function(kpool_trace_replay name mode)
+  string(REPLACE ";" " " gen_args "${ARGN}")
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=${mode}
+      -DWORK=${_kpool_trace_work}/${name} "-DGEN_ARGS=${gen_args}"
+      -P ${_kpool_trace_script})
+  set_tests_properties(${name} PROPERTIES LABELS unit
+    ENVIRONMENT "OMP_NUM_THREADS=2;OMP_PROC_BIND=false;OMP_WAIT_POLICY=passive" TIMEOUT 60)
+endfunction()
+
+# (a) generate -> replay both ways -> check, every dtype, K in {1,3,4,8},
+# D in {1,7,128} (K=4, D=128 is the library's compile-time fast path).
+foreach(dtype f32 f64 bf16 f16)
+  kpool_trace_replay(trace_replay_${dtype}_k4_d128 check
+    --dtype ${dtype} --seed 11 --kpool 4 --head-dim 128 --sequences 16 --calls 40)
+  kpool_trace_replay(trace_replay_${dtype}_k3_d7 check
+    --dtype ${dtype} --seed 12 --kpool 3 --head-dim 7 --sequences 40 --calls 120)
+  kpool_trace_replay(trace_replay_${dtype}_k1_d1 check
+    --dtype ${dtype} --seed 13 --kpool 1 --head-dim 1 --sequences 30 --calls 80)
+  kpool_trace_replay(trace_replay_${dtype}_k8_d7 check
+    --dtype ${dtype} --seed 14 --kpool 8 --head-dim 7 --slots 3 --sequences 30 --calls 120)
+endforeach()
+kpool_trace_replay(trace_replay_bf16_k8_d128 check
+  --dtype bf16 --seed 15 --kpool 8 --head-dim 128 --sequences 16 --calls 40 --max-chunk 40)
+kpool_trace_replay(trace_replay_f32_k3_d128 check
+  --dtype f32 --seed 16 --kpool 3 --head-dim 128 --sequences 16 --calls 40)
+kpool_trace_replay(trace_replay_f16_k4_d1 check
+  --dtype f16 --seed 17 --kpool 4 --head-dim 1 --slots 2 --sequences 40 --calls 150)
+kpool_trace_replay(trace_replay_f32_k16_d7_one_slot check
+  --dtype f32 --seed 18 --kpool 16 --head-dim 7 --slots 1 --sequences 20 --calls 150 --max-chunk 50)
+
+# Hand-written traces in trace/good/ (edge cases the generator may miss).
+file(GLOB _kpool_good_traces CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_SOURCE_DIR}/trace/good/*.trace)
+foreach(good ${_kpool_good_traces})
+  get_filename_component(stem ${good} NAME_WE)
+  add_test(NAME trace_good_${stem}
+    COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=check
+      -DWORK=${_kpool_trace_work}/trace_good_${stem} -DTRACE=${good}
+      -P ${_kpool_trace_script})
+  set_tests_properties(trace_good_${stem} PROPERTIES LABELS unit
+    ENVIRONMENT "OMP_NUM_THREADS=2;OMP_PROC_BIND=false;OMP_WAIT_POLICY=passive"
+    TIMEOUT 60)
+endforeach()
+
+# (b) --fused and --unfused print the same bytes (and stdin = file).
+foreach(dtype f32 f64 bf16 f16)
+  kpool_trace_replay(trace_fused_unfused_identical_${dtype} identical
+    --dtype ${dtype} --seed 21 --kpool 4 --head-dim 128 --sequences 20 --calls 60)
+endforeach()
+kpool_trace_replay(trace_fused_unfused_identical_bf16_k3_d7 identical
+  --dtype bf16 --seed 22 --kpool 3 --head-dim 7 --sequences 40 --calls 120)
+
+# The checker is not vacuous: a changed value, a lost pool, a duplicated
+# pool are each caught.
+kpool_trace_replay(trace_check_detects_tampering tamper
+  --dtype bf16 --seed 23 --kpool 4 --head-dim 7 --calls 30)
+
+# (c) one broken rule per file; the expected line is in the file's first
+# line, '# expect trace:LINE:'.
+file(GLOB _kpool_bad_traces CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_SOURCE_DIR}/trace/bad/*.trace)
+foreach(bad ${_kpool_bad_traces})
+  get_filename_component(stem ${bad} NAME_WE)
+  add_test(NAME trace_bad_${stem}
+    COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=bad
+      -DWORK=${_kpool_trace_work}/trace_bad_${stem} -DTRACE=${bad}
+      -P ${_kpool_trace_script})
+  set_tests_properties(trace_bad_${stem} PROPERTIES LABELS unit TIMEOUT 30)
+endforeach()
+
+# The command line: --help, an unknown option, a missing file.
+add_test(NAME trace_replay_cli
+  COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=cli
+    -DWORK=${_kpool_trace_work}/trace_replay_cli -P ${_kpool_trace_script})
+set_tests_properties(trace_replay_cli PROPERTIES LABELS unit TIMEOUT 30)

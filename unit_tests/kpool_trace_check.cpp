@@ -1,0 +1,306 @@
+// kpool_trace_check TRACE REPLAY_OUTPUT
+//
+// Checks kpool_replay's output for TRACE against the host reference
+// (KPoolReference.hpp, f64): every sequence's printed pools are exactly the
+// complete pools of the tokens it was fed, each once, sorted, 'pools N' is
+// right, and every value is within tolerance of a one-shot compress of the
+// whole sequence (streaming invariance, SEMANTICS.md). Exit 0 with a summary
+// on success, 1 at the first mismatch, 2 when an input cannot be read.
+
+#include "KPoolReference.hpp"
+#include "KPoolTrace.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Printed {
+  std::uint32_t seq;
+  std::int64_t pool;
+  std::vector<double> values;
+  int line;
+};
+
+KPoolRef::DType ref_type(KPoolTrace::DType t) {
+  switch (t) {
+    case KPoolTrace::DType::f32: return KPoolRef::DType::f32;
+    case KPoolTrace::DType::f64: return KPoolRef::DType::f64;
+    case KPoolTrace::DType::bf16: return KPoolRef::DType::bf16;
+    case KPoolTrace::DType::f16: return KPoolRef::DType::f16;
+  }
+  return KPoolRef::DType::f64;
+}
+
+[[noreturn]] void mismatch(std::string const& what) {
+  std::cout << "kpool_trace_check: MISMATCH: " << what << '\n';
+  std::exit(1);
+}
+
+bool to_int(std::string const& s, std::int64_t& v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long const x = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return false;
+  v = x;
+  return true;
+}
+
+// Values are f32 printed with %.9g: read them back as the f32 they were
+// (strtod would keep the decimal's extra digits, off by up to 1e-9).
+bool to_value(std::string const& s, double& v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  v = static_cast<double>(std::strtof(s.c_str(), &end));
+  return *end == '\0';
+}
+
+std::vector<std::string> split(std::string const& line) {
+  std::istringstream in(line);
+  std::vector<std::string> f;
+  std::string w;
+  while (in >> w) f.push_back(w);
+  return f;
+}
+
+// Reads kpool_replay's output: pool lines then 'pools N', nothing else.
+std::vector<Printed> read_output(std::istream& in, int D) {
+  std::vector<Printed> out;
+  std::string line;
+  int ln = 0;
+  bool done = false;
+  while (std::getline(in, line)) {
+    ++ln;
+    auto const at = "output line " + std::to_string(ln) + ": ";
+    if (done) mismatch(at + "text after the 'pools N' line");
+    auto const f = split(line);
+    std::int64_t a = 0, b = 0;
+    if (f.size() == 2 && f[0] == "pools") {
+      if (!to_int(f[1], a)) mismatch(at + "malformed count '" + f[1] + "'");
+      if (a != static_cast<std::int64_t>(out.size()))
+        mismatch(at + "'pools " + f[1] + "' but " +
+                 std::to_string(out.size()) + " pool lines were printed");
+      done = true;
+      continue;
+    }
+    if (f.empty() || f[0] != "pool")
+      mismatch(at + "neither a 'pool' line nor 'pools N': '" + line + "'");
+    if (f.size() != static_cast<std::size_t>(3 + D))
+      mismatch(at + "a pool line has " + std::to_string(2 + D) +
+               " fields (seq, pool, " + std::to_string(D) + " values), got " +
+               std::to_string(f.size() - 1));
+    if (!to_int(f[1], a) || a < 0 || a > 0xFFFFFFFFll)
+      mismatch(at + "malformed seq '" + f[1] + "'");
+    if (!to_int(f[2], b)) mismatch(at + "malformed pool id '" + f[2] + "'");
+    Printed p;
+    p.seq = static_cast<std::uint32_t>(a);
+    p.pool = b;
+    p.line = ln;
+    p.values.resize(D);
+    for (int c = 0; c < D; ++c)
+      if (!to_value(f[3 + c], p.values[c]))
+        mismatch(at + "malformed value '" + f[3 + c] + "'");
+    out.push_back(std::move(p));
+  }
+  if (!done) mismatch("the output does not end with a 'pools N' line");
+  return out;
+}
+
+// The replay and this checker share KPoolTrace::value, so a slip in it
+// would pass unseen: pin it to values worked out from TRACE.md's formula
+// independently (exact: every value is a multiple of 2^-22).
+bool inputs_match_trace_md() {
+  struct Golden {
+    std::uint64_t seed, seq, pos, c, which;
+    double expected;
+  };
+  Golden const golden[] = {
+      {12345, 0, 13, 0, 0, -0.3297903537750244},
+      {12345, 1, 2, 127, 1, 0.6680431365966797},
+      {7, 9, 0, 0, 0, -1.3935754299163818},
+      {18446744073709551615ull, 4294967295ull, 2147483646, 65535, 1,
+       0.7006607055664062},
+  };
+  for (auto const& g : golden)
+    if (static_cast<double>(KPoolTrace::value(g.seed, g.seq, g.pos, g.c,
+                                              g.which)) != g.expected)
+      return false;
+  // ape[m][c] = value(0, m, c, 2) under the trace's seed.
+  return static_cast<double>(KPoolTrace::ape_value(12345, 3, 5)) ==
+             0.0289306640625 &&
+         static_cast<double>(KPoolTrace::ape_value(0, 3, 5)) ==
+             1.9753193855285645;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  if (!inputs_match_trace_md()) {
+    std::cerr << "kpool_trace_check: KPoolTrace::value disagrees with "
+                 "TRACE.md's formula\n";
+    return 2;
+  }
+  if (argc != 3) {
+    std::cerr << "usage: kpool_trace_check TRACE REPLAY_OUTPUT\n";
+    return 2;
+  }
+  KPoolTrace::Trace trace;
+  {
+    std::ifstream in(argv[1]);
+    if (!in) {
+      std::cerr << "kpool_trace_check: cannot read '" << argv[1]
+                << "': " << std::strerror(errno) << '\n';
+      return 2;
+    }
+    try {
+      trace = KPoolTrace::parse(in);
+    } catch (KPoolTrace::TraceError const& e) {
+      std::cerr << "kpool_trace_check: " << argv[1] << ": " << e.what() << '\n';
+      return 2;
+    }
+  }
+  int const K = trace.kpool;
+  int const D = trace.head_dim;
+  KPoolRef::DType const dt = ref_type(trace.dtype);
+
+  std::vector<Printed> printed;
+  {
+    std::ifstream in(argv[2]);
+    if (!in) {
+      std::cerr << "kpool_trace_check: cannot read '" << argv[2]
+                << "': " << std::strerror(errno) << '\n';
+      return 2;
+    }
+    printed = read_output(in, D);
+  }
+
+  // Order: by seq, then pool id, each pool once.
+  for (std::size_t i = 1; i < printed.size(); ++i) {
+    Printed const& a = printed[i - 1];
+    Printed const& b = printed[i];
+    if (a.seq == b.seq && a.pool == b.pool)
+      mismatch("seq " + std::to_string(b.seq) + " pool " +
+               std::to_string(b.pool) + " is printed twice (output lines " +
+               std::to_string(a.line) + " and " + std::to_string(b.line) + ")");
+    if (a.seq > b.seq || (a.seq == b.seq && a.pool > b.pool))
+      mismatch("output line " + std::to_string(b.line) + " (seq " +
+               std::to_string(b.seq) + " pool " + std::to_string(b.pool) +
+               ") is out of order after seq " + std::to_string(a.seq) +
+               " pool " + std::to_string(a.pool));
+  }
+
+  // Which pools each sequence should have: exactly [0, fed / K).
+  std::map<std::uint32_t, std::vector<Printed const*>> by_seq;
+  for (auto const& p : printed) {
+    auto const it = trace.sequences.find(p.seq);
+    if (it == trace.sequences.end())
+      mismatch("output line " + std::to_string(p.line) + ": seq " +
+               std::to_string(p.seq) + " is not in the trace");
+    std::int64_t const complete = static_cast<std::int64_t>(it->second.fed / K);
+    if (p.pool < 0 || p.pool >= complete)
+      mismatch("output line " + std::to_string(p.line) + ": seq " +
+               std::to_string(p.seq) + " pool " + std::to_string(p.pool) +
+               " is not complete (the sequence was fed " +
+               std::to_string(it->second.fed) + " tokens, K = " +
+               std::to_string(K) + ": pools 0.." +
+               std::to_string(complete - 1) + ")");
+    by_seq[p.seq].push_back(&p);
+  }
+  std::uint64_t const expected = trace.complete_pools();
+  for (auto const& s : trace.sequences) {
+    std::uint64_t const complete = s.second.fed / K;
+    std::uint64_t const got = by_seq.count(s.first) ? by_seq[s.first].size() : 0;
+    if (got != complete) {
+      // Sorted and in range, so the first gap is the first missing pool.
+      std::uint64_t missing = 0;
+      if (got) {
+        auto const& v = by_seq[s.first];
+        while (missing < v.size() &&
+               v[missing]->pool == static_cast<std::int64_t>(missing))
+          ++missing;
+      }
+      mismatch("seq " + std::to_string(s.first) + " pool " +
+               std::to_string(missing) + " is missing (fed " +
+               std::to_string(s.second.fed) + " tokens: " +
+               std::to_string(complete) + " complete pools, " +
+               std::to_string(got) + " printed)");
+    }
+  }
+  if (printed.size() != expected)
+    mismatch("'pools " + std::to_string(printed.size()) + "' but the trace completes " +
+             std::to_string(expected) + " pools");
+
+  // Values against a one-shot compress of each whole sequence.
+  KPoolRef::Matrix ape(K, D);
+  for (int m = 0; m < K; ++m)
+    for (int c = 0; c < D; ++c) ape.at(m, c) = KPoolTrace::ape_value(trace.seed, m, c);
+  double worst = 0.0;  // largest |got - ref| / tolerance
+  for (auto const& entry : by_seq) {
+    std::uint32_t const seq = entry.first;
+    auto const& pools = entry.second;
+    int const rows = static_cast<int>(pools.size()) * K;
+    KPoolRef::Matrix key(rows, D), gate(rows, D);
+    for (int pos = 0; pos < rows; ++pos)
+      for (int c = 0; c < D; ++c) {
+        key.at(pos, c) = KPoolRef::round_to(
+            dt, KPoolTrace::key_value(trace.seed, seq, pos, c));
+        gate.at(pos, c) = KPoolRef::round_to(
+            dt, KPoolTrace::gate_value(trace.seed, seq, pos, c));
+      }
+    KPoolRef::Matrix const ref = KPoolRef::one_shot(key, gate, ape);
+    KPoolRef::Matrix const scale = KPoolRef::one_shot_scale(key, gate, ape);
+    for (auto const* p : pools) {
+      int const id = static_cast<int>(p->pool);
+      for (int c = 0; c < D; ++c) {
+        double const got = p->values[c];
+        double const r = ref.at(id, c);
+        double const s = scale.at(id, c);
+        double tol;
+        switch (dt) {
+          case KPoolRef::DType::f64:
+            // Printed as f32 (TRACE.md): half an f32 ulp of the conversion.
+            tol = 0.5 * KPoolRef::ulp(KPoolRef::DType::f32,
+                                      std::max(std::fabs(r), std::fabs(got))) +
+                  1e-12 * s + 1e-300;
+            break;
+          case KPoolRef::DType::f32:
+            tol = 1e-5 * std::max(std::fabs(r), s);
+            break;
+          default:
+            tol = KPoolRef::ulp(dt, r) + 1e-5 * s;
+            break;
+        }
+        double const err = std::fabs(got - r);
+        if (!(err <= tol)) {
+          char buf[256];
+          std::snprintf(buf, sizeof buf,
+                        "seq %u pool %d channel %d (output line %d): got %.9g, "
+                        "reference %.17g, |error| %.3g > tolerance %.3g",
+                        static_cast<unsigned>(seq), id, c, p->line, got, r,
+                        err, tol);
+          mismatch(buf);
+        }
+        if (tol > 0) worst = std::max(worst, err / tol);
+      }
+    }
+  }
+
+  std::printf(
+      "kpool_trace_check: OK: %zu pools of %zu sequences (%zu blocks, dtype "
+      "%s, K %d, D %d); worst error %.3g of tolerance\n",
+      printed.size(), trace.sequences.size(), trace.blocks.size(),
+      KPoolTrace::dtype_name(trace.dtype), K, D, worst);
+  return 0;
+}
