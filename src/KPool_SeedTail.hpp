@@ -45,7 +45,7 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
   Details::Checker const chk("KPool::seed_tail");
   int const K = static_cast<int>(tail.extent(2));
   int const D = static_cast<int>(tail.extent(3));
-  chk.pool_shape(tail.extent(2), tail.extent(3), "tail");
+  chk.pool_shape(tail.extent(2), tail.extent(3), "tail", 2);
   // seed_tail reads no ape; a stand-in of the right shape keeps one set of
   // shape checks.
   Kokkos::View<const float**, Kokkos::LayoutRight, M,

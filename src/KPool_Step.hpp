@@ -282,12 +282,10 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 
   Details::View1<const std::uint32_t, M> const offsets =
       out.begin_call(static_cast<int>(B));
-  Details::DecodeOffsetsFunctor<M> scan{positions, slot_idx,
-                                        out.offsets(), num_requests,
-                                        K, ring.max_slots()};
-  Kokkos::parallel_scan("KPool::decode_step::offsets",
-                        Kokkos::RangePolicy<ExecutionSpace>(space, 0, B + 1),
-                        scan);
+  Details::launch_offsets_scan(
+      space, "KPool::decode_step::offsets",
+      Details::DecodePoolCount<M>{positions, slot_idx, num_requests, K, ring.max_slots()},
+      Details::View1<std::uint32_t, M>(out.offsets()), static_cast<int>(B));
 
   Details::View4<T, M> const tail = ring.tail();
   Details::View3<const T, M> const k = key;

@@ -109,11 +109,10 @@ template <bool StepMode, class ExecutionSpace, class T, class OffsetsView>
 void launch_ragged_offsets(ExecutionSpace const& space, std::string const& label,
                            RaggedCall<ExecutionSpace, T> const& call,
                            OffsetsView const& offsets) {
-  RaggedOffsetsFunctor<typename ExecutionSpace::memory_space, StepMode> f{
-      call.batch, offsets};
-  Kokkos::parallel_scan(
-      label, Kokkos::RangePolicy<ExecutionSpace>(space, 0, call.batch_size + 1),
-      f);
+  launch_offsets_scan(
+      space, label,
+      RaggedPoolCount<typename ExecutionSpace::memory_space, StepMode>{call.batch},
+      offsets, call.batch_size);
 }
 
 }  // namespace Details

@@ -49,6 +49,10 @@ struct ExpandTopkFunctor {
     int const topk = static_cast<int>(pool_ids.extent(1));
     int const selected = topk * kpool;
     int const width = selected + (tail_always ? kpool - 1 : 0);
+    // A row past int32 positions (only possible with validation off) is
+    // skipped like any other invalid request: its positions cannot be
+    // written as int32.
+    if (visible > static_cast<std::int64_t>(max_sequence_length)) return;
     std::int64_t const whole = visible - visible % K;
     KokkosExt::vector_for<ExecutionSpace>(member, width, [&](int j) {
       std::int64_t v = -1;

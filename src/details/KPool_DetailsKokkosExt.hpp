@@ -105,16 +105,29 @@ class ScopedProfileRegion {
 // call and an aliasing doubt (outputs and inputs share the storage type),
 // so it is written out with an ivdep: iterations of a channel loop never
 // depend on each other, which is what every caller promises.
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+// Clang versions the loop on a run-time alias check by itself (and warns
+// when a hinted loop does not vectorize), so it gets no hint.
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__clang__)
 #define KPOOL_IMPL_IVDEP
-#elif defined(__clang__)
-#define KPOOL_IMPL_IVDEP _Pragma("clang loop vectorize(assume_safety)")
 #elif defined(__INTEL_COMPILER) || defined(__INTEL_LLVM_COMPILER)
 #define KPOOL_IMPL_IVDEP _Pragma("ivdep")
 #elif defined(__GNUC__) && !defined(__NVCC__)
 #define KPOOL_IMPL_IVDEP _Pragma("GCC ivdep")
 #else
 #define KPOOL_IMPL_IVDEP
+#endif
+
+// Full unrolling of the short fixed-count loops inside a channel loop (over
+// the K members, over a lane's packet). GCC only vectorizes a loop whose
+// body has no inner loop left, and it does not unroll these early enough
+// on its own.
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__clang__) || \
+    defined(__NVCC__)
+#define KPOOL_IMPL_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define KPOOL_IMPL_UNROLL _Pragma("GCC unroll 64")
+#else
+#define KPOOL_IMPL_UNROLL
 #endif
 
 template <class ExecutionSpace, class Member, class Functor>

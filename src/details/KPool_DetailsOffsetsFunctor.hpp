@@ -3,58 +3,80 @@
 
 // Exclusive prefix sums of pools per request, on the device, with no host
 // synchronization: scanning B + 1 entries leaves the total in the last.
+// One team does the whole scan, so it is exactly one launch on every
+// backend (Kokkos' own device-wide scan may take several), which keeps the
+// steps at two launches.
 
 #include <details/KPool_DetailsBatch.hpp>
 #include <details/KPool_DetailsRequest.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace KPool {
 namespace Details {
 
-// Ragged batches. compress counts its own pools; a step (StepMode) counts
-// the ring_close pool too.
+// Pools per ragged request. compress counts its own pools; a step
+// (StepMode) counts the ring_close pool too.
 template <class MemorySpace, bool StepMode>
-struct RaggedOffsetsFunctor {
-  using value_type = std::uint32_t;
+struct RaggedPoolCount {
   RaggedBatch<MemorySpace> batch;
-  View1<std::uint32_t, MemorySpace> offsets;
-
-  KOKKOS_INLINE_FUNCTION void operator()(int r, value_type& update,
-                                         bool final) const {
-    value_type count = 0;
-    if (r < batch.num_requests) {
-      Request const q = batch.request(r);
-      count = static_cast<value_type>(q.full()) +
-              ((StepMode && q.closes()) ? 1u : 0u);
-    }
-    if (final) offsets(r) = update;
-    update += count;
+  KOKKOS_INLINE_FUNCTION std::uint32_t operator()(int r) const {
+    if (r >= batch.num_requests) return 0;
+    Request const q = batch.request(r);
+    return static_cast<std::uint32_t>(q.full()) +
+           ((StepMode && q.closes()) ? 1u : 0u);
   }
 };
 
-// Decode rows: one pool per real position that ends a pool.
+// Pools per decode row: one per real position that ends a pool.
 template <class MemorySpace>
-struct DecodeOffsetsFunctor {
-  using value_type = std::uint32_t;
+struct DecodePoolCount {
   View2<const std::int32_t, MemorySpace> positions;
   View1<const std::uint32_t, MemorySpace> slot_idx;
-  View1<std::uint32_t, MemorySpace> offsets;
   int num_requests;
   int kpool;
   int max_slots;
-
-  KOKKOS_INLINE_FUNCTION void operator()(int r, value_type& update,
-                                         bool final) const {
-    value_type count = 0;
-    if (r < num_requests && slot_idx(r) < static_cast<std::uint32_t>(max_slots)) {
-      for (int i = 0; i < static_cast<int>(positions.extent(1)); ++i)
-        count += closes_pool(positions(r, i), kpool) ? 1u : 0u;
-    }
-    if (final) offsets(r) = update;
-    update += count;
+  KOKKOS_INLINE_FUNCTION std::uint32_t operator()(int r) const {
+    if (r >= num_requests || slot_idx(r) >= static_cast<std::uint32_t>(max_slots))
+      return 0;
+    std::uint32_t count = 0;
+    for (int i = 0; i < static_cast<int>(positions.extent(1)); ++i)
+      count += closes_pool(positions(r, i), kpool) ? 1u : 0u;
+    return count;
   }
 };
+
+template <class ExecutionSpace, class Count>
+struct OffsetsScanFunctor {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Count count;
+  View1<std::uint32_t, typename ExecutionSpace::memory_space> offsets;
+  int rows;  // offsets(0..rows) are written
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, rows + 1),
+                          [&](int r, std::uint32_t& prefix, bool final) {
+                            std::uint32_t const c = r < rows ? count(r) : 0u;
+                            if (final) offsets(r) = prefix;
+                            prefix += c;
+                          });
+  }
+};
+
+template <class ExecutionSpace, class Count, class OffsetsView>
+void launch_offsets_scan(ExecutionSpace const& space, std::string const& label,
+                         Count const& count, OffsetsView const& offsets,
+                         int rows) {
+  OffsetsScanFunctor<ExecutionSpace, Count> f{count, offsets, rows};
+  Kokkos::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+  int team = 1;
+  if (KokkosExt::is_device_space<ExecutionSpace>::value)
+    team = std::max(1, std::min(probe.team_size_recommended(f, Kokkos::ParallelForTag()),
+                                 ((rows + 1 + 31) / 32) * 32));
+  Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecutionSpace>(space, 1, team, 1), f);
+}
 
 }  // namespace Details
 }  // namespace KPool

@@ -94,14 +94,18 @@ KOKKOS_FORCEINLINE_FUNCTION void store_packet(T* p,
 
 // Softmax of K logits weighting K keys, one channel, in the accumulator
 // type. The order of operations is fixed (max from member 0 up, then sums
-// from member 0 up), so every path below rounds identically.
+// from member 0 up, starting from member 0's terms rather than from zero),
+// so every path below rounds identically.
 template <int KS, class A>
 KOKKOS_FORCEINLINE_FUNCTION A softmax_pool(A const (&logit)[KS],
                                            A const (&key)[KS]) {
   A mx = logit[0];
+  KPOOL_IMPL_UNROLL
   for (int m = 1; m < KS; ++m) mx = logit[m] > mx ? logit[m] : mx;
-  A sum = 0, acc = 0;
-  for (int m = 0; m < KS; ++m) {
+  A const e0 = pool_exp(logit[0] - mx);
+  A sum = e0, acc = e0 * key[0];
+  KPOOL_IMPL_UNROLL
+  for (int m = 1; m < KS; ++m) {
     A const e = pool_exp(logit[m] - mx);
     sum += e;
     acc = KokkosExt::fmadd(e, key[m], acc);
@@ -126,6 +130,7 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
     constexpr int KS = P::kpool;
     T const* kp[KS];
     T const* gp[KS];
+    KPOOL_IMPL_UNROLL
     for (int m = 0; m < KS; ++m) {
       kp[m] = src.key_ptr(m);
       gp[m] = src.gate_ptr(m);
@@ -133,16 +138,19 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
     KokkosExt::vector_for<ExecutionSpace>(member, head_dim / W, [&](int p) {
       int const c0 = p * W;
       A logit[W][KS], key[W][KS];
+      KPOOL_IMPL_UNROLL
       for (int m = 0; m < KS; ++m) {
         auto const g = load_packet<W>(gp[m] + c0);
         auto const k = load_packet<W>(kp[m] + c0);
         auto const a = load_packet<W>(ape.data + m * ape.m + c0);
+        KPOOL_IMPL_UNROLL
         for (int w = 0; w < W; ++w) {
           logit[w][m] = to_accumulator(g.v[w]) + a.v[w];
           key[w][m] = to_accumulator(k.v[w]);
         }
       }
       Packet<T, W> o;
+      KPOOL_IMPL_UNROLL
       for (int w = 0; w < W; ++w)
         o.v[w] = from_accumulator<T>(softmax_pool<KS>(logit[w], key[w]));
       store_packet<W>(out + c0, o);
@@ -161,8 +169,9 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
         for (int m = 0; m < K; ++m) {
           A const l = to_accumulator(src.gate_ptr(m)[c]) + ape.data[m * ape.m + c];
           A const e = pool_exp(l - mx);
-          sum += e;
-          acc = KokkosExt::fmadd(e, to_accumulator(src.key_ptr(m)[c]), acc);
+          A const k = to_accumulator(src.key_ptr(m)[c]);
+          sum = m == 0 ? e : sum + e;
+          acc = m == 0 ? e * k : KokkosExt::fmadd(e, k, acc);
         }
         out[c] = from_accumulator<T>(acc / sum);
       }
@@ -181,9 +190,9 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
         A const l = to_accumulator(src.gate_ptr(m)[c * src.gate_stride(m)]) +
                     ape.data[m * ape.m + c * ape.c];
         A const e = pool_exp(l - mx);
-        sum += e;
-        acc = KokkosExt::fmadd(
-            e, to_accumulator(src.key_ptr(m)[c * src.key_stride(m)]), acc);
+        A const k = to_accumulator(src.key_ptr(m)[c * src.key_stride(m)]);
+        sum = m == 0 ? e : sum + e;
+        acc = m == 0 ? e * k : KokkosExt::fmadd(e, k, acc);
       }
       out[c * out_c] = from_accumulator<T>(acc / sum);
     });

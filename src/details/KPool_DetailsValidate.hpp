@@ -80,20 +80,22 @@ class Checker {
            "is less than the " + std::to_string(needed) + " " + what);
   }
 
-  // kpool and head_dim, both taken from ape's extents [K, D].
+  // kpool and head_dim, extents k_dim and k_dim + 1 of `source` (ape's
+  // [K, D], or the ring's [slots, 2, K, D]).
   void pool_shape(std::size_t kpool, std::size_t head_dim,
-                  std::string const& source = "ape") const {
+                  std::string const& source = "ape", int k_dim = 0) const {
+    std::string const k_where = "extent " + std::to_string(k_dim);
+    std::string const d_where = "extent " + std::to_string(k_dim + 1);
     if (kpool < 1)
-      fail(source, "extent 0", -1, std::to_string(kpool),
+      fail(source, k_where, -1, std::to_string(kpool),
            "is not a valid kpool (K must be at least 1)");
     if (kpool > 0x7FFFFFFF)
-      fail(source, "extent 0", -1, std::to_string(kpool),
-           "is too large a kpool");
+      fail(source, k_where, -1, std::to_string(kpool), "is too large a kpool");
     if (head_dim < 1)
-      fail(source, "extent 1", -1, std::to_string(head_dim),
+      fail(source, d_where, -1, std::to_string(head_dim),
            "is not a valid head_dim (D must be at least 1)");
     if (head_dim > 0x7FFFFFFF)
-      fail(source, "extent 1", -1, std::to_string(head_dim),
+      fail(source, d_where, -1, std::to_string(head_dim),
            "is too large a head_dim");
   }
 

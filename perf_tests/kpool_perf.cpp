@@ -1,0 +1,872 @@
+// kpool_perf: KPool's kernels at serving shapes (D = 128, K = 4, bf16 and
+// f32), each next to a plain Kokkos copy moving the same number of bytes on
+// the same execution space instance.
+//
+//   kpool_perf [--quick] [--filter SUBSTRING] [--out PATH] [--min-time S]
+//
+// Every timed entry is one (scenario, dtype, op): for example
+// "prefill_b8_16k/bf16/compress". Per entry: one untimed call with
+// validation on (the inputs must be valid), warm-up, then kernel and copy
+// interleaved (kernel, copy, kernel, copy, ...) with a fence around each
+// timed call, until --min-time seconds have passed (at least 5 runs, at most
+// 200). The medians give GB/s; `ratio` = kernel GB/s / copy GB/s; the
+// fastest runs are reported too (seconds_min, copy_seconds_min).
+//
+// `bytes` is the minimum traffic an op needs, counted from the batch
+// description (see the *_bytes functions): every element read once plus
+// every element written once, index arrays included; ring members a decode
+// call stashed itself and closes in the same call are not counted as ring
+// reads. The copy moves words = bytes / 16 uint64 words (read + write), so
+// its byte count matches the kernel's.
+//
+// Writes perf_report.json (or --out) in the current directory and prints its
+// absolute path; perf_tests/perf_table.py prints it as a table.
+
+#include <KPool.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kD = 128;
+constexpr int kK = 4;
+
+template <class T>
+using View1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
+template <class T>
+using View2 = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+template <class T>
+using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
+
+// ---------------------------------------------------------------- settings
+
+struct Settings {
+  std::string filter;
+  std::string out = "perf_report.json";
+  bool quick = false;
+  double min_time = 0.2;
+  int min_runs = 5;
+  int max_runs = 200;
+};
+
+struct Result {
+  std::string name, op, dtype;
+  std::uint64_t tokens = 0;
+  int batch = 0;
+  std::uint64_t bytes = 0;
+  double seconds = 0;
+  std::uint64_t copy_bytes = 0;
+  double copy_seconds = 0;
+  double seconds_min = 0;
+  double copy_seconds_min = 0;
+  int runs = 0;
+  int launches = 0;
+};
+
+// ------------------------------------------------------------ device work
+
+// Deterministic values in [-2, 2), filled on the device.
+template <class T>
+struct FillFunctor {
+  Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v;
+  std::uint32_t seed;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i) const {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    float const x = static_cast<float>(h >> 8) * (4.0f / 16777216.0f) - 2.0f;
+    v(i) = T(x);
+  }
+};
+
+template <class T>
+void fill(Space const& space, T* data, std::size_t n, std::uint32_t seed) {
+  FillFunctor<T> f;
+  f.v = decltype(f.v)(data, n);
+  f.seed = seed;
+  Kokkos::parallel_for("kpool_perf::fill",
+                       Kokkos::RangePolicy<Space>(space, 0, n), f);
+}
+
+// The baseline: one RangePolicy launch copying uint64 words.
+struct CopyFunctor {
+  Kokkos::View<const std::uint64_t*, Mem> src;
+  Kokkos::View<std::uint64_t*, Mem> dst;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i) const {
+    dst(i) = src(i);
+  }
+};
+
+class CopyBaseline {
+ public:
+  explicit CopyBaseline(Space const& space) : space_(space) {}
+  // Words for an op of `bytes` (read + write): bytes / 16, at least one.
+  static std::size_t words_for(std::uint64_t bytes) {
+    return std::max<std::uint64_t>(1, bytes / 16);
+  }
+  void reserve(std::size_t words) {
+    if (words <= src_.extent(0)) return;
+    src_ = Kokkos::View<std::uint64_t*, Mem>();
+    dst_ = Kokkos::View<std::uint64_t*, Mem>();
+    src_ = Kokkos::View<std::uint64_t*, Mem>(
+        Kokkos::view_alloc(space_, "kpool_perf::copy_src"), words);
+    dst_ = Kokkos::View<std::uint64_t*, Mem>(
+        Kokkos::view_alloc(space_, "kpool_perf::copy_dst"), words);
+    space_.fence();
+  }
+  void run(std::size_t words) const {
+    CopyFunctor f{src_, dst_};
+    Kokkos::parallel_for("kpool_perf::copy",
+                         Kokkos::RangePolicy<Space>(space_, 0, words), f);
+  }
+
+ private:
+  Space space_;
+  Kokkos::View<std::uint64_t*, Mem> src_, dst_;
+};
+
+// -------------------------------------------------------- batch geometry
+
+// A ragged batch (prefill chunks, continuations, single-token decodes).
+struct RaggedDesc {
+  std::vector<std::uint32_t> rows;           // n per request
+  std::vector<std::uint32_t> cache_lengths;  // c per request
+  std::vector<std::uint32_t> slots;          // ring slot per request
+  int max_slots = 1;
+  int batch() const { return static_cast<int>(rows.size()); }
+  std::uint64_t tokens() const {
+    return std::accumulate(rows.begin(), rows.end(), std::uint64_t(0));
+  }
+};
+
+// A decode batch: next_n consecutive positions per row from start[r].
+struct DecodeDesc {
+  int next_n = 1;
+  std::vector<std::int32_t> start;
+  std::vector<std::uint32_t> slots;
+  int max_slots = 1;
+  int batch() const { return static_cast<int>(start.size()); }
+  std::uint64_t tokens() const {
+    return static_cast<std::uint64_t>(batch()) * next_n;
+  }
+  // The same tokens as a ragged batch (for the general step).
+  RaggedDesc ragged() const {
+    RaggedDesc r;
+    for (int b = 0; b < batch(); ++b) {
+      r.rows.push_back(static_cast<std::uint32_t>(next_n));
+      r.cache_lengths.push_back(static_cast<std::uint32_t>(start[b]));
+    }
+    r.slots = slots;
+    r.max_slots = max_slots;
+    return r;
+  }
+};
+
+// One request's pools, from SEMANTICS.md ("The writers").
+struct Geo {
+  std::uint64_t have = 0;    // c % K
+  std::uint64_t full = 0;    // compress pools
+  bool closes = false;       // ring_close closes a pool
+  std::uint64_t seeded = 0;  // positions seed_tail stashes
+};
+
+Geo geometry(std::uint64_t c, std::uint64_t n) {
+  std::uint64_t const K = kK;
+  Geo g;
+  std::uint64_t const end = c + n;
+  g.have = c % K;
+  std::uint64_t const first = (c + K - 1) / K;
+  std::uint64_t const last = end / K;
+  g.full = last > first ? last - first : 0;
+  g.closes = g.have != 0 && g.have + n >= K;
+  std::uint64_t const seed_start = std::max(last * K, c);
+  g.seeded = end - seed_start;
+  return g;
+}
+
+// ------------------------------------------------------------ byte counts
+//
+// S = sizeof(storage), row = D * S. Index arrays are u32/i32 (4 bytes).
+
+struct Traffic {
+  std::uint64_t ring_close = 0;  // ring members + new rows read, pooled out
+  std::uint64_t compress = 0;    // key + gate rows read, pooled out
+  std::uint64_t seed = 0;        // key + gate rows read, ring written
+  std::uint64_t closed = 0;      // pools ring_close closes
+  std::uint64_t pools = 0;       // compress pools
+};
+
+Traffic ragged_traffic(RaggedDesc const& d, std::uint64_t S) {
+  std::uint64_t const row = kD * S;
+  Traffic t;
+  for (int r = 0; r < d.batch(); ++r) {
+    Geo const g = geometry(d.cache_lengths[r], d.rows[r]);
+    if (g.closes) {
+      t.ring_close += g.have * 2 * row          // ring members (key, gate)
+                      + (kK - g.have) * 2 * row  // the call's rows
+                      + row;                     // pooled
+      t.closed += 1;
+    }
+    t.compress += g.full * kK * 2 * row + g.full * row;
+    t.pools += g.full;
+    t.seed += g.seeded * 2 * row * 2;  // read key + gate, write the ring
+  }
+  return t;
+}
+
+std::uint64_t ape_bytes() { return std::uint64_t(kK) * kD * 4; }
+
+// row_offsets [B + 1], cache_lengths [B], optionally slot_idx [B], read.
+std::uint64_t ragged_index_bytes(RaggedDesc const& d, bool slots) {
+  std::uint64_t const B = d.batch();
+  return (B + 1) * 4 + B * 4 + (slots ? B * 4 : 0);
+}
+
+std::uint64_t compress_bytes(RaggedDesc const& d, std::uint64_t S) {
+  Traffic const t = ragged_traffic(d, S);
+  return t.compress + ape_bytes() + ragged_index_bytes(d, false) +
+         (std::uint64_t(d.batch()) + 1) * 4;  // pool_row_offsets written
+}
+
+std::uint64_t ring_close_bytes(RaggedDesc const& d, std::uint64_t S) {
+  Traffic const t = ragged_traffic(d, S);
+  return t.ring_close + ape_bytes() + ragged_index_bytes(d, true) +
+         std::uint64_t(d.batch()) * 4;  // closed_pool written
+}
+
+std::uint64_t seed_tail_bytes(RaggedDesc const& d, std::uint64_t S) {
+  Traffic const t = ragged_traffic(d, S);
+  return t.seed + ragged_index_bytes(d, true);
+}
+
+// The general step: the three writers' data plus the compacted output's
+// batch_row and pool_id per pool and the offsets [B + 1] written.
+std::uint64_t step_bytes(RaggedDesc const& d, std::uint64_t S) {
+  Traffic const t = ragged_traffic(d, S);
+  return t.ring_close + t.compress + t.seed + (t.closed + t.pools) * 8 +
+         ape_bytes() + ragged_index_bytes(d, true) +
+         (std::uint64_t(d.batch()) + 1) * 4;
+}
+
+struct DecodeTraffic {
+  std::uint64_t data = 0;  // key/gate in, ring written and read, pooled out
+  std::uint64_t pools = 0;
+};
+
+DecodeTraffic decode_traffic(DecodeDesc const& d, std::uint64_t S) {
+  std::uint64_t const row = kD * S;
+  DecodeTraffic t;
+  for (int r = 0; r < d.batch(); ++r) {
+    std::int64_t const first = d.start[r];
+    for (int i = 0; i < d.next_n; ++i) {
+      std::int64_t const pos = first + i;
+      t.data += 2 * row   // key + gate read
+                + 2 * row;  // stashed in the ring
+      if (pos % kK == kK - 1) {
+        std::int64_t const pool_start = pos - (kK - 1);
+        std::int64_t const earlier = std::max<std::int64_t>(0, first - pool_start);
+        t.data += static_cast<std::uint64_t>(earlier) * 2 * row  // ring read
+                  + row;                                        // pooled
+        t.pools += 1;
+      }
+    }
+  }
+  return t;
+}
+
+// positions [B, next_n] and slot_idx [B] read.
+std::uint64_t decode_index_bytes(DecodeDesc const& d) {
+  std::uint64_t const B = d.batch();
+  return B * d.next_n * 4 + B * 4;
+}
+
+std::uint64_t tail_update_bytes(DecodeDesc const& d, std::uint64_t S) {
+  std::uint64_t const M = (d.next_n + kK - 1) / kK;
+  return decode_traffic(d, S).data + ape_bytes() + decode_index_bytes(d) +
+         std::uint64_t(d.batch()) * M * 4;  // closed_pool written
+}
+
+std::uint64_t decode_step_bytes(DecodeDesc const& d, std::uint64_t S) {
+  DecodeTraffic const t = decode_traffic(d, S);
+  return t.data + t.pools * 8 + ape_bytes() + decode_index_bytes(d) +
+         (std::uint64_t(d.batch()) + 1) * 4;  // offsets written
+}
+
+// ------------------------------------------------------------- device data
+
+View1<std::uint32_t> upload(Space const& space, std::string const& label,
+                            std::vector<std::uint32_t> const& v) {
+  View1<std::uint32_t> d(Kokkos::view_alloc(space, label), v.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < v.size(); ++i) h(i) = v[i];
+  Kokkos::deep_copy(space, d, h);
+  space.fence();
+  return d;
+}
+
+View2<float> make_ape(Space const& space) {
+  View2<float> ape(Kokkos::view_alloc(space, "kpool_perf::ape"), kK, kD);
+  auto h = Kokkos::create_mirror_view(ape);
+  for (int m = 0; m < kK; ++m)
+    for (int c = 0; c < kD; ++c)
+      h(m, c) = 0.25f * static_cast<float>((m * 7 + c * 3) % 9) - 1.0f;
+  Kokkos::deep_copy(space, ape, h);
+  space.fence();
+  return ape;
+}
+
+template <class T>
+struct RaggedData {
+  RaggedDesc desc;
+  View2<T> key, gate;
+  View2<float> ape;
+  View1<std::uint32_t> row_offsets, cache_lengths, slot_idx, pool_row_offsets;
+  View2<T> pooled;  // compress output
+  View2<T> rc_pooled;
+  View1<std::int32_t> rc_closed;
+  KPool::Ring<T, Mem> ring;
+  KPool::StepOutput<T, Mem> out;
+
+  RaggedData(Space const& space, RaggedDesc const& d) : desc(d) {
+    std::size_t const B = d.batch();
+    std::size_t const T_rows = d.tokens();
+    std::vector<std::uint32_t> offsets(B + 1, 0);
+    std::uint64_t full = 0;
+    for (std::size_t r = 0; r < B; ++r) {
+      offsets[r + 1] = offsets[r] + d.rows[r];
+      full += geometry(d.cache_lengths[r], d.rows[r]).full;
+    }
+    key = View2<T>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                                      "kpool_perf::key"),
+                   T_rows, kD);
+    gate = View2<T>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                                       "kpool_perf::gate"),
+                    T_rows, kD);
+    fill(space, key.data(), key.size(), 0x1234u);
+    fill(space, gate.data(), gate.size(), 0xBEEFu);
+    ape = make_ape(space);
+    row_offsets = upload(space, "kpool_perf::row_offsets", offsets);
+    cache_lengths = upload(space, "kpool_perf::cache_lengths", d.cache_lengths);
+    slot_idx = upload(space, "kpool_perf::slot_idx", d.slots);
+    pool_row_offsets =
+        View1<std::uint32_t>(Kokkos::view_alloc(space, "kpool_perf::pro"), B + 1);
+    pooled = View2<T>(Kokkos::view_alloc(space, "kpool_perf::pooled"),
+                      std::max<std::uint64_t>(full, 1), kD);
+    rc_pooled = View2<T>(Kokkos::view_alloc(space, "kpool_perf::rc_pooled"), B, kD);
+    rc_closed = View1<std::int32_t>(
+        Kokkos::view_alloc(space, "kpool_perf::rc_closed"), B);
+    ring = KPool::Ring<T, Mem>(space, d.max_slots, kK, kD);
+    fill(space, ring.tail().data(), ring.tail().size(), 0x7777u);
+    out = KPool::StepOutput<T, Mem>(
+        space, KPool::StepOutput<T, Mem>::capacity_for(T_rows, d.batch(), kK),
+        d.batch(), kD);
+    space.fence();
+  }
+};
+
+template <class T>
+struct DecodeData {
+  DecodeDesc desc;
+  View3<T> key, gate;
+  View2<float> ape;
+  View2<std::int32_t> positions;
+  View1<std::uint32_t> slot_idx;
+  View3<T> pooled;
+  View2<std::int32_t> closed;
+  KPool::Ring<T, Mem> ring;
+  KPool::StepOutput<T, Mem> out;
+
+  DecodeData(Space const& space, DecodeDesc const& d) : desc(d) {
+    std::size_t const B = d.batch();
+    std::size_t const n = d.next_n;
+    std::size_t const M = (n + kK - 1) / kK;
+    key = View3<T>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                                      "kpool_perf::dkey"),
+                   B, n, kD);
+    gate = View3<T>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                                       "kpool_perf::dgate"),
+                    B, n, kD);
+    fill(space, key.data(), key.size(), 0x4321u);
+    fill(space, gate.data(), gate.size(), 0xFEEDu);
+    ape = make_ape(space);
+    positions = View2<std::int32_t>(
+        Kokkos::view_alloc(space, "kpool_perf::positions"), B, n);
+    auto hp = Kokkos::create_mirror_view(positions);
+    for (std::size_t r = 0; r < B; ++r)
+      for (std::size_t i = 0; i < n; ++i)
+        hp(r, i) = d.start[r] + static_cast<std::int32_t>(i);
+    Kokkos::deep_copy(space, positions, hp);
+    slot_idx = upload(space, "kpool_perf::dslot_idx", d.slots);
+    pooled = View3<T>(Kokkos::view_alloc(space, "kpool_perf::dpooled"), B, M, kD);
+    closed = View2<std::int32_t>(Kokkos::view_alloc(space, "kpool_perf::dclosed"),
+                                 B, M);
+    ring = KPool::Ring<T, Mem>(space, d.max_slots, kK, kD);
+    fill(space, ring.tail().data(), ring.tail().size(), 0x5555u);
+    out = KPool::StepOutput<T, Mem>(space, B * M, d.batch(), kD);
+    space.fence();
+  }
+};
+
+// ------------------------------------------------------------------ timing
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  std::size_t const n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+class Runner {
+ public:
+  Runner(Space const& space, Settings const& s) : space_(space), s_(s), copy_(space) {}
+
+  bool selected(std::string const& name) const {
+    return s_.filter.empty() || name.find(s_.filter) != std::string::npos;
+  }
+
+  // Runs `call(options)` once validated, then timed next to the copy.
+  void measure(std::string const& scenario, std::string const& dtype,
+               std::string const& op, std::uint64_t tokens, int batch,
+               std::uint64_t bytes, int launches,
+               std::function<void(KPool::Options const&)> const& call) {
+    std::string const name = scenario + "/" + dtype + "/" + op;
+    if (!selected(name)) return;
+    KPool::Options checked;
+    checked.validate = true;
+    KPool::Options fast;
+    fast.validate = false;
+    call(checked);
+    space_.fence();
+
+    std::size_t const words = CopyBaseline::words_for(bytes);
+    copy_.reserve(words);
+    // Warm up: at least two of each, and about 5% of the time budget.
+    Clock::time_point const w0 = Clock::now();
+    for (int i = 0;; ++i) {
+      call(fast);
+      space_.fence();
+      copy_.run(words);
+      space_.fence();
+      if (i >= 1 && seconds_between(w0, Clock::now()) >= 0.05 * s_.min_time)
+        break;
+      if (i >= 20) break;
+    }
+
+    std::vector<double> kt, ct;
+    Clock::time_point const start = Clock::now();
+    for (;;) {
+      space_.fence();
+      Clock::time_point const t0 = Clock::now();
+      call(fast);
+      space_.fence();
+      Clock::time_point const t1 = Clock::now();
+      copy_.run(words);
+      space_.fence();
+      Clock::time_point const t2 = Clock::now();
+      kt.push_back(seconds_between(t0, t1));
+      ct.push_back(seconds_between(t1, t2));
+      int const runs = static_cast<int>(kt.size());
+      if (runs >= s_.max_runs) break;
+      if (runs >= s_.min_runs &&
+          seconds_between(start, Clock::now()) >= s_.min_time)
+        break;
+    }
+
+    Result r;
+    r.name = name;
+    r.op = op;
+    r.dtype = dtype;
+    r.tokens = tokens;
+    r.batch = batch;
+    r.bytes = bytes;
+    r.seconds = median(kt);
+    r.copy_bytes = words * 16;
+    r.copy_seconds = median(ct);
+    r.seconds_min = *std::min_element(kt.begin(), kt.end());
+    r.copy_seconds_min = *std::min_element(ct.begin(), ct.end());
+    r.runs = static_cast<int>(kt.size());
+    r.launches = launches;
+    double const gbps = r.bytes / r.seconds * 1e-9;
+    double const cgbps = r.copy_bytes / r.copy_seconds * 1e-9;
+    std::printf("%-44s %8.2f GB/s  copy %8.2f GB/s  ratio %5.2f  %10.4f ms  "
+                "(%d runs)\n",
+                name.c_str(), gbps, cgbps, gbps / cgbps, r.seconds * 1e3,
+                r.runs);
+    std::fflush(stdout);
+    results_.push_back(r);
+  }
+
+  std::vector<Result> const& results() const { return results_; }
+  Space const& space() const { return space_; }
+
+ private:
+  Space space_;
+  Settings s_;
+  CopyBaseline copy_;
+  std::vector<Result> results_;
+};
+
+// -------------------------------------------------------------- scenarios
+
+template <class T>
+void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
+                bool writers_on_ring) {
+  std::string const dtype = KPool::storage_name<T>();
+  std::uint64_t const S = sizeof(T);
+  // Build nothing when the filter skips every op of this scenario.
+  std::string const prefix = scenario + "/" + dtype + "/";
+  char const* ops[] = {"compress", "ring_close", "seed_tail", "step3",
+                       "step_fused"};
+  bool any = false;
+  for (char const* op : ops) any = any || run.selected(prefix + op);
+  if (!any) return;
+
+  RaggedData<T> data(run.space(), d);
+  Space const space = run.space();
+  std::uint64_t const tokens = d.tokens();
+  int const B = d.batch();
+  run.measure(scenario, dtype, "compress", tokens, B, compress_bytes(d, S), 2,
+              [&](KPool::Options const& o) {
+                KPool::compress(space, data.key, data.gate, data.ape,
+                                data.row_offsets, data.cache_lengths, B,
+                                data.pool_row_offsets, data.pooled, o);
+              });
+  if (writers_on_ring) {
+    run.measure(scenario, dtype, "ring_close", tokens, B,
+                ring_close_bytes(d, S), 1, [&](KPool::Options const& o) {
+                  KPool::ring_close(space, data.ring.tail(), data.key,
+                                    data.gate, data.ape, data.row_offsets,
+                                    data.cache_lengths, data.slot_idx, B,
+                                    data.rc_pooled, data.rc_closed, o);
+                });
+    run.measure(scenario, dtype, "seed_tail", tokens, B, seed_tail_bytes(d, S),
+                1, [&](KPool::Options const& o) {
+                  KPool::seed_tail(space, data.ring.tail(), data.key,
+                                   data.gate, data.row_offsets,
+                                   data.cache_lengths, data.slot_idx, B, o);
+                });
+  }
+  for (bool fused : {false, true}) {
+    run.measure(scenario, dtype, fused ? "step_fused" : "step3", tokens, B,
+                step_bytes(d, S), fused ? 2 : 4,
+                [&, fused](KPool::Options const& o) {
+                  KPool::Options p = o;
+                  p.fused = fused;
+                  KPool::step(space, data.ring, data.key, data.gate, data.ape,
+                              data.row_offsets, data.cache_lengths,
+                              data.slot_idx, B, data.out, p);
+                });
+  }
+}
+
+template <class T>
+void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
+  std::string const dtype = KPool::storage_name<T>();
+  std::uint64_t const S = sizeof(T);
+  std::string const prefix = scenario + "/" + dtype + "/";
+  if (!run.selected(prefix + "tail_update") &&
+      !run.selected(prefix + "decode_step") &&
+      !run.selected(prefix + "step_fused"))
+    return;
+
+  DecodeData<T> data(run.space(), d);
+  Space const space = run.space();
+  std::uint64_t const tokens = d.tokens();
+  int const B = d.batch();
+  run.measure(scenario, dtype, "tail_update", tokens, B,
+              tail_update_bytes(d, S), 1, [&](KPool::Options const& o) {
+                KPool::tail_update(space, data.ring.tail(), data.key, data.gate,
+                                   data.ape, data.positions, data.slot_idx, B,
+                                   data.pooled, data.closed, o);
+              });
+  run.measure(scenario, dtype, "decode_step", tokens, B,
+              decode_step_bytes(d, S), 2, [&](KPool::Options const& o) {
+                KPool::decode_step(space, data.ring, data.key, data.gate,
+                                   data.ape, data.positions, data.slot_idx, B,
+                                   data.out, o);
+              });
+  // The same tokens through the general (fused) step, for comparison.
+  if (run.selected(prefix + "step_fused")) {
+    RaggedDesc const rd = d.ragged();
+    RaggedData<T> rdata(run.space(), rd);
+    run.measure(scenario, dtype, "step_fused", tokens, B, step_bytes(rd, S), 2,
+                [&](KPool::Options const& o) {
+                  KPool::Options p = o;
+                  p.fused = true;
+                  KPool::step(space, rdata.ring, rdata.key, rdata.gate,
+                              rdata.ape, rdata.row_offsets,
+                              rdata.cache_lengths, rdata.slot_idx, B,
+                              rdata.out, p);
+                });
+  }
+}
+
+// Slots: a random choice of distinct slots out of 2B (batches reorder).
+std::vector<std::uint32_t> random_slots(int B, int max_slots,
+                                        std::mt19937& rng) {
+  std::vector<std::uint32_t> all(max_slots);
+  std::iota(all.begin(), all.end(), 0u);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(B);
+  return all;
+}
+
+RaggedDesc fresh_prefill(int B, std::uint32_t tokens, std::mt19937& rng) {
+  RaggedDesc d;
+  d.rows.assign(B, tokens);
+  d.cache_lengths.assign(B, 0);
+  d.max_slots = 2 * B;
+  d.slots = random_slots(B, d.max_slots, rng);
+  return d;
+}
+
+// Chunk continuations: cache lengths and chunk ends off the pool grid.
+RaggedDesc continuation(int B, std::uint32_t tokens, std::mt19937& rng) {
+  RaggedDesc d;
+  std::uniform_int_distribution<std::uint32_t> chunks(1, 8), off(1, kK - 1);
+  for (int r = 0; r < B; ++r) {
+    d.cache_lengths.push_back(chunks(rng) * 4096 + off(rng));
+    d.rows.push_back(tokens + off(rng));
+  }
+  d.max_slots = 2 * B;
+  d.slots = random_slots(B, d.max_slots, rng);
+  return d;
+}
+
+DecodeDesc decode(int B, int next_n, std::mt19937& rng) {
+  DecodeDesc d;
+  d.next_n = next_n;
+  std::uniform_int_distribution<std::int32_t> len(1000, 60000);
+  for (int r = 0; r < B; ++r) d.start.push_back(len(rng));
+  d.max_slots = 2 * B;
+  d.slots = random_slots(B, d.max_slots, rng);
+  return d;
+}
+
+// Continuations of 32..256 tokens and single-token decodes, shuffled.
+RaggedDesc mixed(int continuations, int decodes, std::mt19937& rng) {
+  RaggedDesc d;
+  std::uniform_int_distribution<std::uint32_t> chunk(32, 256), len(0, 16000);
+  std::vector<bool> is_decode(continuations + decodes, false);
+  std::fill(is_decode.begin() + continuations, is_decode.end(), true);
+  std::shuffle(is_decode.begin(), is_decode.end(), rng);
+  for (bool dec : is_decode) {
+    d.rows.push_back(dec ? 1u : chunk(rng));
+    d.cache_lengths.push_back(len(rng));
+  }
+  d.max_slots = 2 * d.batch();
+  d.slots = random_slots(d.batch(), d.max_slots, rng);
+  return d;
+}
+
+std::string k_tokens(std::uint32_t t) {
+  return t % 1024 == 0 ? std::to_string(t / 1024) + "k" : std::to_string(t);
+}
+
+template <class T>
+void run_all(Runner& run, Settings const& s) {
+  std::mt19937 rng(20240611u);
+  std::vector<int> const prefill_batches =
+      s.quick ? std::vector<int>{1} : std::vector<int>{1, 8};
+  std::vector<std::uint32_t> const prefill_tokens =
+      s.quick ? std::vector<std::uint32_t>{4096}
+              : std::vector<std::uint32_t>{4096, 16384, 65536};
+  for (int B : prefill_batches)
+    for (std::uint32_t t : prefill_tokens)
+      run_ragged<T>(run, "prefill_b" + std::to_string(B) + "_" + k_tokens(t),
+                    fresh_prefill(B, t, rng), false);
+  {
+    int const B = s.quick ? 2 : 8;
+    std::uint32_t const t = s.quick ? 1024 : 16384;
+    run_ragged<T>(run, "prefill_cont_b" + std::to_string(B) + "_" + k_tokens(t),
+                  continuation(B, t, rng), true);
+  }
+  std::vector<int> const decode_batches =
+      s.quick ? std::vector<int>{64} : std::vector<int>{1, 64, 256, 512};
+  for (int B : decode_batches)
+    for (int n : {1, 2})
+      run_decode<T>(run,
+                    "decode_b" + std::to_string(B) + "_n" + std::to_string(n),
+                    decode(B, n, rng));
+  {
+    int const c = s.quick ? 16 : 64, dec = s.quick ? 48 : 192;
+    run_ragged<T>(run,
+                  "mixed_" + std::to_string(c) + "c_" + std::to_string(dec) + "d",
+                  mixed(c, dec, rng), true);
+  }
+}
+
+// ---------------------------------------------------------------- report
+
+std::string json_string(std::string const& s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      o += '\\';
+      o += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+      o += buf;
+    } else {
+      o += ch;
+    }
+  }
+  return o + "\"";
+}
+
+std::string json_number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+bool write_report(std::string const& path, std::vector<Result> const& results) {
+  std::ofstream f(path);
+  if (!f) return false;
+  int const v = KOKKOS_VERSION;
+  std::string const version = std::to_string(v / 10000) + "." +
+                              std::to_string(v / 100 % 100) + "." +
+                              std::to_string(v % 100);
+  f << "{\n";
+  f << "  \"backend\": " << json_string(Space::name()) << ",\n";
+  f << "  \"threads\": " << Space().concurrency() << ",\n";
+  f << "  \"kokkos_version\": " << json_string(version) << ",\n";
+  f << "  \"head_dim\": " << kD << ",\n";
+  f << "  \"kpool\": " << kK << ",\n";
+  f << "  \"cases\": [";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    Result const& r = results[i];
+    double const gbps = r.bytes / r.seconds * 1e-9;
+    double const cgbps = r.copy_bytes / r.copy_seconds * 1e-9;
+    f << (i ? ",\n" : "\n") << "    {";
+    f << "\"name\": " << json_string(r.name);
+    f << ", \"op\": " << json_string(r.op);
+    f << ", \"dtype\": " << json_string(r.dtype);
+    f << ", \"tokens\": " << r.tokens;
+    f << ", \"batch\": " << r.batch;
+    f << ", \"bytes\": " << r.bytes;
+    f << ", \"seconds\": " << json_number(r.seconds);
+    f << ", \"gbps\": " << json_number(gbps);
+    f << ", \"copy_bytes\": " << r.copy_bytes;
+    f << ", \"copy_seconds\": " << json_number(r.copy_seconds);
+    f << ", \"copy_gbps\": " << json_number(cgbps);
+    f << ", \"ratio\": " << json_number(gbps / cgbps);
+    f << ", \"seconds_min\": " << json_number(r.seconds_min);
+    f << ", \"copy_seconds_min\": " << json_number(r.copy_seconds_min);
+    f << ", \"runs\": " << r.runs;
+    f << ", \"launches\": " << r.launches << "}";
+  }
+  f << (results.empty() ? "]\n" : "\n  ]\n") << "}\n";
+  return static_cast<bool>(f);
+}
+
+void usage(char const* argv0) {
+  std::printf(
+      "usage: %s [--quick] [--filter SUBSTRING] [--out PATH] "
+      "[--min-time SECONDS]\n"
+      "  --quick        fewer, smaller cases (smoke test)\n"
+      "  --filter S     only entries whose name contains S (names are\n"
+      "                 scenario/dtype/op, e.g. prefill_b8_16k/bf16/compress)\n"
+      "  --out PATH     report path (default perf_report.json)\n"
+      "  --min-time S   seconds of timed runs per entry (default 0.2; quick\n"
+      "                 0.02); at least 5 runs, at most 200\n",
+      argv0);
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Settings s;
+  bool min_time_set = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string const a = argv[i];
+    auto value = [&](char const* opt) -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "kpool_perf: %s needs a value\n", opt);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--quick") {
+      s.quick = true;
+    } else if (a == "--filter") {
+      s.filter = value("--filter");
+    } else if (a == "--out") {
+      s.out = value("--out");
+    } else if (a == "--min-time") {
+      std::string const v = value("--min-time");
+      char* end = nullptr;
+      s.min_time = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(s.min_time >= 0)) {
+        std::fprintf(stderr, "kpool_perf: bad --min-time '%s'\n", v.c_str());
+        return 2;
+      }
+      min_time_set = true;
+    } else if (a == "--help" || a == "-h") {
+      usage(argv[0]);
+      return 0;
+    } else if (a.rfind("--kokkos", 0) == 0) {
+      // Kokkos' own options, handled by Kokkos::initialize.
+    } else {
+      std::fprintf(stderr, "kpool_perf: unknown argument '%s'\n", a.c_str());
+      usage(argv[0]);
+      return 2;
+    }
+  }
+  if (s.quick && !min_time_set) s.min_time = 0.02;
+
+  int status = 0;
+  Kokkos::initialize(argc, argv);
+  {
+    Space space;
+    std::printf("kpool_perf: %s, concurrency %d, D = %d, K = %d%s\n",
+                Space::name(), space.concurrency(), kD, kK,
+                s.quick ? ", quick" : "");
+    Clock::time_point const t0 = Clock::now();
+    Runner run(space, s);
+    try {
+      run_all<KPool::bfloat16>(run, s);
+      run_all<float>(run, s);
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "kpool_perf: %s\n", e.what());
+      status = 1;
+    }
+    if (!write_report(s.out, run.results())) {
+      std::fprintf(stderr, "kpool_perf: cannot write %s\n", s.out.c_str());
+      status = 1;
+    } else {
+      std::error_code ec;
+      std::filesystem::path const p = std::filesystem::absolute(s.out, ec);
+      std::printf("kpool_perf: %zu cases in %.1f s, report %s\n",
+                  run.results().size(), seconds_between(t0, Clock::now()),
+                  ec ? s.out.c_str() : p.string().c_str());
+    }
+  }
+  Kokkos::finalize();
+  return status;
+}

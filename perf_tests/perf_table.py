@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Print a kpool_perf report (perf_report.json) as an aligned table.
+
+Usage:
+    python3 perf_table.py [REPORT]              # default: perf_report.json
+    python3 perf_table.py --check [REPORT]      # validate the schema; exit 1
+                                                # when a field is missing or
+                                                # has the wrong type
+    python3 perf_table.py --sort ratio REPORT   # sort by a column
+                                                # (name, op, dtype, tokens,
+                                                # batch, gbps, copy_gbps,
+                                                # ratio, seconds)
+
+Standard library only.
+"""
+
+import argparse
+import json
+import sys
+
+TOP_FIELDS = {
+    "backend": str,
+    "threads": int,
+    "kokkos_version": str,
+    "cases": list,
+}
+
+CASE_FIELDS = {
+    "name": str,
+    "op": str,
+    "dtype": str,
+    "tokens": int,
+    "batch": int,
+    "bytes": int,
+    "seconds": (int, float),
+    "gbps": (int, float),
+    "copy_gbps": (int, float),
+    "ratio": (int, float),
+}
+
+OPTIONAL_CASE_FIELDS = {
+    "runs": int,
+    "launches": int,
+    "copy_bytes": int,
+    "copy_seconds": (int, float),
+    "seconds_min": (int, float),
+    "copy_seconds_min": (int, float),
+}
+
+
+def is_type(value, types):
+    # bool is an int in Python; a JSON true/false is never a count.
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, types)
+
+
+def check(report):
+    """Returns a list of problems (empty when the report is well formed)."""
+    problems = []
+    if not isinstance(report, dict):
+        return ["top level is not a JSON object"]
+    for field, types in TOP_FIELDS.items():
+        if field not in report:
+            problems.append("missing top-level field '%s'" % field)
+        elif not is_type(report[field], types):
+            problems.append("top-level field '%s' has type %s"
+                            % (field, type(report[field]).__name__))
+    cases = report.get("cases")
+    if not isinstance(cases, list):
+        return problems
+    if not cases:
+        problems.append("'cases' is empty")
+    names = set()
+    for i, case in enumerate(cases):
+        where = "cases[%d]" % i
+        if not isinstance(case, dict):
+            problems.append("%s is not an object" % where)
+            continue
+        where = "cases[%d] (%s)" % (i, case.get("name", "?"))
+        for field, types in CASE_FIELDS.items():
+            if field not in case:
+                problems.append("%s: missing field '%s'" % (where, field))
+            elif not is_type(case[field], types):
+                problems.append("%s: field '%s' has type %s"
+                                % (where, field, type(case[field]).__name__))
+        for field, types in OPTIONAL_CASE_FIELDS.items():
+            if field in case and not is_type(case[field], types):
+                problems.append("%s: field '%s' has type %s"
+                                % (where, field, type(case[field]).__name__))
+        for field in ("seconds", "gbps", "copy_gbps", "ratio"):
+            v = case.get(field)
+            if is_type(v, (int, float)) and not v > 0:
+                problems.append("%s: '%s' is %r, not positive"
+                                % (where, field, v))
+        if case.get("name") in names:
+            problems.append("%s: duplicate name" % where)
+        names.add(case.get("name"))
+    return problems
+
+
+def table(report, sort_key=None):
+    cases = list(report.get("cases", []))
+    if sort_key:
+        reverse = sort_key in ("gbps", "copy_gbps", "ratio", "seconds")
+        cases.sort(key=lambda c: c.get(sort_key, 0), reverse=reverse)
+    print("backend %s, %s threads, Kokkos %s, %d cases"
+          % (report.get("backend", "?"), report.get("threads", "?"),
+             report.get("kokkos_version", "?"), len(cases)))
+    header = ["name", "op", "dtype", "tokens", "batch", "GB/s", "copy GB/s",
+              "ratio", "ms"]
+    rows = []
+    for c in cases:
+        rows.append([
+            str(c.get("name", "")),
+            str(c.get("op", "")),
+            str(c.get("dtype", "")),
+            str(c.get("tokens", "")),
+            str(c.get("batch", "")),
+            "%.2f" % c.get("gbps", 0.0),
+            "%.2f" % c.get("copy_gbps", 0.0),
+            "%.2f" % c.get("ratio", 0.0),
+            "%.4f" % (1e3 * c.get("seconds", 0.0)),
+        ])
+    widths = [max([len(header[i])] + [len(r[i]) for r in rows])
+              for i in range(len(header))]
+    left = {0, 1, 2}
+
+    def fmt(cells):
+        return "  ".join(cell.ljust(widths[i]) if i in left
+                         else cell.rjust(widths[i])
+                         for i, cell in enumerate(cells)).rstrip()
+
+    print(fmt(header))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print(fmt(r))
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(
+        description="Print or check a kpool_perf report.")
+    parser.add_argument("report", nargs="?", default="perf_report.json")
+    parser.add_argument("--check", action="store_true",
+                        help="validate the schema; exit 1 on a problem")
+    parser.add_argument("--sort", default=None,
+                        choices=["name", "op", "dtype", "tokens", "batch",
+                                 "gbps", "copy_gbps", "ratio", "seconds"])
+    args = parser.parse_args(argv)
+    try:
+        with open(args.report) as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
+        print("perf_table.py: cannot read %s: %s" % (args.report, e),
+              file=sys.stderr)
+        return 1
+    if args.check:
+        problems = check(report)
+        for p in problems:
+            print("perf_table.py: %s: %s" % (args.report, p), file=sys.stderr)
+        if problems:
+            return 1
+        print("perf_table.py: %s: %d cases, schema OK"
+              % (args.report, len(report["cases"])))
+        return 0
+    table(report, args.sort)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1163 @@
+// Argument validation (KPool_Exceptions.hpp, README "Validation"): every
+// public entry point checks its arguments before launching anything and
+// throws KPool::InvalidArgument naming the entry point, the argument, the row
+// and the bad value, with no output and no ring entry written. One TEST per
+// rule, each feeding exactly that bad input (everything else valid) to every
+// entry point the rule applies to.
+//
+// Then defence in depth: with Options::validate off, shape errors still
+// throw, and data errors never write outside the ring or the outputs. The
+// outputs are allocated with their exact sizes, so an AddressSanitizer build
+// (CMake preset "asan") catches any write past them.
+
+#include <KPoolTestUtils.hpp>
+
+#include <functional>
+#include <limits>
+#include <set>
+#include <type_traits>
+
+namespace {
+
+using namespace KPoolTest;
+
+static_assert(std::is_base_of<std::invalid_argument, KPool::InvalidArgument>::value,
+              "KPool::InvalidArgument must be a std::invalid_argument");
+
+using E = Kokkos::DefaultExecutionSpace;
+using M = E::memory_space;
+using T = KPool::bfloat16;
+using U32 = Kokkos::View<std::uint32_t*, M>;
+using I32 = Kokkos::View<std::int32_t*, M>;
+using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+using V2 = Kokkos::View<T**, Kokkos::LayoutRight, M>;
+using V3 = Kokkos::View<T***, Kokkos::LayoutRight, M>;
+using V4 = Kokkos::View<T****, Kokkos::LayoutRight, M>;
+using F2 = Kokkos::View<float**, Kokkos::LayoutRight, M>;
+using Ring = KPool::Ring<T, M>;
+using Out = KPool::StepOutput<T, M>;
+
+constexpr int K = 4;
+constexpr int kSlots = 8;
+constexpr std::uint32_t kInt32Max = std::numeric_limits<std::int32_t>::max();
+
+enum class Entry {
+  compress,
+  ring_close,
+  seed_tail,
+  tail_update,
+  step_fused,
+  step_unfused,
+  decode_step,
+  expand_topk,
+  pool_row_offsets
+};
+
+std::string entry_name(Entry e) {
+  switch (e) {
+    case Entry::compress: return "KPool::compress";
+    case Entry::ring_close: return "KPool::ring_close";
+    case Entry::seed_tail: return "KPool::seed_tail";
+    case Entry::tail_update: return "KPool::tail_update";
+    case Entry::step_fused:
+    case Entry::step_unfused: return "KPool::step";
+    case Entry::decode_step: return "KPool::decode_step";
+    case Entry::expand_topk: return "KPool::expand_topk";
+    case Entry::pool_row_offsets: return "KPool::compute_pool_row_offsets";
+  }
+  return "?";
+}
+
+std::string label(Entry e) {
+  return entry_name(e) + (e == Entry::step_fused     ? " (fused)"
+                          : e == Entry::step_unfused ? " (three launches)"
+                                                     : "");
+}
+
+// The entry points that take a ragged batch (row_offsets, cache_lengths).
+std::vector<Entry> const kRagged = {
+    Entry::compress,     Entry::ring_close,  Entry::seed_tail,
+    Entry::step_fused,   Entry::step_unfused, Entry::expand_topk,
+    Entry::pool_row_offsets};
+// Those of them that use the ring (slot_idx).
+std::vector<Entry> const kRaggedRing = {Entry::ring_close, Entry::seed_tail,
+                                        Entry::step_fused, Entry::step_unfused};
+// Those that read key and gate.
+std::vector<Entry> const kRaggedKeys = {Entry::compress, Entry::ring_close,
+                                        Entry::seed_tail, Entry::step_fused,
+                                        Entry::step_unfused};
+std::vector<Entry> const kDecode = {Entry::tail_update, Entry::decode_step};
+
+template <class V>
+void random_bytes(V const& v, Rng& rng) {
+  auto h = Kokkos::create_mirror_view(v);
+  auto* p = reinterpret_cast<unsigned char*>(h.data());
+  std::size_t const n = h.span() * sizeof(typename V::value_type);
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(rng.next());
+  Kokkos::deep_copy(v, h);
+}
+
+// One valid call of every entry point, K = 4, bf16; tests break one thing.
+//
+// Ragged batch, B = 5, four live requests (cache length, rows):
+//   (0, 9): two compress pools, one seeded;  (5, 3): closes pool 1;
+//   (10, 0): empty;  (6, 2): closes pool 1.  Row 4 is dead, with garbage.
+// Decode batch, B = 4, next_n = 3, three live rows; row 3 is dead.
+// expand_topk: pool_ids has 16 rows, two past the live ones.
+struct World {
+  Rng rng{20240611};
+  E space;
+  int D;
+  KPool::Options opts;
+
+  // ragged
+  std::vector<std::uint32_t> row_offsets{0, 9, 12, 12, 14, 3};
+  std::vector<std::uint32_t> cache_lengths{0, 5, 10, 6, 0xFFFFFFF0u};
+  std::vector<std::uint32_t> slot_idx{3, 0, 6, 2, 1000};
+  int num_requests = 4;
+  V2 key, gate;
+  F2 ape;
+  Ring ring;   // step, decode_step
+  V4 tail;     // ring_close, seed_tail, tail_update: ring.tail() unless replaced
+  // decode
+  int Bd = 4, next_n = 3;
+  std::vector<std::int32_t> positions{3, 4, 5, 8, -1, 9, -1, -1, -1, 7, 2, 100};
+  std::vector<std::uint32_t> dslots{2, 5, 7, 2};
+  int dnum = 3;
+  V3 key3, gate3;
+  // expand_topk, compute_pool_row_offsets
+  I2 pool_ids;
+  int kpool = K;
+  bool tail_always = true;
+  std::size_t key_rows = 14;
+  // outputs, exact sizes
+  U32 c_offsets;
+  V2 c_pooled;
+  V2 rc_pooled;
+  I32 rc_closed;
+  V3 tu_pooled;
+  I2 tu_closed;
+  Out step_out, decode_out;
+  I2 ex_out;
+  U32 pro_offsets;
+
+  explicit World(int head_dim = 8) : D(head_dim) {
+    opts = test_options<E>();
+    opts.validate = true;
+    key = V2("key", 14, D);
+    gate = V2("gate", 14, D);
+    fill(key, -2, 2);
+    fill(gate, -4, 4);
+    ape = ape_view<M>(random_ape(rng, K, D));
+    ring = Ring(space, kSlots, K, D);
+    load_ring(ring, random_ring(rng, DType::bf16, kSlots, K, D));
+    tail = ring.tail();
+    key3 = V3("key3", Bd, next_n, D);
+    gate3 = V3("gate3", Bd, next_n, D);
+    fill(key3, -2, 2);
+    fill(gate3, -4, 4);
+    pool_ids = I2("pool_ids", 16, 2);
+    {
+      auto h = Kokkos::create_mirror_view(pool_ids);
+      for (std::size_t i = 0; i < h.span(); ++i)
+        h.data()[i] = static_cast<std::int32_t>(rng.below(6)) - 1;
+      Kokkos::deep_copy(pool_ids, h);
+    }
+    c_offsets = U32("compress.pool_row_offsets", 6);
+    c_pooled = V2("compress.pooled", 2, D);
+    rc_pooled = V2("ring_close.pooled", 5, D);
+    rc_closed = I32("ring_close.closed_pool", 5);
+    tu_pooled = V3("tail_update.pooled", Bd, 1, D);
+    tu_closed = I2("tail_update.closed_pool", Bd, 1);
+    step_out = Out(space, Out::capacity_for(14, 4, K), 5, D);
+    decode_out = Out(space, 3, Bd, D);
+    ex_out = I2("expand_topk.out", 16, KPool::expand_topk_width(2, K, true));
+    pro_offsets = U32("compute_pool_row_offsets.out", 6);
+    scramble_outputs();
+  }
+
+  template <class V>
+  void fill(V const& v, double lo, double hi) {
+    auto h = Kokkos::create_mirror_view(v);
+    for (std::size_t i = 0; i < h.span(); ++i)
+      h.data()[i] = to_storage<T>(KPoolRef::round_to(DType::bf16, rng.uniform(lo, hi)));
+    Kokkos::deep_copy(v, h);
+  }
+
+  // Random bytes in every output, so that any write shows.
+  void scramble_outputs() {
+    space.fence();
+    random_bytes(c_offsets, rng);
+    random_bytes(c_pooled, rng);
+    random_bytes(rc_pooled, rng);
+    random_bytes(rc_closed, rng);
+    random_bytes(tu_pooled, rng);
+    random_bytes(tu_closed, rng);
+    for (Out* o : {&step_out, &decode_out})
+      if (o->max_batch() >= 0) {
+        random_bytes(o->pooled(), rng);
+        random_bytes(o->batch_row(), rng);
+        random_bytes(o->pool_id(), rng);
+        random_bytes(o->offsets(), rng);
+      }
+    random_bytes(ex_out, rng);
+    random_bytes(pro_offsets, rng);
+  }
+
+  template <class V, class X>
+  static V index_view(std::vector<X> const& v, std::string const& name) {
+    return to_index_view<V>(v, name);
+  }
+
+  I2 positions_view() const {
+    I2 p("positions", Bd, next_n);
+    auto h = Kokkos::create_mirror_view(p);
+    for (int r = 0; r < Bd; ++r)
+      for (int i = 0; i < next_n; ++i) h(r, i) = positions.at(r * next_n + i);
+    Kokkos::deep_copy(p, h);
+    return p;
+  }
+
+  void run(Entry e) {
+    U32 const ro = index_view<U32>(row_offsets, "row_offsets");
+    U32 const cl = index_view<U32>(cache_lengths, "cache_lengths");
+    U32 const si = index_view<U32>(slot_idx, "slot_idx");
+    KPool::Options o = opts;
+    switch (e) {
+      case Entry::compress:
+        KPool::compress(space, key, gate, ape, ro, cl, num_requests, c_offsets,
+                        c_pooled, o);
+        break;
+      case Entry::ring_close:
+        KPool::ring_close(space, tail, key, gate, ape, ro, cl, si, num_requests,
+                          rc_pooled, rc_closed, o);
+        break;
+      case Entry::seed_tail:
+        KPool::seed_tail(space, tail, key, gate, ro, cl, si, num_requests, o);
+        break;
+      case Entry::tail_update:
+        KPool::tail_update(space, tail, key3, gate3, ape, positions_view(),
+                           index_view<U32>(dslots, "slot_idx"), dnum,
+                           tu_pooled, tu_closed, o);
+        break;
+      case Entry::step_fused:
+      case Entry::step_unfused:
+        o.fused = e == Entry::step_fused;
+        KPool::step(space, ring, key, gate, ape, ro, cl, si, num_requests,
+                    step_out, o);
+        break;
+      case Entry::decode_step:
+        KPool::decode_step(space, ring, key3, gate3, ape, positions_view(),
+                           index_view<U32>(dslots, "slot_idx"), dnum,
+                           decode_out, o);
+        break;
+      case Entry::expand_topk:
+        KPool::expand_topk(space, pool_ids, ro, cl, num_requests, kpool,
+                           tail_always, ex_out, o);
+        break;
+      case Entry::pool_row_offsets:
+        KPool::compute_pool_row_offsets(space, ro, cl, num_requests, kpool,
+                                        key_rows, pro_offsets, o);
+        break;
+    }
+    space.fence();
+  }
+};
+
+// Every writable byte, by part; a part's "rows" are its extent(0) (a ring
+// slot for the ring).
+struct Part {
+  std::string name;
+  std::vector<unsigned char> bytes;
+  std::size_t rows = 0;
+  std::size_t row_bytes() const { return rows ? bytes.size() / rows : 0; }
+};
+using Snapshot = std::vector<Part>;
+
+template <class V>
+void add(Snapshot& s, std::string const& name, V const& v) {
+  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  auto const* p = reinterpret_cast<unsigned char const*>(h.data());
+  s.push_back(Part{name,
+                   std::vector<unsigned char>(
+                       p, p + h.span() * sizeof(typename V::value_type)),
+                   v.extent(0)});
+}
+
+Snapshot snapshot(World const& w) {
+  Snapshot s;
+  add(s, "ring", w.ring.tail());
+  if (w.tail.data() != w.ring.tail().data()) add(s, "tail", w.tail);
+  add(s, "compress.pool_row_offsets", w.c_offsets);
+  add(s, "compress.pooled", w.c_pooled);
+  add(s, "ring_close.pooled", w.rc_pooled);
+  add(s, "ring_close.closed_pool", w.rc_closed);
+  add(s, "tail_update.pooled", w.tu_pooled);
+  add(s, "tail_update.closed_pool", w.tu_closed);
+  for (auto const& o : {std::make_pair("step", &w.step_out),
+                        std::make_pair("decode_step", &w.decode_out)}) {
+    if (o.second->max_batch() < 0) continue;
+    std::string const n = o.first;
+    add(s, n + ".pooled", o.second->pooled());
+    add(s, n + ".batch_row", o.second->batch_row());
+    add(s, n + ".pool_id", o.second->pool_id());
+    add(s, n + ".offsets", o.second->offsets());
+  }
+  add(s, "expand_topk.out", w.ex_out);
+  add(s, "compute_pool_row_offsets.out", w.pro_offsets);
+  return s;
+}
+
+Part const& part(Snapshot const& s, std::string const& name) {
+  for (Part const& p : s)
+    if (p.name == name) return p;
+  throw std::logic_error("no part " + name);
+}
+
+// Rows of `name` for which keep(row) holds are byte-for-byte unchanged.
+::testing::AssertionResult rows_unchanged(
+    Snapshot const& before, Snapshot const& after, std::string const& name,
+    std::function<bool(std::size_t)> const& keep) {
+  Part const& a = part(before, name);
+  Part const& b = part(after, name);
+  if (a.bytes.size() != b.bytes.size())
+    return ::testing::AssertionFailure() << name << " changed size";
+  std::size_t const rb = a.row_bytes();
+  for (std::size_t i = 0; i < a.bytes.size(); ++i)
+    if (a.bytes[i] != b.bytes[i] && keep(rb ? i / rb : 0))
+      return ::testing::AssertionFailure()
+             << name << " row " << (rb ? i / rb : 0) << " (byte " << i
+             << ") was written";
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult unchanged_except(Snapshot const& before,
+                                            Snapshot const& after,
+                                            std::set<std::string> const& skip) {
+  if (before.size() != after.size())
+    return ::testing::AssertionFailure() << "snapshot layout changed";
+  for (Part const& p : before) {
+    if (skip.count(p.name)) continue;
+    auto const r =
+        rows_unchanged(before, after, p.name, [](std::size_t) { return true; });
+    if (!r) return r;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// What the rejection must say. `where` is the text between the argument and
+// the value: "row <r>" by default when row >= 0, "extent <i>" for shapes,
+// nothing for scalars.
+struct Expect {
+  std::string argument;
+  std::int64_t row;
+  std::string value;
+  std::string where;
+};
+
+Expect at_row(std::string arg, std::int64_t row, std::uint64_t value) {
+  return {std::move(arg), row, std::to_string(value), "row " + std::to_string(row)};
+}
+Expect at_extent(std::string arg, int extent, std::uint64_t value) {
+  return {std::move(arg), -1, std::to_string(value),
+          "extent " + std::to_string(extent)};
+}
+Expect scalar(std::string arg, std::int64_t value) {
+  return {std::move(arg), -1, std::to_string(value), ""};
+}
+
+::testing::AssertionResult check_message(std::string const& entry,
+                                         KPool::InvalidArgument const& e,
+                                         Expect const& x) {
+  std::string const what = e.what();
+  std::string const expected_text =
+      entry + ": argument '" + x.argument + "'" +
+      (x.where.empty() ? "" : ", " + x.where) + ": value " + x.value + " ";
+  if (e.entry_point() != entry || e.argument() != x.argument ||
+      e.row() != x.row || e.value() != x.value ||
+      what.find(expected_text) != 0)
+    return ::testing::AssertionFailure()
+           << "got entry_point '" << e.entry_point() << "', argument '"
+           << e.argument() << "', row " << e.row() << ", value '" << e.value()
+           << "'\n  what(): " << what << "\n  expected what() to begin with: "
+           << expected_text;
+  // Also usable as the standard exception it derives from.
+  std::invalid_argument const& base = e;
+  if (std::string(base.what()) != what)
+    return ::testing::AssertionFailure() << "what() differs through the base";
+  return ::testing::AssertionSuccess();
+}
+
+// Runs `e` on `w`, which must throw KPool::InvalidArgument as `x` says and
+// leave every output and the ring as they were.
+::testing::AssertionResult rejects(World& w, Entry e, Expect const& x) {
+  Snapshot const before = snapshot(w);
+  ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  try {
+    w.run(e);
+    result = ::testing::AssertionFailure() << "accepted the bad input";
+  } catch (KPool::InvalidArgument const& ex) {
+    result = check_message(entry_name(e), ex, x);
+  } catch (std::exception const& ex) {
+    result = ::testing::AssertionFailure()
+             << "threw something other than KPool::InvalidArgument: "
+             << ex.what();
+  }
+  w.space.fence();
+  if (result) result = unchanged_except(before, snapshot(w), {});
+  if (!result) result << "\n  (entry point " << label(e) << ")";
+  return result;
+}
+
+void expect_rejected(World& w, std::vector<Entry> const& entries,
+                     Expect const& x) {
+  for (Entry e : entries) EXPECT_TRUE(rejects(w, e, x));
+}
+
+template <class F>
+::testing::AssertionResult ring_ctor_rejects(F&& make, Expect const& x) {
+  try {
+    make();
+  } catch (KPool::InvalidArgument const& ex) {
+    return check_message("KPool::Ring", ex, x);
+  }
+  return ::testing::AssertionFailure() << "KPool::Ring accepted it";
+}
+
+// ---------------------------------------------------------------------------
+// The valid setup passes, so each rejection below is that rule's alone.
+// ---------------------------------------------------------------------------
+
+TEST(Validation, ValidSetupPassesEveryEntryPoint) {
+  World w;
+  for (Entry e : {Entry::compress, Entry::ring_close, Entry::seed_tail,
+                  Entry::tail_update, Entry::step_fused, Entry::step_unfused,
+                  Entry::decode_step, Entry::expand_topk,
+                  Entry::pool_row_offsets}) {
+    SCOPED_TRACE(label(e));
+    w.scramble_outputs();
+    Snapshot const before = snapshot(w);
+    EXPECT_NO_THROW(w.run(e));
+    Snapshot const after = snapshot(w);
+    // The call wrote its output (so the snapshots see writes) ...
+    std::string const main_output =
+        e == Entry::compress       ? "compress.pooled"
+        : e == Entry::ring_close   ? "ring_close.closed_pool"
+        : e == Entry::seed_tail    ? "ring"
+        : e == Entry::tail_update  ? "tail_update.closed_pool"
+        : e == Entry::decode_step  ? "decode_step.pooled"
+        : e == Entry::expand_topk  ? "expand_topk.out"
+        : e == Entry::pool_row_offsets ? "compute_pool_row_offsets.out"
+                                       : "step.pooled";
+    EXPECT_FALSE(rows_unchanged(before, after, main_output,
+                                [](std::size_t) { return true; }))
+        << main_output << " not written";
+    // ... and not the dead rows.
+    EXPECT_TRUE(rows_unchanged(before, after, "ring_close.pooled",
+                               [](std::size_t r) { return r >= 4; }));
+    EXPECT_TRUE(rows_unchanged(before, after, "ring_close.closed_pool",
+                               [](std::size_t r) { return r >= 4; }));
+    EXPECT_TRUE(rows_unchanged(before, after, "tail_update.closed_pool",
+                               [](std::size_t r) { return r >= 3; }));
+    EXPECT_TRUE(rows_unchanged(before, after, "expand_topk.out",
+                               [](std::size_t r) { return r >= 14; }));
+    // A few values the batch pins down.
+    std::uint32_t const want_offsets[5] = {0, 2, 2, 2, 2};
+    switch (e) {
+      case Entry::ring_close: {
+        auto const closed = on_host(w.rc_closed);
+        EXPECT_EQ(closed(0), -1);
+        EXPECT_EQ(closed(1), 1);
+        EXPECT_EQ(closed(2), -1);
+        EXPECT_EQ(closed(3), 1);
+        break;
+      }
+      case Entry::compress:
+      case Entry::pool_row_offsets: {
+        auto const off = on_host(e == Entry::compress ? w.c_offsets : w.pro_offsets);
+        for (int r = 0; r < 5; ++r) EXPECT_EQ(off(r), want_offsets[r]) << r;
+        break;
+      }
+      case Entry::step_fused:
+      case Entry::step_unfused:
+        EXPECT_EQ(on_host(w.step_out.count())(), 4u);  // 2 closes, 2 compress
+        break;
+      case Entry::tail_update:
+        EXPECT_EQ(on_host(w.tu_closed)(0, 0), 0);  // position 3 closes pool 0
+        break;
+      case Entry::decode_step:
+        EXPECT_EQ(on_host(w.decode_out.count())(), 1u);
+        break;
+      default: break;
+    }
+  }
+}
+
+// Edges that are allowed: a request ending exactly at INT32_MAX, no live
+// request, every row live, dead rows sharing a live row's slot or out of
+// range, padding between consecutive decode positions.
+TEST(Validation, BoundaryValuesAreAccepted) {
+  {
+    World w;
+    w.cache_lengths[1] = kInt32Max - 3;  // 3 rows: ends at INT32_MAX
+    for (Entry e : kRagged) EXPECT_NO_THROW(w.run(e)) << label(e);
+  }
+  {
+    World w;
+    w.num_requests = 0;
+    w.dnum = 0;
+    for (Entry e : kRagged) EXPECT_NO_THROW(w.run(e)) << label(e);
+    for (Entry e : kDecode) EXPECT_NO_THROW(w.run(e)) << label(e);
+  }
+  {
+    World w;
+    w.row_offsets[5] = 14;  // row 4 live and empty
+    w.cache_lengths[4] = 3;
+    w.slot_idx[4] = 7;
+    w.num_requests = 5;
+    w.step_out = Out(w.space, Out::capacity_for(14, 5, K), 5, w.D);
+    w.dslots[3] = 1;
+    w.positions[9] = 11;
+    w.positions[10] = -1;
+    w.positions[11] = 12;
+    w.dnum = 4;
+    for (Entry e : kRagged) EXPECT_NO_THROW(w.run(e)) << label(e);
+    // decode_step needs room for four rows' pools.
+    w.decode_out = Out(w.space, 4, w.Bd, w.D);
+    for (Entry e : kDecode) EXPECT_NO_THROW(w.run(e)) << label(e);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// One TEST per rule.
+// ---------------------------------------------------------------------------
+
+TEST(Validation, RowOffsetsMustStartAtZero) {
+  World w;
+  w.row_offsets[0] = 1;
+  expect_rejected(w, kRagged, at_row("row_offsets", 0, 1));
+}
+
+TEST(Validation, RowOffsetsMustNotDecrease) {
+  World w;
+  w.row_offsets[2] = 8;  // row_offsets[1] = 9
+  expect_rejected(w, kRagged, at_row("row_offsets", 2, 8));
+}
+
+TEST(Validation, LastLiveRowOffsetMustFitKeyRows) {
+  World w;
+  w.row_offsets[4] = 17;  // key and gate have 14 rows, pool_ids 16
+  expect_rejected(w, kRagged, at_row("row_offsets", 4, 17));
+}
+
+TEST(Validation, NumRequestsMustNotExceedBatchSize) {
+  World w;
+  w.num_requests = 6;  // B = 5
+  w.dnum = 5;          // decode B = 4
+  expect_rejected(w, kRagged, scalar("num_requests", 6));
+  expect_rejected(w, kDecode, scalar("num_requests", 5));
+}
+
+TEST(Validation, NumRequestsMustNotBeNegative) {
+  World w;
+  w.num_requests = -1;
+  w.dnum = -1;
+  expect_rejected(w, kRagged, scalar("num_requests", -1));
+  expect_rejected(w, kDecode, scalar("num_requests", -1));
+}
+
+TEST(Validation, SlotIdxMustBeBelowMaxSlots) {
+  for (std::uint32_t bad : {std::uint32_t(kSlots), 0xFFFFFFFFu}) {
+    World w;
+    w.slot_idx[1] = bad;
+    w.dslots[1] = bad;
+    expect_rejected(w, kRaggedRing, at_row("slot_idx", 1, bad));
+    expect_rejected(w, kDecode, at_row("slot_idx", 1, bad));
+  }
+}
+
+TEST(Validation, LiveSlotsMustBeDistinct) {
+  World w;
+  w.slot_idx[3] = w.slot_idx[1];
+  w.dslots[2] = w.dslots[0];
+  expect_rejected(w, kRaggedRing, at_row("slot_idx", 3, w.slot_idx[1]));
+  expect_rejected(w, kDecode, at_row("slot_idx", 2, w.dslots[0]));
+}
+
+TEST(Validation, CacheLengthPlusRowsMustFitInt32) {
+  {
+    World w;
+    w.cache_lengths[1] = kInt32Max - 2;  // 3 rows: one past INT32_MAX
+    expect_rejected(w, kRagged, at_row("cache_lengths", 1, kInt32Max - 2));
+  }
+  {
+    World w;
+    w.cache_lengths[2] = 0xFFFFFFFFu;  // an empty request too
+    expect_rejected(w, kRagged, at_row("cache_lengths", 2, 0xFFFFFFFFu));
+  }
+}
+
+TEST(Validation, KpoolMustBeAtLeastOne) {
+  World w;
+  w.ape = F2("ape", 0, w.D);
+  expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused,
+                      Entry::step_unfused, Entry::tail_update,
+                      Entry::decode_step},
+                  at_extent("ape", 0, 0));
+  // seed_tail takes K from the tail, [max_slots, 2, K, D].
+  w.tail = V4("tail", kSlots, 2, 0, w.D);
+  expect_rejected(w, {Entry::seed_tail}, at_extent("tail", 2, 0));
+  // expand_topk and compute_pool_row_offsets take it as an argument.
+  for (int bad : {0, -3}) {
+    w.kpool = bad;
+    expect_rejected(w, {Entry::expand_topk, Entry::pool_row_offsets},
+                    scalar("kpool", bad));
+  }
+  EXPECT_TRUE(ring_ctor_rejects([&] { Ring r(w.space, kSlots, 0, w.D); },
+                                scalar("kpool", 0)));
+}
+
+TEST(Validation, HeadDimMustBeAtLeastOne) {
+  World w;
+  w.ape = F2("ape", K, 0);
+  expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused,
+                      Entry::step_unfused, Entry::tail_update,
+                      Entry::decode_step},
+                  at_extent("ape", 1, 0));
+  w.tail = V4("tail", kSlots, 2, K, 0);
+  expect_rejected(w, {Entry::seed_tail}, at_extent("tail", 3, 0));
+  EXPECT_TRUE(ring_ctor_rejects([&] { Ring r(w.space, kSlots, K, 0); },
+                                scalar("head_dim", 0)));
+}
+
+TEST(Validation, NextNMustBeAtLeastOne) {
+  World w;
+  w.next_n = 0;
+  w.positions.clear();
+  w.key3 = V3("key3", w.Bd, 0, w.D);
+  w.gate3 = V3("gate3", w.Bd, 0, w.D);
+  expect_rejected(w, kDecode, at_extent("positions", 1, 0));
+}
+
+TEST(Validation, DecodePositionsMustBeConsecutive) {
+  // A gap, a repeat and a step back, each in a different live row.
+  struct Bad {
+    int row, column;
+    std::vector<std::int32_t> positions;
+  };
+  for (Bad const& b : {Bad{1, 2, {8, -1, 10}}, Bad{0, 1, {3, 3, 4}},
+                       Bad{2, 2, {-1, 6, 5}}}) {
+    World w;
+    for (int i = 0; i < w.next_n; ++i)
+      w.positions[b.row * w.next_n + i] = b.positions[i];
+    Expect const x{"positions", b.row,
+                   std::to_string(b.positions[b.column]),
+                   "row " + std::to_string(b.row) + ", column " +
+                       std::to_string(b.column)};
+    expect_rejected(w, kDecode, x);
+  }
+}
+
+// Extents: D agrees between ape, key, gate, the ring and every output.
+TEST(Validation, HeadDimMustAgree) {
+  int const D = 8;
+  {
+    World w;
+    w.key = V2("key", 14, D + 1);
+    expect_rejected(w, kRaggedKeys, at_extent("key", 1, D + 1));
+  }
+  {
+    World w;
+    w.gate = V2("gate", 14, D + 1);
+    expect_rejected(w, kRaggedKeys, at_extent("gate", 1, D + 1));
+  }
+  {
+    World w;
+    w.ape = F2("ape", K, D + 1);  // the ragged writers take D from ape
+    expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused,
+                        Entry::step_unfused},
+                    at_extent("key", 1, D));
+    expect_rejected(w, kDecode, at_extent("tail", 3, D));
+  }
+  {
+    World w;
+    w.tail = V4("tail", kSlots, 2, K, D + 1);
+    w.ring = Ring(w.space, kSlots, K, D + 1);
+    expect_rejected(w, {Entry::ring_close, Entry::step_fused,
+                        Entry::step_unfused, Entry::tail_update,
+                        Entry::decode_step},
+                    at_extent("tail", 3, D + 1));
+    expect_rejected(w, {Entry::seed_tail}, at_extent("key", 1, D));
+  }
+  {
+    World w;
+    w.key3 = V3("key3", w.Bd, w.next_n, D + 1);
+    expect_rejected(w, kDecode, at_extent("key", 2, D + 1));
+  }
+  {
+    World w;
+    w.gate3 = V3("gate3", w.Bd, w.next_n, D + 1);
+    expect_rejected(w, kDecode, at_extent("gate", 2, D + 1));
+  }
+  {
+    World w;
+    w.c_pooled = V2("compress.pooled", 2, D + 1);
+    w.rc_pooled = V2("ring_close.pooled", 5, D + 1);
+    w.tu_pooled = V3("tail_update.pooled", w.Bd, 1, D + 1);
+    w.step_out = Out(w.space, Out::capacity_for(14, 4, K), 5, D + 1);
+    w.decode_out = Out(w.space, 3, w.Bd, D + 1);
+    w.scramble_outputs();
+    expect_rejected(w, {Entry::compress, Entry::ring_close},
+                    at_extent("pooled", 1, D + 1));
+    expect_rejected(w, {Entry::tail_update}, at_extent("pooled", 2, D + 1));
+    expect_rejected(w, {Entry::step_fused, Entry::step_unfused,
+                        Entry::decode_step},
+                    at_extent("out", 1, D + 1));
+  }
+}
+
+// Extents: K agrees between ape and the ring.
+TEST(Validation, KpoolMustAgree) {
+  {
+    World w;
+    w.tail = V4("tail", kSlots, 2, K + 1, w.D);
+    w.ring = Ring(w.space, kSlots, K + 1, w.D);
+    expect_rejected(w, {Entry::ring_close, Entry::step_fused,
+                        Entry::step_unfused, Entry::tail_update,
+                        Entry::decode_step},
+                    at_extent("tail", 2, K + 1));
+  }
+  {
+    World w;
+    w.ape = F2("ape", K + 1, w.D);
+    expect_rejected(w, {Entry::ring_close, Entry::step_fused,
+                        Entry::step_unfused, Entry::tail_update,
+                        Entry::decode_step},
+                    at_extent("tail", 2, K));
+  }
+  {
+    World w;
+    w.tail = V4("tail", kSlots, 3, K, w.D);  // keys and gates: 2
+    expect_rejected(w, {Entry::ring_close, Entry::seed_tail,
+                        Entry::tail_update},
+                    at_extent("tail", 1, 3));
+  }
+}
+
+// Extents: B agrees between row_offsets (B + 1), cache_lengths, slot_idx and
+// the outputs; in decode between positions, key, gate, slot_idx and outputs.
+TEST(Validation, BatchSizeMustAgree) {
+  {
+    World w;
+    w.cache_lengths.pop_back();
+    expect_rejected(w, kRagged, at_extent("cache_lengths", 0, 4));
+  }
+  {
+    World w;
+    w.slot_idx.push_back(7);
+    expect_rejected(w, kRaggedRing, at_extent("slot_idx", 0, 6));
+  }
+  {
+    World w;
+    w.dslots.pop_back();
+    expect_rejected(w, kDecode, at_extent("slot_idx", 0, 3));
+  }
+  {
+    World w;
+    w.gate = V2("gate", 13, w.D);
+    expect_rejected(w, kRaggedKeys, at_extent("gate", 0, 13));
+  }
+  {
+    World w;
+    w.key3 = V3("key3", w.Bd + 1, w.next_n, w.D);
+    expect_rejected(w, kDecode, at_extent("key", 0, w.Bd + 1));
+  }
+  {
+    World w;
+    w.gate3 = V3("gate3", w.Bd - 1, w.next_n, w.D);
+    expect_rejected(w, kDecode, at_extent("gate", 0, w.Bd - 1));
+  }
+  {
+    World w;
+    w.c_offsets = U32("compress.pool_row_offsets", 5);
+    w.pro_offsets = U32("compute_pool_row_offsets.out", 7);
+    w.rc_pooled = V2("ring_close.pooled", 4, w.D);
+    w.tu_pooled = V3("tail_update.pooled", w.Bd + 1, 1, w.D);
+    w.ex_out = I2("expand_topk.out", 15, KPool::expand_topk_width(2, K, true));
+    w.scramble_outputs();
+    expect_rejected(w, {Entry::compress}, at_extent("pool_row_offsets", 0, 5));
+    expect_rejected(w, {Entry::pool_row_offsets},
+                    at_extent("pool_row_offsets", 0, 7));
+    expect_rejected(w, {Entry::ring_close}, at_extent("pooled", 0, 4));
+    expect_rejected(w, {Entry::tail_update}, at_extent("pooled", 0, w.Bd + 1));
+    expect_rejected(w, {Entry::expand_topk}, at_extent("out", 0, 15));
+  }
+  {
+    World w;
+    w.rc_closed = I32("ring_close.closed_pool", 6);
+    w.tu_closed = I2("tail_update.closed_pool", w.Bd - 1, 1);
+    w.step_out = Out(w.space, Out::capacity_for(14, 4, K), 4, w.D);
+    w.decode_out = Out(w.space, 3, w.Bd - 1, w.D);
+    w.scramble_outputs();
+    expect_rejected(w, {Entry::ring_close}, at_extent("closed_pool", 0, 6));
+    expect_rejected(w, {Entry::tail_update},
+                    at_extent("closed_pool", 0, w.Bd - 1));
+    expect_rejected(w, {Entry::step_fused, Entry::step_unfused},
+                    Expect{"out", -1, "4", "max_batch"});
+    expect_rejected(w, {Entry::decode_step},
+                    Expect{"out", -1, std::to_string(w.Bd - 1), "max_batch"});
+  }
+}
+
+// Extents: next_n agrees between positions, key, gate, and the two decode
+// outputs of tail_update.
+TEST(Validation, NextNMustAgree) {
+  {
+    World w;
+    w.key3 = V3("key3", w.Bd, w.next_n + 1, w.D);
+    expect_rejected(w, kDecode, at_extent("key", 1, w.next_n + 1));
+  }
+  {
+    World w;
+    w.gate3 = V3("gate3", w.Bd, w.next_n - 1, w.D);
+    expect_rejected(w, kDecode, at_extent("gate", 1, w.next_n - 1));
+  }
+  {
+    World w;
+    w.tu_pooled = V3("tail_update.pooled", w.Bd, 2, w.D);
+    w.scramble_outputs();
+    expect_rejected(w, {Entry::tail_update}, at_extent("closed_pool", 1, 1));
+  }
+}
+
+// Output capacities: room for every pool or column the call can produce.
+TEST(Validation, OutputCapacityMustSuffice) {
+  World w;
+  w.c_pooled = V2("compress.pooled", 1, w.D);  // 2 pools
+  w.tu_pooled = V3("tail_update.pooled", w.Bd, 0, w.D);  // ceil(3 / 4) = 1
+  w.tu_closed = I2("tail_update.closed_pool", w.Bd, 0);
+  w.step_out = Out(w.space, Out::capacity_for(14, 4, K) - 1, 5, w.D);
+  w.decode_out = Out(w.space, 2, w.Bd, w.D);  // 3 rows * 1
+  w.ex_out = I2("expand_topk.out", 16, KPool::expand_topk_width(2, K, true) - 1);
+  w.scramble_outputs();
+  expect_rejected(w, {Entry::compress}, at_extent("pooled", 0, 1));
+  expect_rejected(w, {Entry::tail_update}, at_extent("pooled", 1, 0));
+  expect_rejected(w, {Entry::step_fused, Entry::step_unfused},
+                  at_extent("out", 0, Out::capacity_for(14, 4, K) - 1));
+  expect_rejected(w, {Entry::decode_step}, at_extent("out", 0, 2));
+  expect_rejected(w, {Entry::expand_topk},
+                  at_extent("out", 1, KPool::expand_topk_width(2, K, true) - 1));
+  // An empty StepOutput.
+  w.step_out = Out();
+  w.decode_out = Out();
+  expect_rejected(w, {Entry::step_fused, Entry::step_unfused,
+                      Entry::decode_step},
+                  Expect{"out", -1, "an empty StepOutput", ""});
+}
+
+// ---------------------------------------------------------------------------
+// Defence in depth: validation off.
+// ---------------------------------------------------------------------------
+
+// Shape errors cost nothing to check and still throw.
+TEST(DefenceInDepth, ShapeErrorsThrowWithValidationOff) {
+  {
+    World w;
+    w.opts.validate = false;
+    w.key = V2("key", 14, w.D + 1);
+    expect_rejected(w, kRaggedKeys, at_extent("key", 1, w.D + 1));
+  }
+  {
+    World w;
+    w.opts.validate = false;
+    w.cache_lengths.pop_back();
+    expect_rejected(w, kRagged, at_extent("cache_lengths", 0, 4));
+  }
+  {
+    World w;
+    w.opts.validate = false;
+    w.num_requests = 6;
+    w.dnum = 5;
+    expect_rejected(w, kRagged, scalar("num_requests", 6));
+    expect_rejected(w, kDecode, scalar("num_requests", 5));
+  }
+  {
+    World w;
+    w.opts.validate = false;
+    w.dslots.pop_back();
+    w.slot_idx.pop_back();
+    expect_rejected(w, kDecode, at_extent("slot_idx", 0, 3));
+    expect_rejected(w, kRaggedRing, at_extent("slot_idx", 0, 4));
+  }
+  {
+    World w;
+    w.opts.validate = false;
+    w.tu_pooled = V3("tail_update.pooled", w.Bd, 0, w.D);
+    w.tu_closed = I2("tail_update.closed_pool", w.Bd, 0);
+    w.step_out = Out(w.space, Out::capacity_for(14, 4, K) - 1, 5, w.D);
+    w.decode_out = Out(w.space, 2, w.Bd, w.D);
+    w.ex_out = I2("expand_topk.out", 16, 10);
+    w.rc_closed = I32("ring_close.closed_pool", 4);
+    w.scramble_outputs();
+    expect_rejected(w, {Entry::tail_update}, at_extent("pooled", 1, 0));
+    expect_rejected(w, {Entry::step_fused, Entry::step_unfused},
+                    at_extent("out", 0, Out::capacity_for(14, 4, K) - 1));
+    expect_rejected(w, {Entry::decode_step}, at_extent("out", 0, 2));
+    expect_rejected(w, {Entry::expand_topk}, at_extent("out", 1, 10));
+    expect_rejected(w, {Entry::ring_close}, at_extent("closed_pool", 0, 4));
+  }
+  {
+    World w;
+    w.opts.validate = false;
+    w.next_n = 0;
+    w.positions.clear();
+    w.key3 = V3("key3", w.Bd, 0, w.D);
+    w.gate3 = V3("gate3", w.Bd, 0, w.D);
+    expect_rejected(w, kDecode, at_extent("positions", 1, 0));
+  }
+  {
+    World w;
+    w.opts.validate = false;
+    w.ape = F2("ape", 0, w.D);
+    w.kpool = 0;
+    expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused,
+                        Entry::step_unfused, Entry::tail_update,
+                        Entry::decode_step},
+                    at_extent("ape", 0, 0));
+    expect_rejected(w, {Entry::expand_topk, Entry::pool_row_offsets},
+                    scalar("kpool", 0));
+  }
+}
+
+// What an unvalidated call with bad data may write, by entry point: the ring
+// slots of `owned` (rows whose data is valid), and output rows the valid
+// rows produce. Everything else must be byte-for-byte unchanged.
+struct Allowed {
+  std::set<std::uint32_t> ragged_slots;  // ring slots valid ragged rows own
+  std::set<std::uint32_t> decode_slots;  // ring slots valid decode rows own
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> token_rows;  // expand
+};
+
+// Runs `e` with validation off: no exception, nothing outside what `a`
+// allows written.
+void run_unvalidated(World& w, Entry e, Allowed const& a) {
+  SCOPED_TRACE(label(e) + " D=" + std::to_string(w.D));
+  w.opts.validate = false;
+  Snapshot const before = snapshot(w);
+  try {
+    w.run(e);
+  } catch (std::exception const& ex) {
+    ADD_FAILURE() << "threw with validation off: " << ex.what();
+    return;
+  }
+  Snapshot const after = snapshot(w);
+  std::set<std::string> written;
+  bool const ring_writer = e == Entry::seed_tail || e == Entry::tail_update ||
+                           e == Entry::step_fused || e == Entry::step_unfused ||
+                           e == Entry::decode_step;
+  if (ring_writer) {
+    written.insert("ring");
+    bool const decode = e == Entry::tail_update || e == Entry::decode_step;
+    std::set<std::uint32_t> const& owned =
+        decode ? a.decode_slots : a.ragged_slots;
+    EXPECT_TRUE(rows_unchanged(before, after, "ring", [&](std::size_t s) {
+      return owned.count(static_cast<std::uint32_t>(s)) == 0;
+    })) << "a ring slot no valid row owns was written";
+  }
+  auto const dead = [](int live) {
+    return [live](std::size_t r) { return r >= static_cast<std::size_t>(live); };
+  };
+  switch (e) {
+    case Entry::compress: {
+      written = {"compress.pool_row_offsets", "compress.pooled"};
+      // Rows past the pools the offsets announce are untouched.
+      auto const off = on_host(w.c_offsets);
+      std::size_t const count = off(static_cast<std::size_t>(w.num_requests));
+      EXPECT_TRUE(rows_unchanged(before, after, "compress.pooled",
+                                 [&](std::size_t r) { return r >= count; }));
+      break;
+    }
+    case Entry::ring_close:
+      written = {"ring_close.pooled", "ring_close.closed_pool"};
+      EXPECT_TRUE(rows_unchanged(before, after, "ring_close.pooled",
+                                 dead(w.num_requests)));
+      EXPECT_TRUE(rows_unchanged(before, after, "ring_close.closed_pool",
+                                 dead(w.num_requests)));
+      break;
+    case Entry::tail_update:
+      written.insert({"tail_update.pooled", "tail_update.closed_pool"});
+      EXPECT_TRUE(rows_unchanged(before, after, "tail_update.pooled",
+                                 dead(w.dnum)));
+      EXPECT_TRUE(rows_unchanged(before, after, "tail_update.closed_pool",
+                                 dead(w.dnum)));
+      break;
+    case Entry::step_fused:
+    case Entry::step_unfused:
+    case Entry::decode_step: {
+      std::string const n = e == Entry::decode_step ? "decode_step" : "step";
+      Out const& out = e == Entry::decode_step ? w.decode_out : w.step_out;
+      for (char const* p : {".pooled", ".batch_row", ".pool_id", ".offsets"})
+        written.insert(n + p);
+      std::size_t const count = on_host(out.count())();
+      for (char const* p : {".pooled", ".batch_row", ".pool_id"})
+        EXPECT_TRUE(rows_unchanged(before, after, n + p,
+                                   [&](std::size_t r) { return r >= count; }));
+      break;
+    }
+    case Entry::expand_topk:
+      written = {"expand_topk.out"};
+      EXPECT_TRUE(rows_unchanged(before, after, "expand_topk.out",
+                                 [&](std::size_t t) {
+                                   for (auto const& be : a.token_rows)
+                                     if (t >= be.first && t < be.second)
+                                       return false;
+                                   return true;
+                                 }))
+          << "a token row outside every live request was written";
+      break;
+    case Entry::pool_row_offsets:
+      written = {"compute_pool_row_offsets.out"};
+      break;
+    case Entry::seed_tail:
+      break;
+  }
+  EXPECT_TRUE(unchanged_except(before, after, written))
+      << "an output of another entry point changed";
+}
+
+// The token rows each live request covers (expand_topk may write those).
+std::vector<std::pair<std::uint32_t, std::uint32_t>> token_rows(World const& w) {
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> v;
+  for (int r = 0; r < w.num_requests; ++r)
+    v.emplace_back(w.row_offsets[r], w.row_offsets[r + 1]);
+  return v;
+}
+
+std::vector<Entry> all_entries() {
+  return {Entry::compress,     Entry::ring_close,  Entry::seed_tail,
+          Entry::tail_update,  Entry::step_fused,  Entry::step_unfused,
+          Entry::decode_step,  Entry::expand_topk, Entry::pool_row_offsets};
+}
+
+// D = 8 takes the generic kernels, D = 128 with K = 4 the compiled-shape fast
+// path.
+std::vector<int> defence_dims() { return {8, 128}; }
+
+TEST(DefenceInDepth, SlotOutOfRangeWritesNoRingSlot) {
+  for (int D : defence_dims())
+    for (std::uint32_t bad : {std::uint32_t(kSlots), 0xFFFFFFFEu}) {
+      World w(D);
+      w.slot_idx[0] = bad;      // row 0 seeds the ring
+      w.slot_idx[1] = bad + 1;  // row 1 closes a pool from it
+      w.dslots[0] = bad;        // row 0 stashes and closes
+      Allowed a{{w.slot_idx[2], w.slot_idx[3]},
+                {w.dslots[1], w.dslots[2]},
+                token_rows(w)};
+      for (Entry e : all_entries()) run_unvalidated(w, e, a);
+    }
+}
+
+TEST(DefenceInDepth, DuplicateSlotsStayWithinTheirSlot) {
+  for (int D : defence_dims()) {
+    World w(D);
+    w.slot_idx[3] = w.slot_idx[1];
+    w.dslots[1] = w.dslots[0];
+    Allowed a{{w.slot_idx.begin(), w.slot_idx.begin() + 4},
+              {w.dslots.begin(), w.dslots.begin() + 3},
+              token_rows(w)};
+    for (Entry e : all_entries()) run_unvalidated(w, e, a);
+  }
+}
+
+TEST(DefenceInDepth, DecreasingRowOffsetsStayInBounds) {
+  for (int D : defence_dims()) {
+    World w(D);
+    // Request 1 runs backwards from 13 to 2; requests 2 and 3 then cover
+    // rows 2..14 (valid on their own).
+    w.row_offsets = {0, 13, 2, 12, 14, 3};
+    Allowed a{{w.slot_idx[0], w.slot_idx[2], w.slot_idx[3]},
+              {w.dslots.begin(), w.dslots.begin() + 3},
+              token_rows(w)};
+    for (Entry e : all_entries()) run_unvalidated(w, e, a);
+  }
+}
+
+TEST(DefenceInDepth, RowOffsetsPastKeyRowsReadNothingPastThem) {
+  for (int D : defence_dims())
+    for (std::uint32_t past : {17u, 1000u, 0xFFFFFFF0u}) {
+      World w(D);
+      // Requests 2 and 3 end past the 14 key rows (and the 16 id rows).
+      w.row_offsets = {0, 9, 12, past, past, 3};
+      Allowed a{{w.slot_idx[0], w.slot_idx[1]},
+                {w.dslots.begin(), w.dslots.begin() + 3},
+                token_rows(w)};
+      for (Entry e : all_entries()) run_unvalidated(w, e, a);
+    }
+}
+
+TEST(DefenceInDepth, CacheLengthOverflowStaysInBounds) {
+  for (int D : defence_dims())
+    for (std::uint32_t c : {kInt32Max - 2, 0xFFFFFFFEu}) {
+      World w(D);
+      w.cache_lengths[1] = c;  // 3 rows past INT32_MAX
+      w.cache_lengths[3] = 0xFFFFFFFFu;
+      Allowed a{{w.slot_idx[0], w.slot_idx[2]},
+                {w.dslots.begin(), w.dslots.begin() + 3},
+                token_rows(w)};
+      for (Entry e : all_entries()) run_unvalidated(w, e, a);
+    }
+}
+
+// Non-consecutive positions: every real position closes a pool, three per
+// row where the outputs have room for one per row.
+TEST(DefenceInDepth, NonConsecutiveDecodePositionsCloseNoMoreThanOutputsHold) {
+  for (int D : defence_dims()) {
+    World w(D);
+    w.positions = {3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47};
+    Allowed a{{}, {w.dslots.begin(), w.dslots.begin() + 3}, token_rows(w)};
+    for (Entry e : kDecode) run_unvalidated(w, e, a);
+    // Padding and garbage positions mixed in.
+    World g(D);
+    g.positions = {2147483647, -1, 3, 7, -7, 2147483643, 11, 11, 11, 0, 0, 0};
+    for (Entry e : kDecode) run_unvalidated(g, e, a);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// expand_topk writes int32 positions: with validation off, a row whose
+// visible count passes int32 is skipped like any invalid request, never
+// written as wrapped (negative) indices.
+TEST(DefenceInDepth, ExpandRowPastInt32PositionsIsSkipped) {
+  using E = Kokkos::DefaultExecutionSpace;
+  using M = E::memory_space;
+  int const K = 4, width = KPool::expand_topk_width(1, K, true);
+  Kokkos::View<std::int32_t**, M> ids("ids", 2, 1), out("out", 2, width);
+  Kokkos::View<std::uint32_t*, M> row_offsets("row_offsets", 3), cache("cache_lengths", 2);
+  auto hi = Kokkos::create_mirror_view(ids);
+  auto ho = Kokkos::create_mirror_view(row_offsets);
+  auto hc = Kokkos::create_mirror_view(cache);
+  hi(0, 0) = 1073741819;  // complete within the wrapped visible count
+  hi(1, 0) = 0;
+  ho(0) = 0;
+  ho(1) = 1;
+  ho(2) = 2;
+  hc(0) = 0xFFFFFFF0u;  // visible = 2^32 - 15: past int32
+  hc(1) = 5;            // a valid row beside it
+  Kokkos::deep_copy(ids, hi);
+  Kokkos::deep_copy(row_offsets, ho);
+  Kokkos::deep_copy(cache, hc);
+  Kokkos::deep_copy(out, -77);
+  KPool::Options o;
+  o.validate = false;
+  KPool::expand_topk(E(), ids, row_offsets, cache, 2, K, true, out, o);
+  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  for (int j = 0; j < width; ++j) EXPECT_EQ(h(0, j), -77) << "column " << j;
+  // Row 1: visible 6, pool 0 complete, tail positions 4 and 5.
+  std::int32_t const want[] = {0, 1, 2, 3, 4, 5, -1};
+  for (int j = 0; j < width; ++j) EXPECT_EQ(h(1, j), want[j]) << "column " << j;
+}
+
+}  // namespace
