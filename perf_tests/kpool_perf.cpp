@@ -667,10 +667,11 @@ DecodeDesc decode(int B, int next_n, std::mt19937& rng) {
   return d;
 }
 
-// Continuations of 32..256 tokens and single-token decodes, shuffled.
-RaggedDesc mixed(int continuations, int decodes, std::mt19937& rng) {
+// Chunk continuations of lo..hi tokens and single-token decodes, shuffled.
+RaggedDesc mixed(int continuations, int decodes, std::uint32_t lo,
+                 std::uint32_t hi, std::mt19937& rng) {
   RaggedDesc d;
-  std::uniform_int_distribution<std::uint32_t> chunk(32, 256), len(0, 16000);
+  std::uniform_int_distribution<std::uint32_t> chunk(lo, hi), len(0, 16000);
   std::vector<bool> is_decode(continuations + decodes, false);
   std::fill(is_decode.begin() + continuations, is_decode.end(), true);
   std::shuffle(is_decode.begin(), is_decode.end(), rng);
@@ -713,10 +714,15 @@ void run_all(Runner& run, Settings const& s) {
                     "decode_b" + std::to_string(B) + "_n" + std::to_string(n),
                     decode(B, n, rng));
   {
+    // The serving mix the fused step is for: many small chunk
+    // continuations (speculative or chunked-prefill tails) among decodes.
     int const c = s.quick ? 16 : 64, dec = s.quick ? 48 : 192;
-    run_ragged<T>(run,
-                  "mixed_" + std::to_string(c) + "c_" + std::to_string(dec) + "d",
-                  mixed(c, dec, rng), true);
+    std::string const tail = std::to_string(c) + "c_" + std::to_string(dec) + "d";
+    run_ragged<T>(run, "mixed_" + tail, mixed(c, dec, 2, 24, rng), true);
+    // The same mix with larger continuations, where the work outweighs
+    // the launches.
+    if (!s.quick)
+      run_ragged<T>(run, "mixed_large_" + tail, mixed(c, dec, 32, 256, rng), true);
   }
 }
 
