@@ -41,17 +41,9 @@ void compute_pool_row_offsets(ExecutionSpace const& space,
     chk.fail_scalar("kpool", kpool,
                     "is not a valid kpool (K must be at least 1)");
   Details::RaggedCall<ExecutionSpace, float> call;
-  if (row_offsets.extent(0) < 1)
-    chk.fail("row_offsets", "extent 0", -1, "0",
-             "leaves no room for B + 1 entries");
-  std::size_t const B = row_offsets.extent(0) - 1;
-  chk.extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
-                "the batch size B (row_offsets has B + 1 entries)");
+  std::size_t const B = chk.batch_shape(row_offsets, cache_lengths, num_requests);
   chk.extent_is("pool_row_offsets", 0, pool_row_offsets.extent(0), B + 1,
                 "B + 1 (the extent of row_offsets)");
-  if (num_requests < 0 || static_cast<std::size_t>(num_requests) > B)
-    chk.fail_scalar("num_requests", num_requests,
-                    "is not in [0, B] with B = " + std::to_string(B));
   if (options.validate)
     Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
                                 static_cast<RowOffsetsView const*>(nullptr),

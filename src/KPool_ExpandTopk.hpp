@@ -59,17 +59,7 @@ void expand_topk(ExecutionSpace const& space, PoolIdsView const& pool_ids,
                 "the token rows of pool_ids");
   chk.extent_is("out", 1, out.extent(1), width,
                 "pool_topk * K (+ K - 1 with tail_always)");
-  if (row_offsets.extent(0) < 1)
-    chk.fail("row_offsets", "extent 0", -1, "0",
-             "leaves no room for B + 1 entries");
-  std::size_t const B = row_offsets.extent(0) - 1;
-  chk.extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
-                "the batch size B (row_offsets has B + 1 entries)");
-  if (num_requests < 0)
-    chk.fail_scalar("num_requests", num_requests, "is negative");
-  if (static_cast<std::size_t>(num_requests) > B)
-    chk.fail_scalar("num_requests", num_requests,
-                    "exceeds the batch size B = " + std::to_string(B));
+  chk.batch_shape(row_offsets, cache_lengths, num_requests);
   if (options.validate)
     Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
                                 static_cast<RowOffsetsView const*>(nullptr),

@@ -32,11 +32,7 @@ void check_decode_shapes(Checker const& chk, KeyView const& key,
   chk.extent_is("gate", 0, gate.extent(0), B, "the batch size B (positions is [B, next_n])");
   chk.extent_is("gate", 1, gate.extent(1), next_n, "next_n (positions is [B, next_n])");
   chk.extent_is("gate", 2, gate.extent(2), D, "head_dim");
-  if (num_requests < 0)
-    chk.fail_scalar("num_requests", num_requests, "is negative");
-  if (static_cast<std::size_t>(num_requests) > B)
-    chk.fail_scalar("num_requests", num_requests,
-                    "exceeds the batch size B = " + std::to_string(B));
+  chk.num_requests_within(num_requests, B);
 }
 
 template <class ExecutionSpace, class T, class M>

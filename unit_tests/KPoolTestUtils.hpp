@@ -138,6 +138,33 @@ Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace> to_view(
   return v;
 }
 
+// Decode inputs: rows r * next_n + i of a matrix as [B, next_n, D].
+template <class T, class MemorySpace>
+Kokkos::View<T***, Kokkos::LayoutRight, MemorySpace> to_view3(
+    Matrix const& m, int next_n, std::string const& label) {
+  int const B = m.rows / next_n;
+  Kokkos::View<T***, Kokkos::LayoutRight, MemorySpace> v(label, B, next_n, m.cols);
+  auto h = Kokkos::create_mirror_view(v);
+  for (int r = 0; r < B; ++r)
+    for (int i = 0; i < next_n; ++i)
+      for (int c = 0; c < m.cols; ++c) h(r, i, c) = to_storage<T>(m.at(r * next_n + i, c));
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+// Decode positions [B * next_n] as [B, next_n].
+template <class MemorySpace>
+Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> positions_view(
+    std::vector<std::int32_t> const& positions, int next_n) {
+  int const B = static_cast<int>(positions.size()) / next_n;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> v("positions", B, next_n);
+  auto h = Kokkos::create_mirror_view(v);
+  for (int r = 0; r < B; ++r)
+    for (int i = 0; i < next_n; ++i) h(r, i) = positions[r * next_n + i];
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
 template <class MemorySpace>
 Kokkos::View<float**, Kokkos::LayoutRight, MemorySpace> ape_view(Matrix const& m) {
   return to_view<float, MemorySpace>(m, "ape");

@@ -145,27 +145,9 @@ TYPED_TEST(RingWriters, TailUpdateMatchesReferenceForEveryNextN) {
         load_ring(ring, ref_ring);
         auto const ref = KPoolRef::tail_update(next_n, key, gate, ape, positions,
                                                slot_idx, live, ref_ring);
-        Kokkos::View<T***, Kokkos::LayoutRight, M> k3("key", B, next_n, D),
-            g3("gate", B, next_n, D);
-        {
-          auto hk = Kokkos::create_mirror_view(k3);
-          auto hg = Kokkos::create_mirror_view(g3);
-          for (int r = 0; r < B; ++r)
-            for (int i = 0; i < next_n; ++i)
-              for (int c = 0; c < D; ++c) {
-                hk(r, i, c) = to_storage<T>(key.at(r * next_n + i, c));
-                hg(r, i, c) = to_storage<T>(gate.at(r * next_n + i, c));
-              }
-          Kokkos::deep_copy(k3, hk);
-          Kokkos::deep_copy(g3, hg);
-        }
-        Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> pos_v("positions", B, next_n);
-        {
-          auto h = Kokkos::create_mirror_view(pos_v);
-          for (int r = 0; r < B; ++r)
-            for (int i = 0; i < next_n; ++i) h(r, i) = positions[r * next_n + i];
-          Kokkos::deep_copy(pos_v, h);
-        }
+        auto const k3 = to_view3<T, M>(key, next_n, "key");
+        auto const g3 = to_view3<T, M>(gate, next_n, "gate");
+        auto const pos_v = positions_view<M>(positions, next_n);
         Kokkos::View<T***, Kokkos::LayoutRight, M> pooled("pooled", B, Mcols, D);
         Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> closed("closed", B, Mcols);
         Kokkos::deep_copy(closed, -99);

@@ -256,23 +256,9 @@ TYPED_TEST(Step, DecodeStepCompactsTailUpdatePools) {
           e.pooled.at(i, c) = ref.pooled[rows_of[i] * D + c];
           e.scale.at(i, c) = ref.scale[rows_of[i] * D + c];
         }
-      Kokkos::View<T***, Kokkos::LayoutRight, M> k3("key", B, next_n, D),
-          g3("gate", B, next_n, D);
-      auto hk = Kokkos::create_mirror_view(k3);
-      auto hg = Kokkos::create_mirror_view(g3);
-      for (int r = 0; r < B; ++r)
-        for (int i = 0; i < next_n; ++i)
-          for (int c = 0; c < D; ++c) {
-            hk(r, i, c) = to_storage<T>(key.at(r * next_n + i, c));
-            hg(r, i, c) = to_storage<T>(gate.at(r * next_n + i, c));
-          }
-      Kokkos::deep_copy(k3, hk);
-      Kokkos::deep_copy(g3, hg);
-      Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> pos_v("positions", B, next_n);
-      auto hpos = Kokkos::create_mirror_view(pos_v);
-      for (int r = 0; r < B; ++r)
-        for (int i = 0; i < next_n; ++i) hpos(r, i) = positions[r * next_n + i];
-      Kokkos::deep_copy(pos_v, hpos);
+      auto const k3 = to_view3<T, M>(key, next_n, "key");
+      auto const g3 = to_view3<T, M>(gate, next_n, "gate");
+      auto const pos_v = positions_view<M>(positions, next_n);
       KPool::StepOutput<T, M> out(
           space, KPool::StepOutput<T, M>::capacity_for(B * next_n, B, K), B, D);
       KPool::decode_step(space, ring, k3, g3, ape_view<M>(ape), pos_v,

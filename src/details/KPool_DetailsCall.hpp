@@ -57,17 +57,7 @@ RaggedCall<ExecutionSpace, T> ragged_call(Checker const& chk,
   chk.extent_is("key", 1, key.extent(1), head_dim, "head_dim");
   chk.extent_is("gate", 0, gate.extent(0), key.extent(0), "the rows of key");
   chk.extent_is("gate", 1, gate.extent(1), head_dim, "head_dim");
-  if (row_offsets.extent(0) < 1)
-    chk.fail("row_offsets", "extent 0", -1, "0",
-             "leaves no room for B + 1 entries");
-  std::size_t const B = row_offsets.extent(0) - 1;
-  chk.extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
-                "the batch size B (row_offsets has B + 1 entries)");
-  if (num_requests < 0)
-    chk.fail_scalar("num_requests", num_requests, "is negative");
-  if (static_cast<std::size_t>(num_requests) > B)
-    chk.fail_scalar("num_requests", num_requests,
-                    "exceeds the batch size B = " + std::to_string(B));
+  std::size_t const B = chk.batch_shape(row_offsets, cache_lengths, num_requests);
 
   RaggedCall<ExecutionSpace, T> call;
   call.key = key;

@@ -142,12 +142,6 @@ KOKKOS_FORCEINLINE_FUNCTION void vector_for(Member const& member, int n,
   }
 }
 
-template <class ExecutionSpace, class Member, class Functor>
-KOKKOS_FORCEINLINE_FUNCTION void team_thread_for(Member const& member, int n,
-                                                 Functor const& f) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), f);
-}
-
 template <class Member, class Functor>
 KOKKOS_FORCEINLINE_FUNCTION void single_per_thread(Member const& member,
                                                    Functor const& f) {

@@ -80,6 +80,31 @@ class Checker {
            "is less than the " + std::to_string(needed) + " " + what);
   }
 
+  // 0 <= num_requests <= B.
+  void num_requests_within(int num_requests, std::size_t B) const {
+    if (num_requests < 0)
+      fail_scalar("num_requests", num_requests, "is negative");
+    if (static_cast<std::size_t>(num_requests) > B)
+      fail_scalar("num_requests", num_requests,
+                  "exceeds the batch size B = " + std::to_string(B));
+  }
+
+  // The ragged batch's own shapes: row_offsets [B + 1], cache_lengths [B],
+  // num_requests in [0, B]. Returns B.
+  template <class Offsets, class Lengths>
+  std::size_t batch_shape(Offsets const& row_offsets,
+                          Lengths const& cache_lengths,
+                          int num_requests) const {
+    if (row_offsets.extent(0) < 1)
+      fail("row_offsets", "extent 0", -1, "0",
+           "leaves no room for B + 1 entries");
+    std::size_t const B = row_offsets.extent(0) - 1;
+    extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
+              "the batch size B (row_offsets has B + 1 entries)");
+    num_requests_within(num_requests, B);
+    return B;
+  }
+
   // kpool and head_dim, extents k_dim and k_dim + 1 of `source` (ape's
   // [K, D], or the ring's [slots, 2, K, D]).
   void pool_shape(std::size_t kpool, std::size_t head_dim,
@@ -125,33 +150,35 @@ struct HostBatch {
   std::uint64_t closing = 0;                 // requests ring_close closes
 };
 
-// Every rule of a ragged batch (SEMANTICS.md, "Ragged batches" and "The
-// ring"): B = row_offsets.extent(0) - 1, cache_lengths (and slot_idx when
-// the writer uses the ring) have B entries, 0 <= num_requests <= B,
-// row_offsets starts at 0 and never decreases, its live end fits the key
-// rows, every sequence stays within int32 positions, live slots are below
-// max_slots and distinct.
+// Live slots below max_slots and distinct (SEMANTICS.md, "The ring").
+template <class ExecutionSpace, class Slots>
+void check_slots(Checker const& chk, ExecutionSpace const& space,
+                 Slots const& slot_idx, std::size_t n, int max_slots) {
+  std::vector<std::uint32_t> const slots = host_copy(space, slot_idx, n);
+  std::unordered_map<std::uint32_t, std::size_t> owner;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (slots[r] >= static_cast<std::uint32_t>(max_slots))
+      chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
+                   "is not below max_slots = " + std::to_string(max_slots));
+    auto const ins = owner.emplace(slots[r], r);
+    if (!ins.second)
+      chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
+                   "is already the slot of row " +
+                       std::to_string(ins.first->second));
+  }
+}
+
+// The data rules of a ragged batch whose shapes are already checked
+// (SEMANTICS.md, "Ragged batches" and "The ring"): row_offsets starts at 0
+// and never decreases, its live end fits the key rows, every sequence stays
+// within int32 positions, live slots (when the writer uses the ring) are
+// below max_slots and distinct.
 template <class ExecutionSpace, class Offsets, class Lengths, class Slots>
 HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
                              Offsets const& row_offsets,
                              Lengths const& cache_lengths, Slots const* slot_idx,
                              int num_requests, std::size_t key_rows,
                              int kpool, int max_slots) {
-  if (row_offsets.extent(0) < 1)
-    chk.fail("row_offsets", "extent 0", -1, "0",
-             "leaves no room for B + 1 entries");
-  std::size_t const B = row_offsets.extent(0) - 1;
-  chk.extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
-                "the batch size B (row_offsets has B + 1 entries)");
-  if (slot_idx)
-    chk.extent_is("slot_idx", 0, slot_idx->extent(0), B,
-                  "the batch size B (row_offsets has B + 1 entries)");
-  if (num_requests < 0)
-    chk.fail_scalar("num_requests", num_requests, "is negative");
-  if (static_cast<std::size_t>(num_requests) > B)
-    chk.fail_scalar("num_requests", num_requests,
-                    "exceeds the batch size B = " + std::to_string(B));
-
   std::size_t const n = static_cast<std::size_t>(num_requests);
   HostBatch hb;
   hb.row_offsets = host_copy(space, row_offsets, n + 1);
@@ -185,57 +212,23 @@ HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
     hb.full_pools += hb.geometry[r].full;
     hb.closing += hb.geometry[r].closes ? 1 : 0;
   }
-  if (slot_idx) {
-    std::vector<std::uint32_t> const slots = host_copy(space, *slot_idx, n);
-    std::unordered_map<std::uint32_t, std::size_t> owner;
-    for (std::size_t r = 0; r < n; ++r) {
-      if (slots[r] >= static_cast<std::uint32_t>(max_slots))
-        chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
-                     "is not below max_slots = " + std::to_string(max_slots));
-      auto const ins = owner.emplace(slots[r], r);
-      if (!ins.second)
-        chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
-                     "is already the slot of row " +
-                         std::to_string(ins.first->second));
-    }
-  }
+  if (slot_idx) check_slots(chk, space, *slot_idx, n, max_slots);
   return hb;
 }
 
-// Decode rows: live slots below max_slots and distinct; real positions
-// (>= 0) of a row consecutive, since a gap would close a pool from stale
-// ring entries. Returns the pools each live row closes.
+// The data rules of decode rows whose shapes are already checked: live
+// slots below max_slots and distinct; real positions (>= 0) of a row
+// consecutive, since a gap would close a pool from stale ring entries.
+// Returns the pools each live row closes.
 template <class ExecutionSpace, class Positions, class Slots>
 std::vector<int> check_decode_batch(Checker const& chk,
                                     ExecutionSpace const& space,
                                     Positions const& positions,
                                     Slots const& slot_idx, int num_requests,
                                     int kpool, int max_slots) {
-  std::size_t const B = positions.extent(0);
   std::size_t const next_n = positions.extent(1);
-  chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,
-                "the batch size B (positions is [B, next_n])");
-  if (next_n < 1)
-    chk.fail("positions", "extent 1", -1, "0",
-             "is not a valid next_n (at least 1 token per row)");
-  if (num_requests < 0)
-    chk.fail_scalar("num_requests", num_requests, "is negative");
-  if (static_cast<std::size_t>(num_requests) > B)
-    chk.fail_scalar("num_requests", num_requests,
-                    "exceeds the batch size B = " + std::to_string(B));
   std::size_t const n = static_cast<std::size_t>(num_requests);
-  std::vector<std::uint32_t> const slots = host_copy(space, slot_idx, n);
-  std::unordered_map<std::uint32_t, std::size_t> owner;
-  for (std::size_t r = 0; r < n; ++r) {
-    if (slots[r] >= static_cast<std::uint32_t>(max_slots))
-      chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
-                   "is not below max_slots = " + std::to_string(max_slots));
-    auto const ins = owner.emplace(slots[r], r);
-    if (!ins.second)
-      chk.fail_row("slot_idx", static_cast<std::int64_t>(r), slots[r],
-                   "is already the slot of row " +
-                       std::to_string(ins.first->second));
-  }
+  check_slots(chk, space, slot_idx, n, max_slots);
   space.fence();
   auto const sub = Kokkos::subview(positions, std::make_pair(std::size_t(0), n),
                                    Kokkos::ALL);
