@@ -293,6 +293,22 @@ inline std::uint32_t total_rows(KPoolRef::Batch const& b) {
   return b.row_offsets[b.num_requests];
 }
 
+// Random keys (in [-2, 2)), gate scores (in [-gate_range, gate_range)) and
+// ape for every live row of a batch:
+//   auto const [rows, key, gate, ape] = ragged_inputs(rng, t, batch, K, D);
+struct RaggedInputs {
+  int rows;
+  Matrix key, gate, ape;
+};
+
+inline RaggedInputs ragged_inputs(Rng& rng, DType t, TestBatch const& batch, int K,
+                                  int D, double gate_range = 4) {
+  int const rows = static_cast<int>(total_rows(batch.device));
+  Matrix key = random_matrix(rng, t, rows, D, -2, 2);
+  Matrix gate = random_matrix(rng, t, rows, D, -gate_range, gate_range);
+  return RaggedInputs{rows, std::move(key), std::move(gate), random_ape(rng, K, D)};
+}
+
 // The ring: random contents standing for earlier calls, loaded into a
 // KPool::Ring, and compared back bit for bit (the ring only ever holds
 // copies of stored values).

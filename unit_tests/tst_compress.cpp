@@ -72,10 +72,7 @@ TYPED_TEST(Compress, MatchesReferenceForEveryShape) {
     for (int D : d_grid()) {
       Rng rng(1000 * K + D);
       TestBatch const batch = make_batch(mixed_requests(K), 9, rng);
-      int const rows = static_cast<int>(total_rows(batch.device));
-      Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
-      Matrix const gate = random_matrix(rng, C::dtype, rows, D, -4, 4);
-      Matrix const ape = random_ape(rng, K, D);
+      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
       check_compress<C>(K, D, batch, key, gate, ape,
                         to_view<typename C::value_type, M>(key, "key"),
                         to_view<typename C::value_type, M>(gate, "gate"),
@@ -91,10 +88,7 @@ TYPED_TEST(Compress, StridedKeyAndGateFromOneBuffer) {
     for (int D : {1, 7, 128}) {
       Rng rng(7 + K * D);
       TestBatch const batch = make_batch(mixed_requests(K), 8, rng);
-      int const rows = static_cast<int>(total_rows(batch.device));
-      Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
-      Matrix const gate = random_matrix(rng, C::dtype, rows, D, -4, 4);
-      Matrix const ape = random_ape(rng, K, D);
+      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
       auto const in = interleaved<T, M>(key, gate);
       check_compress<C>(K, D, batch, key, gate, ape, in.key, in.gate,
                         "halves of [T, 2D]");
@@ -118,10 +112,7 @@ TYPED_TEST(Compress, ManyRequestsFindTheirRows) {
   for (int r = 0; r < 300; ++r)
     live.emplace_back(rng.below(40), rng.below(3) == 0 ? 0 : rng.below(30));
   TestBatch const batch = make_batch(live, 310, rng);
-  int const rows = static_cast<int>(total_rows(batch.device));
-  Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
-  Matrix const gate = random_matrix(rng, C::dtype, rows, D, -4, 4);
-  Matrix const ape = random_ape(rng, K, D);
+  auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
   check_compress<C>(K, D, batch, key, gate, ape, to_view<T, M>(key, "key"),
                     to_view<T, M>(gate, "gate"), "300 requests");
 }

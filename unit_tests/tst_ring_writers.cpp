@@ -39,10 +39,7 @@ TYPED_TEST(RingWriters, RingCloseMatchesReferenceAndOnlyReadsTheRing) {
       int const slots = 12;
       TestBatch const batch = make_batch(ring_requests(K), 10, rng, slots);
       int const B = 10;
-      int const rows = static_cast<int>(total_rows(batch.device));
-      Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
-      Matrix const gate = random_matrix(rng, C::dtype, rows, D, -4, 4);
-      Matrix const ape = random_ape(rng, K, D);
+      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
       KPoolRef::Ring const ref_ring = random_ring(rng, C::dtype, slots, K, D);
       auto const ref = KPoolRef::ring_close(key, gate, ape, batch.reference, ref_ring);
 
@@ -91,9 +88,7 @@ TYPED_TEST(RingWriters, SeedTailStashesExactlyTheIncompletePool) {
       Rng rng(17 * K + D);
       int const slots = 12;
       TestBatch const batch = make_batch(ring_requests(K), 9, rng, slots);
-      int const rows = static_cast<int>(total_rows(batch.device));
-      Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
-      Matrix const gate = random_matrix(rng, C::dtype, rows, D, -4, 4);
+      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
       KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
 
       E space;

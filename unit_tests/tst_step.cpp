@@ -98,10 +98,7 @@ TYPED_TEST(Step, GeneralStepMatchesTheWritersInOrder) {
         Rng rng(13 * K + D);
         int const slots = 20, B = 17;
         TestBatch const batch = make_batch(serving_batch(K, rng), B, rng, slots);
-        int const rows = static_cast<int>(total_rows(batch.device));
-        Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
-        Matrix const gate = random_matrix(rng, C::dtype, rows, D, -4, 4);
-        Matrix const ape = random_ape(rng, K, D);
+        auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
         KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
         E space;
         KPool::Ring<T, M> ring(space, slots, K, D);
@@ -137,10 +134,7 @@ TYPED_TEST(Step, FusedAndThreeLaunchPathsAgreeBitForBit) {
       std::vector<std::pair<std::uint32_t, std::uint32_t>> live;
       for (int r = 0; r < 32; ++r) live.emplace_back(rng.below(6 * K), rng.below(5 * K));
       TestBatch const batch = make_batch(live, B, rng, slots);
-      int const rows = static_cast<int>(total_rows(batch.device));
-      Matrix const key = random_matrix(rng, C::dtype, rows, D, -2, 2);
-      Matrix const gate = random_matrix(rng, C::dtype, rows, D, -6, 6);
-      Matrix const ape = random_ape(rng, K, D);
+      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D, 6);
       KPoolRef::Ring const start = random_ring(rng, C::dtype, slots, K, D);
       E space;
       auto const kv = to_view<T, M>(key, "key");
