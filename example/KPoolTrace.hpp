@@ -1,7 +1,7 @@
 #ifndef KPOOL_TRACE_HPP
 #define KPOOL_TRACE_HPP
 
-// The serving-trace format, version 1 (TRACE.md): data model, parser and the
+// The serving-trace format, version 1 (docs/trace.md): data model, parser and the
 // deterministic input function. Host only, header only, no Kokkos, so the
 // replay program, the generator and the checker all read traces the same way.
 
@@ -102,7 +102,7 @@ struct Trace {
 };
 
 // ---------------------------------------------------------------------------
-// Inputs (TRACE.md, "Inputs"): all u64 arithmetic wraps.
+// Inputs (docs/trace.md, "The inputs"): all u64 arithmetic wraps.
 
 inline std::uint64_t mix(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -110,7 +110,7 @@ inline std::uint64_t mix(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
-/// TRACE.md's value(seq, pos, c, which) under the trace's seed. In [-2, 2),
+/// docs/trace.md's value(seq, pos, c, which) under the trace's seed. In [-2, 2),
 /// exact in f32.
 inline float value(std::uint64_t seed, std::uint64_t seq, std::uint64_t pos,
                    std::uint64_t c, std::uint64_t which) {
@@ -490,7 +490,7 @@ class Parser {
 
 }  // namespace Details
 
-/// Reads a whole trace, checking every rule of TRACE.md; throws TraceError.
+/// Reads a whole trace, checking every rule of docs/trace.md; throws TraceError.
 inline Trace parse(std::istream& in) {
   Details::Parser p;
   return p.parse(in);

@@ -1,4 +1,4 @@
-# kpool_replay (TRACE.md) and the trace generator the tests drive it with.
+# kpool_replay (docs/trace.md) and the trace generator the tests drive it with.
 add_executable(kpool_replay kpool_replay.cpp)
 target_link_libraries(kpool_replay PRIVATE KPool::kpool kpool_internal_flags)
 

@@ -1,4 +1,4 @@
-// kpool_replay: runs a serving trace (TRACE.md) through KPool::step and
+// kpool_replay: runs a serving trace (docs/trace.md) through KPool::step and
 // KPool::decode_step and prints every pool it produced, so that two builds
 // or backends can be compared pool by pool.
 //

@@ -1,4 +1,4 @@
-// kpool_tracegen: writes a random, valid serving trace (TRACE.md) to stdout,
+// kpool_tracegen: writes a random, valid serving trace (docs/trace.md) to stdout,
 // shaped like what a serving engine feeds the k-pool writers: sequences
 // admitted into free ring slots, chunked prefills, decode calls with padded
 // entries, batches reshuffled every call, finished sequences handing their

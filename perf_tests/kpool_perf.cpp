@@ -183,7 +183,7 @@ struct DecodeDesc {
   }
 };
 
-// One request's pools, from SEMANTICS.md ("The writers").
+// One request's pools, from docs/writers.md ("compress").
 struct Geo {
   std::uint64_t have = 0;    // c % K
   std::uint64_t full = 0;    // compress pools

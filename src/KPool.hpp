@@ -1,8 +1,20 @@
 #ifndef KPOOL_HPP
 #define KPOOL_HPP
 
-/// KPool: k-pool compression kernels for a k-pooled sparse-attention
-/// indexer, on Kokkos. See README.md and SEMANTICS.md.
+/// @file
+/// The umbrella header: everything KPool offers. Link the CMake target
+/// KPool::kpool (header-only; it brings Kokkos) and include this header.
+/// What KPool computes is described in docs/ (docs/README.md first); the
+/// API at a glance is docs/api.md.
+
+/// @namespace KPool
+/// k-pool compression kernels of a k-pooled sparse-attention indexer, on
+/// Kokkos: the writers (compress, ring_close, seed_tail, tail_update,
+/// expand_topk), the serving steps (step, decode_step) and their state
+/// (Ring, StepOutput). Every entry point takes the execution space
+/// instance first and an Options last, checks its arguments before
+/// launching anything (throwing InvalidArgument) and queues all its work
+/// on that instance. KPool::Details holds the internals.
 
 #include <KPool_Config.hpp>
 #include <KPool_Exceptions.hpp>

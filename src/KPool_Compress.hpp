@@ -13,11 +13,37 @@
 
 namespace KPool {
 
-/// Exclusive prefix sum of each request's compress pool count (`full`,
-/// SEMANTICS.md) into pool_row_offsets [B + 1], computed on the device with
-/// no host synchronization; pool_row_offsets(B) is the total. Requests at
-/// and past num_requests count zero, and so does a request whose rows run
-/// past key_rows (only possible with validation off).
+/// Where compress puts each request's pools, computed alone, on the
+/// device: the exclusive prefix sum over the requests of `full`, the pools
+/// made entirely of the request's rows (docs/writers.md, "compress"), into
+/// pool_row_offsets. pool_row_offsets(B) is the total; nothing waits for
+/// the host, so deep_copy it if the host needs it (to size compress's
+/// output, say). Requests at and past num_requests count zero, and so does
+/// a request whose rows run past key_rows (possible only with validation
+/// off).
+///
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+///
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param row_offsets [B + 1] uint32: request r owns token rows
+/// [row_offsets(r), row_offsets(r + 1)).
+/// @param cache_lengths [B] uint32: tokens of each sequence before this call.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param kpool K, tokens per pool (>= 1).
+/// @param key_rows the rows of the key and gate the call is for
+/// (key.extent(0)).
+/// @param pool_row_offsets [B + 1] uint32, written.
+/// @param options `validate` (data checks of row_offsets and
+/// cache_lengths) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for kpool < 1 or mismatched extents
+/// (always), or bad row_offsets or cache_lengths (with options.validate).
+/// Nothing has been written then.
+/// @par Launches and synchronization
+/// One launch on `space`. With options.validate, first fences `space` and
+/// copies row_offsets and cache_lengths (live rows) to the host.
 template <class ExecutionSpace, class RowOffsetsView, class CacheLengthsView,
           class PoolRowOffsetsView>
 void compute_pool_row_offsets(ExecutionSpace const& space,
@@ -60,18 +86,42 @@ void compute_pool_row_offsets(ExecutionSpace const& space,
       Details::View1<std::uint32_t, M>(pool_row_offsets));
 }
 
-/// compress (SEMANTICS.md): every pool made entirely of this call's rows.
+/// Every pool made entirely of this call's rows (docs/writers.md,
+/// "compress"). For request r with c = cache_lengths(r) and n rows, the
+/// pools first = ceil(c / K) up to floor((c + n) / K) - 1, each from K
+/// consecutive rows starting (K - c % K) % K rows in; request r's pool
+/// first + j goes to row pool_row_offsets(r) + j of pooled. The ring is
+/// neither read nor written, so compress alone serves a one-shot prefill
+/// (or a reference for the steps).
 ///
-/// key, gate     [T, D] storage type T (float, double, bfloat16, float16),
-///               any layout (the two halves of one [T, 2D] buffer work)
-/// ape           [K, D] float; K and D are taken from it
-/// row_offsets   [B + 1] uint32, cache_lengths [B] uint32
-/// pool_row_offsets [B + 1] uint32, written: where request r's pools start
-/// pooled        [>= pools, D] T, written: request r's pool j is row
-///               pool_row_offsets(r) + j, pool id ceil(c / K) + j
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
 ///
-/// Two launches on `space` (the offset scan, then the pools); with
-/// options.validate, the per-request arrays are first copied to the host.
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param key [total_tokens, D] T (float, double, bfloat16, float16).
+/// @param gate [total_tokens, D] T (the two halves of one
+/// [total_tokens, 2D] buffer work).
+/// @param ape [K, D] float; K and D are taken from it.
+/// @param row_offsets [B + 1] uint32: request r owns token rows
+/// [row_offsets(r), row_offsets(r + 1)).
+/// @param cache_lengths [B] uint32: tokens of each sequence before this call.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param pool_row_offsets [B + 1] uint32, written: where request r's pools
+/// start; pool_row_offsets(B) is their number.
+/// @param pooled [>= pools, D] T, written: the pools, request by request.
+/// floor(total_tokens / K) rows always suffice. With validation off, pools
+/// past its rows are dropped, never written out of bounds.
+/// @param options `validate` (data checks, including that pooled has a row
+/// for every pool) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for mismatched shapes (always) or bad
+/// index data, a sequence passing 2^31 - 1 positions, or too few rows in
+/// pooled (with options.validate). Nothing has been written then.
+/// @par Launches and synchronization
+/// Two launches on `space`: the offset scan, then the pools. With
+/// options.validate, first fences `space` and copies row_offsets and
+/// cache_lengths (live rows) to the host.
 template <class ExecutionSpace, class KeyView, class GateView, class ApeView,
           class RowOffsetsView, class CacheLengthsView,
           class PoolRowOffsetsView, class PooledView>

@@ -8,13 +8,25 @@
 
 namespace KPool {
 
+/// @file
+/// The one exception KPool throws for bad arguments.
+
 /// Thrown by an entry point whose arguments break the contract, before
-/// anything is launched: no output and no ring entry has been written.
-/// what() reads
-///   "KPool::<entry>: argument '<name>', row <r>: value <v> <problem>"
-/// (", extent <i>" instead of a row for shape errors, nothing for scalars).
+/// anything is launched: no output and no ring entry has been written
+/// (docs/validation.md). what() reads
+/// "KPool::ENTRY: argument 'NAME', row R: value V PROBLEM"
+/// ("extent I" in place of the row for a shape error, nothing there for a
+/// scalar), e.g. "KPool::step: argument 'slot_idx', row 3: value 9 is not
+/// below max_slots = 8".
 class InvalidArgument : public std::invalid_argument {
  public:
+  /// Builds the message from its parts (KPool's entry points do this).
+  /// @param entry_point the entry point, e.g. "KPool::step".
+  /// @param argument the argument's name as the entry point spells it.
+  /// @param where "row <r>", "extent <i>", or empty for a scalar.
+  /// @param row the offending row, or -1.
+  /// @param value the offending value, printed.
+  /// @param problem what is wrong with it, e.g. "is not below max_slots = 8".
   InvalidArgument(std::string entry_point, std::string argument,
                   std::string where, std::int64_t row, std::string value,
                   std::string const& problem)
@@ -25,13 +37,18 @@ class InvalidArgument : public std::invalid_argument {
         row_(row),
         value_(std::move(value)) {}
 
-  /// "KPool::compress", "KPool::step", ...
+  /// The entry point that threw.
+  /// @return "KPool::compress", "KPool::step", ...
   std::string const& entry_point() const noexcept { return entry_point_; }
-  /// The argument's name as the entry point spells it.
+  /// The argument at fault.
+  /// @return its name as the entry point spells it, e.g. "slot_idx".
   std::string const& argument() const noexcept { return argument_; }
-  /// The offending row (index into the argument), or -1.
+  /// Where in the argument.
+  /// @return the offending row (index into the argument), or -1 for a
+  /// shape or scalar error.
   std::int64_t row() const noexcept { return row_; }
-  /// The offending value, printed.
+  /// What the argument held.
+  /// @return the offending value, printed.
   std::string const& value() const noexcept { return value_; }
 
  private:

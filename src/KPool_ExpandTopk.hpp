@@ -10,24 +10,53 @@
 
 namespace KPool {
 
-/// Output width of expand_topk: pool_topk * K, plus K - 1 tail columns when
-/// the tail is always selected.
+/// The output width of expand_topk.
+/// @param pool_topk pools selected per token (the columns of pool_ids).
+/// @param kpool K, tokens per pool.
+/// @param tail_always whether the K - 1 tail columns are added.
+/// @return pool_topk * K, plus K - 1 when tail_always.
 inline int expand_topk_width(int pool_topk, int kpool, bool tail_always) {
   return pool_topk * kpool + (tail_always ? kpool - 1 : 0);
 }
 
-/// expand_topk (SEMANTICS.md): selected pool ids back to token positions.
-/// For token row t of request b at local index i, visible =
-/// cache_lengths(b) + i + 1. Column j < pool_topk * K holds
-/// pid * K + j % K for pid = pool_ids(t, j / K), or -1 when pid < 0 or the
-/// pool is not complete within visible ((pid + 1) * K > visible): a stale
-/// or garbage id never becomes an attention index. Tail column j
-/// (0 <= j < K - 1, when tail_always) holds visible - visible % K + j when
-/// j < visible % K, else -1. Rows outside the live requests are not
+/// Selected pool ids back to the token positions sparse attention reads
+/// (docs/writers.md, "expand_topk"). Token row t = row_offsets(b) + i of
+/// request b is position cache_lengths(b) + i and sees
+/// visible = cache_lengths(b) + i + 1 positions. Column j < pool_topk * K
+/// holds pid * K + j % K for pid = pool_ids(t, j / K), or -1 when pid < 0
+/// or the pool is not complete within visible ((pid + 1) * K > visible): a
+/// stale or garbage id never becomes an attention index. With tail_always,
+/// tail column j (0 <= j < K - 1, after the pool columns) holds
+/// visible - visible % K + j when j < visible % K, else -1: the members of
+/// the token's own pending pool. Rows outside the live requests are not
 /// touched.
 ///
-/// pool_ids [T, pool_topk] int32; row_offsets [B + 1], cache_lengths [B]
-/// uint32; out [T, expand_topk_width(...)] int32, written. One launch.
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+///
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param pool_ids [T_q, pool_topk] int32: per query token, the selected
+/// pool ids, -1 for none.
+/// @param row_offsets [B + 1] uint32: request b owns query rows
+/// [row_offsets(b), row_offsets(b + 1)).
+/// @param cache_lengths [B] uint32: tokens of each sequence before its
+/// first query row.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param kpool K, tokens per pool (>= 1).
+/// @param tail_always whether to append the K - 1 tail columns.
+/// @param out [T_q, expand_topk_width(pool_topk, K, tail_always)] int32,
+/// written for the live requests' rows.
+/// @param options `validate` (data checks of row_offsets and
+/// cache_lengths) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for kpool < 1, an output too wide for
+/// int32 or mismatched extents (always), or bad row_offsets or
+/// cache_lengths (with options.validate). Nothing has been written then.
+/// @par Launches and synchronization
+/// One launch on `space` (none when the width is 0). With
+/// options.validate, first fences `space` and copies row_offsets and
+/// cache_lengths (live rows) to the host.
 template <class ExecutionSpace, class PoolIdsView, class RowOffsetsView,
           class CacheLengthsView, class OutView>
 void expand_topk(ExecutionSpace const& space, PoolIdsView const& pool_ids,

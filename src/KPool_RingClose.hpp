@@ -10,18 +10,40 @@
 
 namespace KPool {
 
-/// ring_close (SEMANTICS.md; the seed page kpool_ring_close_kernel): the
-/// one pending pool the ring already partly holds. For request r with
-/// c = cache_lengths(r), have = c % K and n rows: when have > 0 and
-/// have + n >= K, pool c / K closes from ring members [0, have) of slot
-/// slot_idx(r) and rows [0, K - have) of the request; pooled(r) is its
-/// value and closed_pool(r) = c / K. Otherwise closed_pool(r) = -1 and
-/// pooled(r) is not written. The ring is only read. Rows at and past
-/// num_requests are not touched.
+/// The one pending pool the ring already partly holds (docs/writers.md,
+/// "ring_close"). For request r with c = cache_lengths(r), have = c % K and
+/// n rows: when have > 0 and have + n >= K, pool p = c / K closes from its
+/// members [0, have) in the ring of slot slot_idx(r) and the request's rows
+/// [0, K - have); pooled(r) is its value and closed_pool(r) = p. Otherwise
+/// closed_pool(r) = -1 and pooled(r) is not written. The ring is only read
+/// (run it before seed_tail, which overwrites those entries). Rows at and
+/// past num_requests are not touched.
 ///
-/// tail [max_slots, 2, K, D] T; key, gate [T, D]; ape [K, D] float;
-/// row_offsets [B + 1], cache_lengths [B], slot_idx [B] uint32;
-/// pooled [B, D] T and closed_pool [B] int32, written. One launch.
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+///
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param tail [max_slots, 2, K, D] T: the ring (Ring::tail()), read.
+/// @param key [total_tokens, D] T.
+/// @param gate [total_tokens, D] T.
+/// @param ape [K, D] float; K and D are taken from it.
+/// @param row_offsets [B + 1] uint32.
+/// @param cache_lengths [B] uint32.
+/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
+/// distinct among live rows.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param pooled [B, D] T, written where a pool closes.
+/// @param closed_pool [B] int32, written for every live row: the closed
+/// pool's id, or -1.
+/// @param options `validate` (data checks) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for mismatched shapes (always) or bad
+/// index data or slots (with options.validate). Nothing has been written
+/// then.
+/// @par Launches and synchronization
+/// One launch on `space`. With options.validate, first fences `space` and
+/// copies row_offsets, cache_lengths and slot_idx (live rows) to the host.
 template <class ExecutionSpace, class TailView, class KeyView, class GateView,
           class ApeView, class RowOffsetsView, class CacheLengthsView,
           class SlotView, class PooledView, class ClosedView>

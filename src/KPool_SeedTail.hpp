@@ -10,15 +10,35 @@
 
 namespace KPool {
 
-/// seed_tail (SEMANTICS.md): stash what stays incomplete after this call.
-/// For request r with c = cache_lengths(r) and end = c + n, every position
-/// pos in [max(floor(end / K) * K, c), end) has its key and gate row copied
-/// to tail(slot_idx(r), 0 / 1, pos % K). Nothing else is written, so a
-/// chunked prefill leaves the same ring as a single one.
+/// Stashes what stays incomplete after this call in the ring
+/// (docs/writers.md, "seed_tail"). For request r with c = cache_lengths(r)
+/// and end = c + n, every position pos in [max(floor(end / K) * K, c), end)
+/// has its key and gate rows copied to tail(slot_idx(r), 0, pos % K) and
+/// tail(slot_idx(r), 1, pos % K). Nothing else is written, so a chunked
+/// prefill leaves the same ring as a single one. Run it after ring_close.
 ///
-/// tail [max_slots, 2, K, D] T, written; key, gate [T, D]; row_offsets
-/// [B + 1], cache_lengths [B], slot_idx [B] uint32. K and D come from tail.
-/// One launch.
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+///
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param tail [max_slots, 2, K, D] T: the ring (Ring::tail()), written; K
+/// and D are taken from it.
+/// @param key [total_tokens, D] T.
+/// @param gate [total_tokens, D] T.
+/// @param row_offsets [B + 1] uint32.
+/// @param cache_lengths [B] uint32.
+/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
+/// distinct among live rows.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param options `validate` (data checks) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for mismatched shapes (always) or bad
+/// index data or slots (with options.validate). Nothing has been written
+/// then.
+/// @par Launches and synchronization
+/// One launch on `space`. With options.validate, first fences `space` and
+/// copies row_offsets, cache_lengths and slot_idx (live rows) to the host.
 template <class ExecutionSpace, class TailView, class KeyView, class GateView,
           class RowOffsetsView, class CacheLengthsView, class SlotView>
 void seed_tail(ExecutionSpace const& space, TailView const& tail,

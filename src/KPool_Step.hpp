@@ -19,32 +19,71 @@
 
 namespace KPool {
 
-/// Every pool a step closed, compacted on the device. Allocate once, at the
-/// largest call you will make, and reuse: the steps allocate nothing.
-/// After a step with batch size B, rows [0, count) hold the pools, request
-/// r's at rows [offsets(r), offsets(r + 1)) in pool order (its ring_close
-/// pool first); count is offsets(B), on the device, so nothing waits for
-/// the host.
+/// Every pool a step closed, compacted on the device (docs/writers.md,
+/// "Reading a StepOutput"). Allocate once, at the largest call you will
+/// make, and reuse: the steps allocate nothing. One StepOutput serves both
+/// KPool::step and KPool::decode_step.
+///
+/// After a step with batch size B: rows [0, count) hold the pools; request
+/// r's are rows [offsets(r), offsets(r + 1)), in pool order (for step, its
+/// ring_close pool first); batch_row(i) is the request index r of row i
+/// (the batch row of that call, not the slot); pool_id(i) the pool's id j,
+/// covering positions [jK, jK + K) of its sequence. count is offsets(B), on
+/// the device: nothing waits for the host. To read any of it on the host,
+/// deep_copy it to a host mirror (which waits for the step). Each call
+/// overwrites rows [0, count), offsets [0, B] and the count; later rows
+/// keep earlier calls' values.
+///
+/// @tparam T the storage type of the pooled keys (that of the ring).
+/// @tparam MemorySpace where the output lives: the memory space of the
+/// execution space the steps run on.
 template <class T, class MemorySpace =
                        Kokkos::DefaultExecutionSpace::memory_space>
 class StepOutput {
  public:
+  /// The pooled keys' view, [capacity, D], LayoutRight.
   using pooled_type = Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>;
+  /// batch_row() and pool_id(): [capacity], int32.
   using index_type = Kokkos::View<std::int32_t*, MemorySpace>;
+  /// offsets(): [max_batch + 1], uint32.
   using offsets_type = Kokkos::View<std::uint32_t*, MemorySpace>;
+  /// count(): a rank-0 view into offsets().
   using count_type = Kokkos::Subview<offsets_type, std::size_t>;
 
-  /// Rows a call can need, known without reading device data: at most
-  /// floor(total_tokens / K) pools are made of new rows only, plus one
-  /// ring_close pool per request (SEMANTICS.md).
+  /// Rows a call can need, known without reading device data:
+  /// floor(total_tokens / K) + batch. A call's pools are either made of its
+  /// own rows only (at most floor(total_tokens / K) of them) or a
+  /// request's ring_close pool (at most one per request).
+  ///
+  /// For KPool::step, pass the most token rows a call carries
+  /// (key.extent(0)); a call needs floor(key rows / K) + num_requests rows.
+  /// For KPool::decode_step, pass B * next_n (the entries of positions,
+  /// padding included); a call needs num_requests * ceil(next_n / K) rows,
+  /// never more than this. One StepOutput serves both kinds when sized for
+  /// the larger.
+  /// @param total_tokens the most token rows (or decode entries) of a call.
+  /// @param batch the largest batch size B.
+  /// @param kpool K, tokens per pool.
+  /// @return the row capacity to construct the StepOutput with.
   static std::size_t capacity_for(std::size_t total_tokens, int batch,
                                   int kpool) {
     return total_tokens / static_cast<std::size_t>(kpool) +
            static_cast<std::size_t>(batch);
   }
 
+  /// An empty output, to assign a constructed one to later; the steps
+  /// reject it.
   StepOutput() = default;
 
+  /// Allocates the output on `space` (labelled "KPool::StepOutput::pooled",
+  /// "::batch_row", "::pool_id", "::offsets"); offsets is zero-filled, the
+  /// rest left uninitialized.
+  /// @tparam ExecutionSpace a Kokkos execution space whose memory space is
+  /// MemorySpace.
+  /// @param space the instance the allocations are queued on.
+  /// @param capacity rows of pooled keys, e.g. capacity_for(...).
+  /// @param max_batch the largest batch size B of a call.
+  /// @param head_dim D, channels of a key.
   template <class ExecutionSpace>
   StepOutput(ExecutionSpace const& space, std::size_t capacity, int max_batch,
              int head_dim)
@@ -61,22 +100,35 @@ class StepOutput {
                  static_cast<std::size_t>(max_batch) + 1),
         count_(Kokkos::subview(offsets_, std::size_t(0))) {}
 
-  /// [capacity, D]: the pooled keys.
+  /// The pooled keys, in the storage type.
+  /// @return [capacity, D]; rows [0, count) belong to the last call.
   pooled_type const& pooled() const { return pooled_; }
-  /// [capacity]: the batch row each pool came from.
+  /// The request each pool came from.
+  /// @return [capacity]: batch_row()(i) is the request index r (the batch
+  /// row of the last call) of row i.
   index_type const& batch_row() const { return batch_row_; }
-  /// [capacity]: each pool's id (its first position / K).
+  /// Each pool's id in its sequence.
+  /// @return [capacity]: pool j covers positions [jK, jK + K).
   index_type const& pool_id() const { return pool_id_; }
-  /// [max_batch + 1]: where each request's pools start.
+  /// Where each request's pools start.
+  /// @return [max_batch + 1]; entries [0, B] belong to the last call, whose
+  /// request r has rows [offsets(r), offsets(r + 1)).
   offsets_type const& offsets() const { return offsets_; }
-  /// 0-d: how many pools the last call closed, on the device.
+  /// How many pools the last call closed, on the device: offsets(B).
+  /// @return a rank-0 view; read it with Kokkos::deep_copy(host_value, count()).
   count_type const& count() const { return count_; }
 
+  /// @return the rows of pooled().
   std::size_t capacity() const { return pooled_.extent(0); }
+  /// @return the largest batch a call may have; -1 for an empty output.
   int max_batch() const { return static_cast<int>(offsets_.extent(0)) - 1; }
+  /// @return D, channels of a key.
   int head_dim() const { return static_cast<int>(pooled_.extent(1)); }
 
-  // Used by the steps: the call's offsets [0, B] and where its count lands.
+  /// Used by the steps (not by callers): points count() at offsets(batch)
+  /// for a call of `batch` rows.
+  /// @param batch the call's batch size B.
+  /// @return the call's offsets, [0, B].
   offsets_type begin_call(int batch) {
     count_ = Kokkos::subview(offsets_, static_cast<std::size_t>(batch));
     return Kokkos::subview(
@@ -120,16 +172,53 @@ void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
 
 }  // namespace Details
 
-/// The general serving step (SEMANTICS.md, "Order within one call"): per
-/// request ring_close, then compress, then seed_tail, for a batch mixing
+/// The general serving step (docs/writers.md, "The steps"): per request
+/// ring_close, then compress, then seed_tail, for a ragged batch mixing
 /// fresh prefills, chunk continuations, zero-token rows and single-token
 /// decodes. Every pool whose last member arrived in this call lands in
-/// `out`, compacted (see StepOutput). All work is queued on `space`; with
-/// options.validate off nothing waits for the host, so the step can be
-/// captured in a CUDA graph.
+/// `out`, compacted (see StepOutput), and the ring keeps what later calls
+/// need. Pools do not depend on how a sequence was split across calls.
 ///
-/// options.fused: one launch for the three writers (the default) or three;
-/// both give the same bits. Either way an offset scan runs first.
+/// Request r (r < num_requests) owns token rows [row_offsets(r),
+/// row_offsets(r + 1)) of key and gate, which are absolute positions
+/// cache_lengths(r) + i of the sequence in ring slot slot_idx(r). Rows at
+/// and past num_requests are neither read nor written.
+///
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+/// Unit channel stride (and 16-byte aligned rows on GPUs) selects the fast
+/// kernels.
+///
+/// @tparam ExecutionSpace a Kokkos execution space; MemorySpace must be its
+/// memory space.
+/// @tparam T the storage type (float, double, bfloat16, float16).
+/// @param space the execution space instance all work is queued on.
+/// @param ring the layer's ring, [max_slots, 2, K, D]; read and written.
+/// @param key [total_tokens, D] T: the new tokens' keys.
+/// @param gate [total_tokens, D] T: their gate scores (the two halves of
+/// one [total_tokens, 2D] buffer work).
+/// @param ape [K, D] float: the position embedding within a pool; K and D
+/// are taken from it.
+/// @param row_offsets [B + 1] uint32: starts at 0, never decreases.
+/// @param cache_lengths [B] uint32: tokens of each sequence before this call.
+/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
+/// distinct among live rows.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param out the compacted pools, written: max_batch >= B and capacity >=
+/// floor(total_tokens / K) + num_requests.
+/// @param options `validate` (data checks), `team_size`, and `fused`: one
+/// launch for the three writers (true) or three (false), same bits.
+/// @throws KPool::InvalidArgument for mismatched shapes (always) or bad
+/// index data (with options.validate): row_offsets not starting at 0,
+/// decreasing or past the key rows, a sequence passing 2^31 - 1 positions,
+/// a slot out of range or shared. Nothing has been written then.
+/// @par Launches and synchronization
+/// Two launches on `space` (the offset scan, then the fused writers), four
+/// with fused = false (the scan, ring_close, compress, seed_tail). With
+/// options.validate, first fences `space` and copies row_offsets,
+/// cache_lengths and slot_idx (live rows) to the host; otherwise nothing
+/// waits for the host, and the step can be captured in a CUDA graph.
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
           class GateView, class ApeView, class RowOffsetsView,
           class CacheLengthsView, class SlotView>
@@ -237,11 +326,43 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
   });
 }
 
-/// The decode step: tail_update for every row, with the closed pools
-/// compacted into `out` like KPool::step's (request r's at rows
-/// [offsets(r), offsets(r + 1)), count on the device). Two launches: the
-/// offset scan and tail_update. key, gate [B, next_n, D]; positions
-/// [B, next_n] int32, negative marks a padded entry.
+/// The decode step (docs/writers.md, "The steps"): tail_update for every
+/// live row, with the closed pools compacted into `out` like KPool::step's
+/// (request r's at rows [offsets(r), offsets(r + 1)), in position order;
+/// the count on the device). Row r carries up to next_n tokens of the
+/// sequence in ring slot slot_idx(r) (speculative decoding sends the next
+/// token and drafts); a sequence may alternate between step and
+/// decode_step and gets the same pools.
+///
+/// Views as for KPool::step: in ExecutionSpace::memory_space, any layout
+/// Kokkos can view as LayoutStride.
+///
+/// @tparam ExecutionSpace a Kokkos execution space; MemorySpace must be its
+/// memory space.
+/// @tparam T the storage type (float, double, bfloat16, float16).
+/// @param space the execution space instance all work is queued on.
+/// @param ring the layer's ring, [max_slots, 2, K, D]; read and written.
+/// @param key [B, next_n, D] T: the tokens' keys (padding entries unread).
+/// @param gate [B, next_n, D] T: their gate scores.
+/// @param ape [K, D] float; K and D are taken from it.
+/// @param positions [B, next_n] int32: each token's absolute position in
+/// its sequence; negative marks padding. A row's real positions, left to
+/// right, are consecutive.
+/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
+/// distinct among live rows.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param out the compacted pools, written: max_batch >= B and capacity >=
+/// num_requests * ceil(next_n / K) (StepOutput::capacity_for(B * next_n,
+/// B, K) suffices).
+/// @param options `validate` (data checks) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for mismatched shapes or next_n = 0
+/// (always), or, with options.validate, a slot out of range or shared, or
+/// a row whose real positions are not consecutive. Nothing has been
+/// written then.
+/// @par Launches and synchronization
+/// Two launches on `space`: the offset scan and tail_update. With
+/// options.validate, first fences `space` and copies slot_idx and
+/// positions (live rows) to the host; otherwise nothing waits for the host.
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
           class GateView, class ApeView, class PositionsView, class SlotView>
 void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,

@@ -48,18 +48,41 @@ bool decode_aligned(View3<const T, M> const& key, View3<const T, M> const& gate,
 
 }  // namespace Details
 
-/// tail_update (SEMANTICS.md): the decode writer, next_n tokens a row.
-/// Row r's tokens are taken in order; a real token (positions(r, i) >= 0)
-/// is stashed at ring index pos % K of slot slot_idx(r), and when
-/// pos % K == K - 1 pool pos / K closes from ring indices 0..K-1. Closed
-/// pools go to pooled(r, j) / closed_pool(r, j) in order; the rest of
-/// closed_pool(r) is -1.
+/// The decode writer, next_n tokens a row (docs/writers.md,
+/// "tail_update"). Row r's tokens are taken in order: a real token
+/// (positions(r, i) >= 0, an absolute position) is stashed at ring index
+/// pos % K of slot slot_idx(r), and when pos % K == K - 1, pool pos / K
+/// closes from ring indices 0..K-1 (its earlier members stashed by earlier
+/// calls or this one). Closed pools go to pooled(r, j) and
+/// closed_pool(r, j), j = 0, 1, ... in order; the rest of closed_pool(r)
+/// is -1. Rows at and past num_requests are not touched.
 ///
-/// tail [max_slots, 2, K, D] T, read and written; key, gate [B, next_n, D]
-/// T; ape [K, D] float; positions [B, next_n] int32; slot_idx [B] uint32;
-/// pooled [B, M, D] T and closed_pool [B, M] int32, written, with
-/// M >= ceil(next_n / K). Validation also requires a row's real positions
-/// to be consecutive. One launch.
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+///
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param tail [max_slots, 2, K, D] T: the ring (Ring::tail()), read and
+/// written.
+/// @param key [B, next_n, D] T (padding entries unread).
+/// @param gate [B, next_n, D] T.
+/// @param ape [K, D] float; K and D are taken from it.
+/// @param positions [B, next_n] int32: absolute positions, negative for
+/// padding; a row's real positions, left to right, are consecutive.
+/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
+/// distinct among live rows.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param pooled [B, M, D] T, written, M >= ceil(next_n / K).
+/// @param closed_pool [B, M] int32, written for every live row.
+/// @param options `validate` (data checks) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for mismatched shapes, next_n = 0 or M <
+/// ceil(next_n / K) (always), or a slot out of range or shared, or real
+/// positions not consecutive (with options.validate). Nothing has been
+/// written then.
+/// @par Launches and synchronization
+/// One launch on `space`. With options.validate, first fences `space` and
+/// copies slot_idx and positions (live rows) to the host.
 template <class ExecutionSpace, class TailView, class KeyView, class GateView,
           class ApeView, class PositionsView, class SlotView, class PooledView,
           class ClosedView>

@@ -1,12 +1,14 @@
 #ifndef KPOOL_TYPES_HPP
 #define KPOOL_TYPES_HPP
 
-// Storage types. key, gate, the ring and the pooled output share one of
-// float, double, KPool::bfloat16 and KPool::float16. The 16-bit types are
-// KPool's own (two bytes, trivially copyable, usable in host and device
-// code), so nothing depends on whether the Kokkos in use has half types.
-// Conversions from float round to nearest, ties to even; the same bit
-// manipulation runs on every backend, so every backend stores the same bits.
+/// @file
+/// Storage types. key, gate, the ring and the pooled output share one of
+/// float, double, KPool::bfloat16 and KPool::float16 (docs/pools.md,
+/// "Storage types"). The 16-bit types are KPool's own (two bytes, trivially
+/// copyable, usable in host and device code), so nothing depends on whether
+/// the Kokkos in use has half types. Conversions from float round to
+/// nearest, ties to even; the same bit manipulation runs on every backend,
+/// so every backend stores the same bits.
 
 #include <details/KPool_DetailsKokkosExt.hpp>
 
@@ -78,16 +80,26 @@ KOKKOS_INLINE_FUNCTION float f16_bits_to_float(std::uint16_t h) {
 
 }  // namespace Details
 
-/// Brain floating point: 1 sign, 8 exponent, 7 mantissa bits.
+/// Brain floating point: 1 sign, 8 exponent, 7 mantissa bits (the top
+/// half of an f32). Host and device; two bytes, trivially copyable.
 struct bfloat16 {
+  /// The raw bit pattern.
   std::uint16_t bits;
 
+  /// Uninitialized, like a float.
   KOKKOS_DEFAULTED_FUNCTION bfloat16() = default;
+  /// Rounds `f` to nearest, ties to even; overflow gives infinity, NaN
+  /// stays NaN (quiet).
+  /// @param f the value to store.
   KOKKOS_INLINE_FUNCTION explicit bfloat16(float f)
       : bits(Details::float_to_bf16_bits(f)) {}
+  /// The stored value as a float, exactly.
   KOKKOS_INLINE_FUNCTION explicit operator float() const {
     return Details::bf16_bits_to_float(bits);
   }
+  /// The value whose bit pattern is `b`.
+  /// @param b a bf16 bit pattern.
+  /// @return that value.
   KOKKOS_INLINE_FUNCTION static bfloat16 from_bits(std::uint16_t b) {
     bfloat16 h;
     h.bits = b;
@@ -95,16 +107,26 @@ struct bfloat16 {
   }
 };
 
-/// IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits.
+/// IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits, with
+/// subnormals. Host and device; two bytes, trivially copyable.
 struct float16 {
+  /// The raw bit pattern.
   std::uint16_t bits;
 
+  /// Uninitialized, like a float.
   KOKKOS_DEFAULTED_FUNCTION float16() = default;
+  /// Rounds `f` to nearest, ties to even, into normals or subnormals;
+  /// 65520 and above give infinity, NaN stays NaN (quiet).
+  /// @param f the value to store.
   KOKKOS_INLINE_FUNCTION explicit float16(float f)
       : bits(Details::float_to_f16_bits(f)) {}
+  /// The stored value as a float, exactly.
   KOKKOS_INLINE_FUNCTION explicit operator float() const {
     return Details::f16_bits_to_float(bits);
   }
+  /// The value whose bit pattern is `b`.
+  /// @param b a binary16 bit pattern.
+  /// @return that value.
   KOKKOS_INLINE_FUNCTION static float16 from_bits(std::uint16_t b) {
     float16 h;
     h.bits = b;
@@ -120,7 +142,9 @@ static_assert(std::is_trivially_copyable<bfloat16>::value &&
                   std::is_trivially_copyable<float16>::value,
               "16-bit storage types must be trivially copyable");
 
-/// True for the four storage types KPool computes on.
+/// True (a std::integral_constant) for the four storage types KPool
+/// computes on: float, double, bfloat16, float16.
+/// @tparam T any type.
 template <class T>
 struct is_storage_type
     : std::integral_constant<bool, std::is_same<T, float>::value ||
@@ -129,36 +153,54 @@ struct is_storage_type
                                        std::is_same<T, float16>::value> {};
 
 /// The arithmetic type of a storage type: double for double, float for the
-/// rest (SEMANTICS.md, "Arithmetic is in f32 (f64 when the storage type is
-/// f64)").
+/// rest (docs/pools.md, "Numerics").
+/// @tparam T a storage type.
 template <class T>
 struct accumulator {
+  /// f32 arithmetic for float, bfloat16 and float16.
   using type = float;
 };
+/// f64 storage computes in f64.
 template <>
 struct accumulator<double> {
+  /// f64 arithmetic.
   using type = double;
 };
+/// Shorthand for accumulator<T>::type.
+/// @tparam T a storage type.
 template <class T>
 using accumulator_t = typename accumulator<T>::type;
 
-/// Storage -> arithmetic type, exact.
+/// Storage to arithmetic type, exact.
+/// @param x a stored value. @return x in f32.
 KOKKOS_INLINE_FUNCTION float to_accumulator(float x) { return x; }
+/// Storage to arithmetic type, exact.
+/// @param x a stored value. @return x in f64.
 KOKKOS_INLINE_FUNCTION double to_accumulator(double x) { return x; }
+/// Storage to arithmetic type, exact.
+/// @param x a stored value. @return x in f32.
 KOKKOS_INLINE_FUNCTION float to_accumulator(bfloat16 x) {
   return static_cast<float>(x);
 }
+/// Storage to arithmetic type, exact.
+/// @param x a stored value. @return x in f32.
 KOKKOS_INLINE_FUNCTION float to_accumulator(float16 x) {
   return static_cast<float>(x);
 }
 
-/// Arithmetic -> storage type, rounded once to nearest even.
+/// Arithmetic to storage type, rounded once, to nearest even.
+/// @tparam T the storage type.
+/// @param x a value in accumulator_t<T>.
+/// @return x rounded into T.
 template <class T>
 KOKKOS_INLINE_FUNCTION T from_accumulator(accumulator_t<T> x) {
   return T(x);
 }
 
-/// The type's name as SEMANTICS.md and TRACE.md spell it.
+/// The storage type's name as the serving-trace format spells it
+/// (docs/trace.md): "f32", "f64", "bf16", "f16", or "unknown".
+/// @tparam T a storage type.
+/// @return a string literal.
 template <class T>
 constexpr char const* storage_name() {
   return std::is_same<T, float>::value      ? "f32"

@@ -1,6 +1,7 @@
 // KPoolReference.hpp: an independent, serial host reference for the k-pool
-// writers, written from shared/spec/SEMANTICS.md alone (no code shared with
-// src/). Plain C++17, standard library only, all arithmetic in double.
+// writers, written from the contract alone (docs/pools.md, docs/writers.md,
+// docs/ring.md; no code shared with src/). Plain C++17, standard library
+// only, all arithmetic in double.
 //
 // Conventions:
 //  * Inputs (key, gate, ring) are the values *as stored*: callers round them
@@ -298,7 +299,7 @@ struct CompressOut {
   std::vector<int> request;                     // [total]
 };
 
-// first, align and full of one request (SEMANTICS.md "compress").
+// first, align and full of one request (docs/writers.md, "compress").
 struct CompressPlan {
   std::int64_t first = 0, align = 0, full = 0;
 };

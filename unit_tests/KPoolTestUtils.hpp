@@ -3,7 +3,7 @@
 
 // Shared by the unit tests: the (execution space, storage type) grid every
 // test body runs over, deterministic inputs, views from reference matrices
-// and back, and the spec's tolerances (SEMANTICS.md, "Oracle properties").
+// and back, and the tolerances (docs/pools.md, "Tolerances").
 
 #include <KPool.hpp>
 #include <KPoolReference.hpp>
@@ -74,7 +74,7 @@ KPool::Options test_options() {
   return o;
 }
 
-// The grid of SEMANTICS.md, "Oracle properties" 1.
+// The grid of docs/writers.md, "What the tests check" 1.
 inline std::vector<int> k_grid() { return {1, 2, 3, 4, 8, 16}; }
 inline std::vector<int> d_grid() { return {1, 7, 64, 128, 256}; }
 
@@ -211,7 +211,7 @@ InterleavedInput<T, MemorySpace> interleaved(Matrix const& key,
   return in;
 }
 
-// SEMANTICS.md, "Oracle properties" 3, against an f64 reference:
+// docs/pools.md, "Tolerances", against an f64 reference:
 //   f64:       1e-12 relative
 //   f32:       1e-5 relative
 //   bf16, f16: one unit in the last place of the storage type, plus the

@@ -1,6 +1,6 @@
 # Trace replay tests: kpool_tracegen -> kpool_replay (--fused, --unfused) ->
 # kpool_trace_check against the host reference; fused and unfused output
-# byte-identical; every rule of TRACE.md broken once in trace/bad/.
+# byte-identical; every rule of docs/trace.md broken once in trace/bad/.
 add_executable(kpool_trace_check kpool_trace_check.cpp)
 target_include_directories(kpool_trace_check PRIVATE
   ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/example)

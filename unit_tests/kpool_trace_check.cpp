@@ -4,7 +4,7 @@
 // (KPoolReference.hpp, f64): every sequence's printed pools are exactly the
 // complete pools of the tokens it was fed, each once, sorted, 'pools N' is
 // right, and every value is within tolerance of a one-shot compress of the
-// whole sequence (streaming invariance, SEMANTICS.md). Exit 0 with a summary
+// whole sequence (streaming invariance, docs/writers.md). Exit 0 with a summary
 // on success, 1 at the first mismatch, 2 when an input cannot be read.
 
 #include "KPoolReference.hpp"
@@ -119,7 +119,7 @@ std::vector<Printed> read_output(std::istream& in, int D) {
 }
 
 // The replay and this checker share KPoolTrace::value, so a slip in it
-// would pass unseen: pin it to values worked out from TRACE.md's formula
+// would pass unseen: pin it to values worked out from docs/trace.md's formula
 // independently (exact: every value is a multiple of 2^-22).
 bool inputs_match_trace_md() {
   struct Golden {
@@ -270,7 +270,7 @@ int main(int argc, char* argv[]) {
         double tol;
         switch (dt) {
           case KPoolRef::DType::f64:
-            // Printed as f32 (TRACE.md): half an f32 ulp of the conversion.
+            // Printed as f32 (docs/trace.md): half an f32 ulp of the conversion.
             tol = 0.5 * KPoolRef::ulp(KPoolRef::DType::f32,
                                       std::max(std::fabs(r), std::fabs(got))) +
                   1e-12 * s + 1e-300;

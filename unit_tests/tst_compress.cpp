@@ -1,4 +1,4 @@
-// compress against the f64 reference (SEMANTICS.md, "compress").
+// compress against the f64 reference (docs/writers.md, "compress").
 
 #include <KPoolTestUtils.hpp>
 

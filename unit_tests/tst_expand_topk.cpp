@@ -1,4 +1,4 @@
-// expand_topk against the reference (SEMANTICS.md, "expand_topk"): pool ids
+// expand_topk against the reference (docs/writers.md, "expand_topk"): pool ids
 // back to token positions, stale and garbage ids never becoming attention
 // indices, the tail columns, and rows outside the live requests untouched.
 

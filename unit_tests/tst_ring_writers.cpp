@@ -1,5 +1,5 @@
 // ring_close, seed_tail and tail_update against the f64 reference
-// (SEMANTICS.md, "The ring" and "The writers").
+// (docs/ring.md and docs/writers.md, "The writers").
 
 #include <KPoolTestUtils.hpp>
 

@@ -1,5 +1,5 @@
-// The general step and the decode step (SEMANTICS.md, "Order within one
-// call"): the compacted output against the reference writers run in the
+// The general step and the decode step (docs/writers.md, "The three in
+// order" and "The steps"): the compacted output against the reference writers run in the
 // spec's order, and the fused launch against the three-launch one.
 
 #include <KPoolTestUtils.hpp>
@@ -119,7 +119,7 @@ TYPED_TEST(Step, GeneralStepMatchesTheWritersInOrder) {
     }
 }
 
-// SEMANTICS.md asks the fused launch and the three launches for the same
+// docs/writers.md asks the fused launch and the three launches for the same
 // pools; KPool promises the same bits, ring included.
 TYPED_TEST(Step, FusedAndThreeLaunchPathsAgreeBitForBit) {
   using C = TypeParam;

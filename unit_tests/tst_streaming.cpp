@@ -1,4 +1,4 @@
-// Streaming invariance (SEMANTICS.md, "Oracle properties" 2): random
+// Streaming invariance (docs/writers.md, "What the tests check" 2): random
 // sequences cut into random chunks and decode runs, batch rows shuffled
 // every call, each sequence keeping its slot for life and a finished
 // sequence's slot taken by a new one, give exactly the pools of a one-shot

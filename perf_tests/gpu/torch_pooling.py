@@ -2,7 +2,7 @@
 """The k-pool pooling written as PyTorch eager operations, timed on the GPU.
 
 The baseline KPool's CUDA figures are compared with: the same pools
-(SEMANTICS.md: per-channel softmax over gate + ape, weighting the keys) for a
+(docs/pools.md: per-channel softmax over gate + ape, weighting the keys) for a
 fresh prefill of TOKENS tokens, D=128, K=4, bf16, as a serving engine would
 write it without a custom kernel.
 

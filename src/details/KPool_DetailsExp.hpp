@@ -54,7 +54,7 @@ KOKKOS_FORCEINLINE_FUNCTION float pool_exp(float x) {
   return p * scale;
 }
 
-// f64 storage computes in f64 (SEMANTICS.md); speed is not the point there.
+// f64 storage computes in f64 (docs/pools.md); speed is not the point there.
 KOKKOS_FORCEINLINE_FUNCTION double pool_exp(double x) {
   return KokkosExt::exp(x);
 }

@@ -1,8 +1,8 @@
 #ifndef KPOOL_DETAILS_POOL_HPP
 #define KPOOL_DETAILS_POOL_HPP
 
-// The per-channel softmax pooling every writer calls (SEMANTICS.md, "What a
-// pool is"). One team thread computes one pool with its vector lanes over
+// The per-channel softmax pooling every writer calls (docs/pools.md, "The
+// pooled key"). One team thread computes one pool with its vector lanes over
 // the channels; compress, ring_close, tail_update and the fused step differ
 // only in where the K members come from, which PoolSource describes, so the
 // writers cannot drift apart: a pool has the same bits whichever writer

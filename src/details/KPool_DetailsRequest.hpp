@@ -2,7 +2,7 @@
 #define KPOOL_DETAILS_REQUEST_HPP
 
 // The one place that derives a request's pools from its cache length and
-// row count (SEMANTICS.md, "The writers"). The kernels, the offset scan and
+// row count (docs/writers.md, "The writers"). The kernels, the offset scan and
 // host-side validation all call request_geometry, so compress skips exactly
 // the rows ring_close consumes and seed_tail stashes exactly what neither
 // closed.

@@ -150,7 +150,7 @@ struct HostBatch {
   std::uint64_t closing = 0;                 // requests ring_close closes
 };
 
-// Live slots below max_slots and distinct (SEMANTICS.md, "The ring").
+// Live slots below max_slots and distinct (docs/ring.md, "Slots").
 template <class ExecutionSpace, class Slots>
 void check_slots(Checker const& chk, ExecutionSpace const& space,
                  Slots const& slot_idx, std::size_t n, int max_slots) {
@@ -169,7 +169,7 @@ void check_slots(Checker const& chk, ExecutionSpace const& space,
 }
 
 // The data rules of a ragged batch whose shapes are already checked
-// (SEMANTICS.md, "Ragged batches" and "The ring"): row_offsets starts at 0
+// (docs/writers.md, "Ragged batches"; docs/ring.md): row_offsets starts at 0
 // and never decreases, its live end fits the key rows, every sequence stays
 // within int32 positions, live slots (when the writer uses the ring) are
 // below max_slots and distinct.
