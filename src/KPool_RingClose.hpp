@@ -13,13 +13,16 @@ namespace KPool {
 /// ring_close (SEMANTICS.md; the seed page kpool_ring_close_kernel): the
 /// one pending pool the ring already partly holds. For request r with
 /// c = cache_lengths(r), have = c % K and n rows: when have > 0 and
-/// have + n >= K, pool c / K closes from ring members [0, have) of slot
-/// slot_idx(r) and rows [0, K - have) of the request; pooled(r) is its
-/// value and closed_pool(r) = c / K. Otherwise closed_pool(r) = -1 and
-/// pooled(r) is not written. The ring is only read. Rows at and past
-/// num_requests are not touched.
+/// have + n >= K, pool p = c / K closes from ring indices (p * K + m) % R,
+/// m < have, of slot slot_idx(r) and rows [0, K - have) of the request;
+/// pooled(r) is its value and closed_pool(r) = p. Otherwise
+/// closed_pool(r) = -1 and pooled(r) is not written. The ring is only
+/// read. Rows at and past num_requests are not touched. c may be below the
+/// sequence's length (a rewind, see KPool::Ring for the caller's depth
+/// rule).
 ///
-/// tail [max_slots, 2, K, D] T; key, gate [T, D]; ape [K, D] float;
+/// tail [max_slots, 2, R, D] T, R a multiple of K; key, gate [T, D]; ape
+/// [K, D] float (K comes from ape, R from tail);
 /// row_offsets [B + 1], cache_lengths [B], slot_idx [B] uint32;
 /// pooled [B, D] T and closed_pool [B] int32, written. One launch.
 template <class ExecutionSpace, class TailView, class KeyView, class GateView,
@@ -58,7 +61,7 @@ void ring_close(ExecutionSpace const& space, TailView const& tail,
   auto call = Details::ragged_call<ExecutionSpace, T>(
       chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
   Details::check_tail(chk, tail, K, D);
-  Details::attach_slots(chk, call, slot_idx, static_cast<int>(tail.extent(0)));
+  Details::attach_slots(chk, call, slot_idx, tail);
   chk.extent_is("pooled", 0, pooled.extent(0), call.batch_size, "B");
   chk.extent_is("pooled", 1, pooled.extent(1), D, "head_dim");
   chk.extent_is("closed_pool", 0, closed_pool.extent(0), call.batch_size, "B");

@@ -10,15 +10,16 @@
 
 namespace KPool {
 
-/// seed_tail (SEMANTICS.md): stash what stays incomplete after this call.
+/// seed_tail (SEMANTICS.md): the call's last R positions go into the ring.
 /// For request r with c = cache_lengths(r) and end = c + n, every position
-/// pos in [max(floor(end / K) * K, c), end) has its key and gate row copied
-/// to tail(slot_idx(r), 0 / 1, pos % K). Nothing else is written, so a
-/// chunked prefill leaves the same ring as a single one.
+/// pos in [max(end - R, c), end) has its key and gate row copied to
+/// tail(slot_idx(r), 0 / 1, pos % R). Nothing else is written, so a
+/// chunked prefill leaves the same ring as a single one, and a later call
+/// may rewind into any of those positions.
 ///
-/// tail [max_slots, 2, K, D] T, written; key, gate [T, D]; row_offsets
-/// [B + 1], cache_lengths [B], slot_idx [B] uint32. K and D come from tail.
-/// One launch.
+/// tail [max_slots, 2, R, D] T, written; key, gate [T, D]; row_offsets
+/// [B + 1], cache_lengths [B], slot_idx [B] uint32. R and D come from tail
+/// (seed_tail needs no K). One launch.
 template <class ExecutionSpace, class TailView, class KeyView, class GateView,
           class RowOffsetsView, class CacheLengthsView, class SlotView>
 void seed_tail(ExecutionSpace const& space, TailView const& tail,
@@ -43,6 +44,7 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
 
   Details::KokkosExt::ScopedProfileRegion region("KPool::seed_tail");
   Details::Checker const chk("KPool::seed_tail");
+  // Only R matters here; it stands in for K in the shared checks.
   int const K = static_cast<int>(tail.extent(2));
   int const D = static_cast<int>(tail.extent(3));
   chk.pool_shape(tail.extent(2), tail.extent(3), "tail", 2);
@@ -54,7 +56,7 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
   auto call = Details::ragged_call<ExecutionSpace, T>(
       chk, key, gate, no_ape, row_offsets, cache_lengths, num_requests, K, D);
   Details::check_tail(chk, tail, K, D);
-  Details::attach_slots(chk, call, slot_idx, static_cast<int>(tail.extent(0)));
+  Details::attach_slots(chk, call, slot_idx, tail);
   if (options.validate)
     Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
                                 &slot_idx, num_requests, key.extent(0), K,

@@ -104,6 +104,17 @@ PoolSink<T, M> step_sink(StepOutput<T, M> const& out,
   return s;
 }
 
+// The ring a step is given: its tail's shape (check_tail) and the kpool it
+// was built for, which must be ape's.
+template <class T, class M>
+void check_ring(Checker const& chk, Ring<T, M> const& ring, int kpool,
+                int head_dim) {
+  check_tail(chk, ring.tail(), kpool, head_dim);
+  if (ring.kpool() != kpool)
+    chk.fail("ring", "kpool", -1, std::to_string(ring.kpool()),
+             "does not match the kpool of ape = " + std::to_string(kpool));
+}
+
 template <class T, class M>
 void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
                        std::size_t batch, int head_dim, std::size_t needed,
@@ -124,7 +135,11 @@ void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
 /// request ring_close, then compress, then seed_tail, for a batch mixing
 /// fresh prefills, chunk continuations, zero-token rows and single-token
 /// decodes. Every pool whose last member arrived in this call lands in
-/// `out`, compacted (see StepOutput). All work is queued on `space`; with
+/// `out`, compacted (see StepOutput). cache_lengths(r) may be below the
+/// sequence's length: the row re-sends rejected drafts (SEMANTICS.md,
+/// "Rewinds"), re-sent positions replace their ring entries and a pool whose
+/// last member is re-sent is emitted again. The ring must be long enough
+/// for the rewind (the depth rule in KPool::Ring, the caller's contract). All work is queued on `space`; with
 /// options.validate off nothing waits for the host, so the step can be
 /// captured in a CUDA graph.
 ///
@@ -160,8 +175,8 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
   int const D = static_cast<int>(ape.extent(1));
   auto call = Details::ragged_call<ExecutionSpace, T>(
       chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
-  Details::check_tail(chk, ring.tail(), K, D);
-  Details::attach_slots(chk, call, slot_idx, ring.max_slots());
+  Details::check_ring(chk, ring, K, D);
+  Details::attach_slots(chk, call, slot_idx, ring.tail());
   std::size_t const bound =
       StepOutput<T, M>::capacity_for(key.extent(0), num_requests, K);
   Details::check_step_output(
@@ -241,7 +256,10 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// compacted into `out` like KPool::step's (request r's at rows
 /// [offsets(r), offsets(r + 1)), count on the device). Two launches: the
 /// offset scan and tail_update. key, gate [B, next_n, D]; positions
-/// [B, next_n] int32, negative marks a padded entry.
+/// [B, next_n] int32, negative marks a padded entry. A row's first real
+/// position may rewind, as in KPool::step (the next token plus S drafts a
+/// row, re-sent from the first rejected one, needs a ring of at least
+/// K + S: Ring::serving_length).
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
           class GateView, class ApeView, class PositionsView, class SlotView>
 void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
@@ -268,6 +286,7 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                                num_requests);
   int const K = static_cast<int>(ape.extent(0));
   int const D = static_cast<int>(ape.extent(1));
+  Details::check_ring(chk, ring, K, D);
   std::size_t const B = positions.extent(0);
   std::size_t const next_n = positions.extent(1);
   chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,

@@ -50,12 +50,16 @@ bool decode_aligned(View3<const T, M> const& key, View3<const T, M> const& gate,
 
 /// tail_update (SEMANTICS.md): the decode writer, next_n tokens a row.
 /// Row r's tokens are taken in order; a real token (positions(r, i) >= 0)
-/// is stashed at ring index pos % K of slot slot_idx(r), and when
-/// pos % K == K - 1 pool pos / K closes from ring indices 0..K-1. Closed
-/// pools go to pooled(r, j) / closed_pool(r, j) in order; the rest of
-/// closed_pool(r) is -1.
+/// is stashed at ring index pos % R of slot slot_idx(r), and when
+/// pos % K == K - 1 pool p = pos / K closes from ring indices
+/// (p * K + m) % R, m < K. Closed pools go to pooled(r, j) /
+/// closed_pool(r, j) in order; the rest of closed_pool(r) is -1. A row's
+/// first real position may rewind below the sequence's length (re-sent
+/// drafts; see KPool::Ring for the caller's depth rule): a pool whose last
+/// member is re-sent is emitted again.
 ///
-/// tail [max_slots, 2, K, D] T, read and written; key, gate [B, next_n, D]
+/// tail [max_slots, 2, R, D] T, R a multiple of K (K comes from ape), read
+/// and written; key, gate [B, next_n, D]
 /// T; ape [K, D] float; positions [B, next_n] int32; slot_idx [B] uint32;
 /// pooled [B, M, D] T and closed_pool [B, M] int32, written, with
 /// M >= ceil(next_n / K). Validation also requires a row's real positions
