@@ -34,8 +34,12 @@ struct RequestGeometry {
 // (SEMANTICS.md, "The ring"). Every writer addresses the ring through this.
 // The ring length is a multiple of K, so pool p's K members sit at the
 // consecutive indices ring_index(p * K, R) + m: a pool never wraps.
+// Positions stay below 2^32 whatever the input (cache lengths are uint32,
+// decode positions int32, and an invalid request seeds nothing), so the
+// 32-bit remainder is exact, and on GPUs much cheaper than a 64-bit one.
 KOKKOS_INLINE_FUNCTION int ring_index(std::uint64_t pos, int ring_length) {
-  return static_cast<int>(pos % static_cast<std::uint64_t>(ring_length));
+  return static_cast<int>(static_cast<std::uint32_t>(pos) %
+                          static_cast<std::uint32_t>(ring_length));
 }
 
 // `ring_length` only sets the seed range: the call's last R positions.
