@@ -1,9 +1,12 @@
 #ifndef KPOOL_TRACE_HPP
 #define KPOOL_TRACE_HPP
 
-// The serving-trace format, version 1 (docs/trace.md): data model, parser and the
-// deterministic input function. Host only, header only, no Kokkos, so the
-// replay program, the generator and the checker all read traces the same way.
+// The serving-trace format, versions 1 and 2 (docs/trace.md): data model,
+// parser and the deterministic input function. Host only, header only, no
+// Kokkos, so the replay program, the generator and the checker all read
+// traces the same way. Everything a trace says is in the parsed Trace
+// (header, blocks, each row's revisions, each sequence's history), so a new
+// output of the replay needs no change here.
 
 #include <algorithm>
 #include <cstdint>
@@ -41,6 +44,19 @@ inline char const* dtype_name(DType t) {
   return "?";
 }
 
+/// The pool cache's element type (docs/indexer.md): the storage type itself, or
+/// E4M3 with the amax or the power-of-two scale mode.
+enum class PoolCache { native, fp8, fp8_pow2 };
+
+inline char const* pool_cache_name(PoolCache c) {
+  switch (c) {
+    case PoolCache::native: return "native";
+    case PoolCache::fp8: return "fp8";
+    case PoolCache::fp8_pow2: return "fp8_pow2";
+  }
+  return "?";
+}
+
 /// Sizes past which a trace is refused, so that a declared size nobody can
 /// allocate is a TraceError on its line rather than a bad_alloc later.
 /// "Elements" count values of the storage type.
@@ -49,38 +65,84 @@ struct Limits {
   static constexpr std::uint64_t max_kpool = 4096;
   static constexpr std::uint64_t max_slots = 1u << 20;
   static constexpr std::uint64_t max_next_n = 65536;
-  /// One array: the ring, one block's key or gate, the pooled output.
+  static constexpr std::uint64_t max_index_heads = 4096;
+  static constexpr std::uint64_t max_index_topk = 1u << 20;
+  /// One array: the ring, one block's key or gate (or queries), the pooled
+  /// output, one select block's pool ids.
   static constexpr std::uint64_t max_elements = 1ull << 26;
-  /// Every token the trace feeds, times head_dim (what the output and a
-  /// checker's per-sequence inputs grow with).
+  /// Every token the trace feeds (or queries), times head_dim (what the
+  /// output and a checker's per-sequence inputs grow with).
   static constexpr std::uint64_t max_total_elements = 1ull << 28;
 };
 
-/// One batch row. In a step block, cache_len and n_new; in a decode block,
-/// positions (next_n entries, -1 = padded) and n_new = the real ones.
+enum class BlockKind { step, decode, select };
+
+inline char const* block_name(BlockKind k) {
+  switch (k) {
+    case BlockKind::step: return "step";
+    case BlockKind::decode: return "decode";
+    case BlockKind::select: return "select";
+  }
+  return "?";
+}
+
+/// One batch row.
+///   step:   cache_len and n_new as written;
+///   decode: positions (next_n entries, -1 = padded), n_new = the real
+///           ones, cache_len = the first real one (the sequence's length
+///           before the row when none is real);
+///   select: cache_len = first, n_new = n (query positions
+///           first .. first + n - 1), slot = the sequence's slot.
+/// A row covers positions [cache_len, cache_len + n_new).
 struct Row {
   std::uint32_t seq = 0;
   std::uint32_t slot = 0;
   std::uint64_t cache_len = 0;
   std::uint64_t n_new = 0;
   std::vector<std::int32_t> positions;
+  /// Revisions of positions cache_len, cache_len + 1, ...: the r-th re-send
+  /// of a position (r = 0 its first sending) has revision r (docs/trace.md,
+  /// "Rewinds"). In a select row, the revision of the values last sent for
+  /// each queried position. Positions past the vector's end have revision
+  /// 0 (it holds only re-sent positions in a step or decode row, at most R).
+  std::vector<std::uint32_t> revisions;
+  /// The row starts below the sequence's length (a step or decode rewind).
+  bool rewinds = false;
   int line = 0;
+
+  std::uint32_t revision(std::uint64_t pos) const {
+    std::uint64_t const i = pos - cache_len;
+    return pos >= cache_len && i < revisions.size() ? revisions[i] : 0;
+  }
 };
 
 struct Block {
-  bool decode = false;
+  BlockKind kind = BlockKind::step;
   int next_n = 0;  // decode only
-  int line = 0;    // the `step` / `decode` line
+  int line = 0;    // the `step` / `decode` / `select` line
   std::vector<Row> rows;
-  std::uint64_t tokens = 0;  // step: sum of n_new (rows of key and gate)
+  std::uint64_t tokens = 0;  // step: sum of n_new (rows of key and gate);
+                             // select: query tokens
 };
 
 /// What the trace fed a sequence, over its whole life.
 struct Sequence {
   std::uint32_t slot = 0;
-  std::uint64_t fed = 0;  // tokens fed: pools [0, fed / K) are complete
+  /// Its length L: where its last row ended (its last row at the end of
+  /// the trace, or when its slot went to another sequence). Pools
+  /// [0, fed / K) are complete; without rewinds, the tokens fed.
+  std::uint64_t fed = 0;
+  /// H: one past the highest position ever fed.
+  std::uint64_t high = 0;
+  /// How many times each position below `high` was sent.
+  std::vector<std::uint32_t> sends;
   int first_line = 0;
   bool finished = false;  // its slot went to another sequence
+
+  /// The revision of the values last sent for `pos` (< high).
+  std::uint32_t last_revision(std::uint64_t pos) const {
+    return sends[pos] - 1;
+  }
 };
 
 struct Trace {
@@ -90,9 +152,20 @@ struct Trace {
   DType dtype = DType::f32;
   std::uint32_t slots = 0;
   std::uint64_t seed = 0;
+  // Version 2 header lines; absent ones keep these defaults.
+  int ring = 0;         // R, the ring length; kpool unless the header says
+  int index_heads = 0;  // H of a selection; 0 = not given
+  int index_topk = 0;   // topk of a selection; 0 = not given
+  PoolCache pool_cache = PoolCache::native;
+  bool rotate = false;
+
   std::vector<Block> blocks;
   std::map<std::uint32_t, Sequence> sequences;
-  std::uint64_t total_tokens = 0;
+  std::uint64_t total_tokens = 0;  // every sending of a position
+  /// Pool emissions over the whole trace: one each time a pool's last
+  /// member is sent (docs/trace.md, `emitted E`).
+  std::uint64_t emissions = 0;
+  std::uint64_t select_queries = 0;  // query tokens of every select block
 
   std::uint64_t complete_pools() const {
     std::uint64_t n = 0;
@@ -121,20 +194,35 @@ inline float value(std::uint64_t seed, std::uint64_t seq, std::uint64_t pos,
   return static_cast<float>((x >> 40) & 0xFFFFFFu) / 16777216.0f * 4.0f - 2.0f;
 }
 
-/// key[seq][pos][c], before rounding into the storage type.
+/// key[seq][pos][c] of the given revision (the r-th re-send of pos uses
+/// which + 8 r), before rounding into the storage type.
 inline float key_value(std::uint64_t seed, std::uint64_t seq, std::uint64_t pos,
-                       std::uint64_t c) {
-  return value(seed, seq, pos, c, 0);
+                       std::uint64_t c, std::uint64_t revision = 0) {
+  return value(seed, seq, pos, c, 0 + 8 * revision);
 }
-/// gate[seq][pos][c], before rounding into the storage type.
+/// gate[seq][pos][c] of the given revision, before rounding.
 inline float gate_value(std::uint64_t seed, std::uint64_t seq,
-                        std::uint64_t pos, std::uint64_t c) {
-  return value(seed, seq, pos, c, 1);
+                        std::uint64_t pos, std::uint64_t c,
+                        std::uint64_t revision = 0) {
+  return value(seed, seq, pos, c, 1 + 8 * revision);
 }
 /// ape[m][c] = value(0, m, c, 2): seq 0, position m, under the trace's seed
 /// like every other input; kept f32.
 inline float ape_value(std::uint64_t seed, std::uint64_t m, std::uint64_t c) {
   return value(seed, 0, m, c, 2);
+}
+/// q[seq][pos][h][c] (before rounding into the storage type) for a query at
+/// `pos` whose values were last sent with `revision`.
+inline float query_value(std::uint64_t seed, std::uint64_t seq,
+                         std::uint64_t pos, std::uint64_t h, std::uint64_t c,
+                         std::uint64_t head_dim, std::uint64_t revision = 0) {
+  return value(seed, seq, pos, h * head_dim + c, 3 + 8 * revision);
+}
+/// weights[seq][pos][h], kept f32.
+inline float weight_value(std::uint64_t seed, std::uint64_t seq,
+                          std::uint64_t pos, std::uint64_t h,
+                          std::uint64_t revision = 0) {
+  return value(seed, seq, pos, h, 4 + 8 * revision);
 }
 
 // ---------------------------------------------------------------------------
@@ -198,6 +286,13 @@ inline std::uint64_t sat_mul(std::uint64_t a, std::uint64_t b) {
   return a * b;
 }
 
+// Pools whose last member is among positions [c, end): one per position
+// p * K + K - 1 in that range.
+inline std::uint64_t pools_ending_in(std::uint64_t c, std::uint64_t end,
+                                     std::uint64_t K) {
+  return end / K - c / K;
+}
+
 class Parser {
  public:
   Trace parse(std::istream& in) {
@@ -216,23 +311,42 @@ class Parser {
   static constexpr char const* header_[6] = {"kpool-trace", "head_dim",
                                              "kpool",       "dtype",
                                              "slots",       "seed"};
+  // Version 2: optional, after `seed`, in this order.
+  static constexpr char const* optional_[5] = {
+      "ring", "index_heads", "index_topk", "pool_cache", "rotate"};
+
+  static int optional_index(std::string const& d) {
+    for (int i = 0; i < 5; ++i)
+      if (d == optional_[i]) return i;
+    return -1;
+  }
 
   void handle(int ln, std::vector<std::string> const& f) {
     if (f.empty()) return;
     std::string const& d = f[0];
     if (header_done_ < 6) return header(ln, f);
+    int const opt = optional_index(d);
+    if (opt >= 0) return optional_header(ln, f, opt);
     if (std::find(std::begin(header_), std::end(header_), d) !=
         std::end(header_))
       throw TraceError(ln, "header directive '" + d +
                                "' after the header (it came first, at line " +
                                std::to_string(header_lines_[0]) + ")");
-    if (d == "step" || d == "decode") return open(ln, f);
+    if (d == "step" || d == "decode" || d == "select") return open(ln, f);
     if (d == "row") {
-      if (!open_) throw TraceError(ln, "'row' outside a step or decode block");
+      if (!open_)
+        throw TraceError(ln, t_.version == 1
+                                 ? "'row' outside a step or decode block"
+                                 : "'row' outside a step, decode or select "
+                                   "block");
       return row(ln, f);
     }
     if (d == "end") {
-      if (!open_) throw TraceError(ln, "'end' without a step or decode block");
+      if (!open_)
+        throw TraceError(ln, t_.version == 1
+                                 ? "'end' without a step or decode block"
+                                 : "'end' without a step, decode or select "
+                                   "block");
       if (f.size() != 1) throw TraceError(ln, "'end' takes no fields");
       close();
       return;
@@ -258,13 +372,15 @@ class Parser {
                                std::to_string(f.size() - 1));
     std::string const& v = f[1];
     switch (header_done_) {
-      case 0:
-        if (parse_u(v, std::numeric_limits<std::uint64_t>::max(), "version",
-                    ln) != 1)
+      case 0: {
+        std::uint64_t const version = parse_u(
+            v, std::numeric_limits<std::uint64_t>::max(), "version", ln);
+        if (version != 1 && version != 2)
           throw TraceError(ln, "unsupported trace version " + v +
-                                   " (this reader knows version 1)");
-        t_.version = 1;
+                                   " (this reader knows versions 1 and 2)");
+        t_.version = static_cast<int>(version);
         break;
+      }
       case 1:
         t_.head_dim = static_cast<int>(
             parse_size(v, Limits::max_head_dim, "head_dim", ln));
@@ -274,6 +390,7 @@ class Parser {
             static_cast<int>(parse_size(v, Limits::max_kpool, "kpool", ln));
         if (sat_mul(t_.kpool, t_.head_dim) > Limits::max_elements)
           throw TraceError(ln, "kpool * head_dim is too large");
+        t_.ring = t_.kpool;
         break;
       case 3:
         if (v == "f32") t_.dtype = DType::f32;
@@ -284,18 +401,11 @@ class Parser {
           throw TraceError(ln, "unknown dtype '" + v +
                                    "' (expected f32, f64, bf16 or f16)");
         break;
-      case 4: {
+      case 4:
         t_.slots = static_cast<std::uint32_t>(
             parse_size(v, Limits::max_slots, "slots", ln));
-        std::uint64_t const ring =
-            sat_mul(sat_mul(t_.slots, 2), sat_mul(t_.kpool, t_.head_dim));
-        if (ring > Limits::max_elements)
-          throw TraceError(ln, "the ring (slots * 2 * kpool * head_dim = " +
-                                   std::to_string(ring) +
-                                   " values) is too large (at most " +
-                                   std::to_string(Limits::max_elements) + ")");
+        check_ring_size(ln);
         break;
-      }
       case 5:
         t_.seed = parse_u(v, std::numeric_limits<std::uint64_t>::max(),
                           "seed", ln);
@@ -304,21 +414,126 @@ class Parser {
     header_lines_[header_done_++] = ln;
   }
 
+  void check_ring_size(int ln) const {
+    std::uint64_t const ring =
+        sat_mul(sat_mul(t_.slots, 2), sat_mul(t_.ring, t_.head_dim));
+    if (ring > Limits::max_elements)
+      throw TraceError(ln, "the ring (slots * 2 * " +
+                               std::string(t_.ring == t_.kpool ? "kpool"
+                                                               : "ring") +
+                               " * head_dim = " + std::to_string(ring) +
+                               " values) is too large (at most " +
+                               std::to_string(Limits::max_elements) + ")");
+  }
+
+  // ring, index_heads, index_topk, pool_cache, rotate: version 2, each at
+  // most once, in that order, before the first block.
+  void optional_header(int ln, std::vector<std::string> const& f, int idx) {
+    std::string const& d = f[0];
+    if (t_.version < 2)
+      throw TraceError(ln, "'" + d + "' is a version 2 header directive "
+                                     "(this trace is version 1)");
+    if (blocks_started_)
+      throw TraceError(ln, "header directive '" + d +
+                               "' after the first block (line " +
+                               std::to_string(first_block_line_) + ")");
+    if (optional_lines_[idx] != 0)
+      throw TraceError(ln, "'" + d + "' appears twice in the header (first "
+                                     "at line " +
+                               std::to_string(optional_lines_[idx]) + ")");
+    if (idx < optional_next_)
+      throw TraceError(
+          ln, "header out of order: '" + d + "' after '" +
+                  optional_[optional_last_] +
+                  "' (after seed come, each optional, ring, index_heads, "
+                  "index_topk, pool_cache, rotate)");
+    if (f.size() != 2)
+      throw TraceError(ln, "'" + d + "' takes one field, got " +
+                               std::to_string(f.size() - 1));
+    std::string const& v = f[1];
+    switch (idx) {
+      case 0: {
+        std::uint64_t const R = parse_size(
+            v, std::numeric_limits<std::uint64_t>::max(), "ring", ln);
+        std::uint64_t const K = static_cast<std::uint64_t>(t_.kpool);
+        if (R < K || R % K != 0)
+          throw TraceError(ln, "ring " + v + " is " +
+                                   (R < K ? "less than" : "not a multiple of") +
+                                   " kpool " + std::to_string(K) +
+                                   " (the ring length is a multiple of kpool, "
+                                   "at least kpool)");
+        if (R > 0x7FFFFFFFull)
+          throw TraceError(ln, "ring " + v + " is too large");
+        t_.ring = static_cast<int>(R);
+        check_ring_size(ln);
+        break;
+      }
+      case 1:
+        t_.index_heads = static_cast<int>(
+            parse_size(v, Limits::max_index_heads, "index_heads", ln));
+        break;
+      case 2:
+        t_.index_topk = static_cast<int>(
+            parse_size(v, Limits::max_index_topk, "index_topk", ln));
+        break;
+      case 3:
+        if (v == "native") t_.pool_cache = PoolCache::native;
+        else if (v == "fp8") t_.pool_cache = PoolCache::fp8;
+        else if (v == "fp8_pow2") t_.pool_cache = PoolCache::fp8_pow2;
+        else
+          throw TraceError(ln, "unknown pool_cache '" + v +
+                                   "' (expected native, fp8 or fp8_pow2)");
+        // docs/indexer.md: an fp8 cache of f64 pools is refused.
+        if (t_.pool_cache != PoolCache::native && t_.dtype == DType::f64)
+          throw TraceError(ln, "pool_cache " + v +
+                                   " needs a dtype other than f64");
+        break;
+      case 4:
+        if (v != "0" && v != "1")
+          throw TraceError(ln, "malformed rotate '" + v + "' (expected 0 or 1)");
+        t_.rotate = v == "1";
+        // docs/indexer.md: the Walsh-Hadamard rotation needs D a power of two.
+        if (t_.rotate && (t_.head_dim & (t_.head_dim - 1)) != 0)
+          throw TraceError(ln, "rotate 1 needs head_dim a power of two, not " +
+                                   std::to_string(t_.head_dim));
+        break;
+    }
+    optional_lines_[idx] = ln;
+    optional_next_ = idx + 1;
+    optional_last_ = idx;
+  }
+
   void open(int ln, std::vector<std::string> const& f) {
     if (open_)
       throw TraceError(ln, "'" + f[0] + "' inside the block opened at line " +
                                std::to_string(block_.line) +
                                " (missing 'end')");
+    if (!blocks_started_) first_block_line_ = ln;
+    blocks_started_ = true;
     block_ = Block();
     block_.line = ln;
     if (f[0] == "step") {
       if (f.size() != 1) throw TraceError(ln, "'step' takes no fields");
-    } else {
+    } else if (f[0] == "decode") {
       if (f.size() != 2)
         throw TraceError(ln, "'decode' takes one field (next_n)");
-      block_.decode = true;
+      block_.kind = BlockKind::decode;
       block_.next_n =
           static_cast<int>(parse_size(f[1], Limits::max_next_n, "next_n", ln));
+    } else {
+      if (t_.version < 2)
+        throw TraceError(ln, "'select' is a version 2 block (this trace is "
+                             "version 1)");
+      if (f.size() != 1) throw TraceError(ln, "'select' takes no fields");
+      if (t_.index_heads == 0 || t_.index_topk == 0)
+        throw TraceError(
+            ln, std::string("a select block needs the header's ") +
+                    (t_.index_heads == 0 && t_.index_topk == 0
+                         ? "index_heads and index_topk"
+                         : t_.index_heads == 0 ? "index_heads"
+                                               : "index_topk") +
+                    " (after seed and ring)");
+      block_.kind = BlockKind::select;
     }
     open_ = true;
     seqs_in_block_.clear();
@@ -326,21 +541,23 @@ class Parser {
   }
 
   void row(int ln, std::vector<std::string> const& f) {
-    std::size_t const want = block_.decode ? 3 + block_.next_n : 5;
+    if (block_.kind == BlockKind::select) return select_row(ln, f);
+    bool const decode = block_.kind == BlockKind::decode;
+    std::size_t const want = decode ? 3 + block_.next_n : 5;
     if (f.size() != want)
       throw TraceError(
-          ln, "a " + std::string(block_.decode ? "decode" : "step") +
-                  " row has " + std::to_string(want - 1) + " fields (" +
-                  (block_.decode ? "seq slot pos_0 .. pos_" +
-                                       std::to_string(block_.next_n - 1)
-                                 : std::string("seq slot cache_len n_new")) +
+          ln, "a " + std::string(decode ? "decode" : "step") + " row has " +
+                  std::to_string(want - 1) + " fields (" +
+                  (decode ? "seq slot pos_0 .. pos_" +
+                                std::to_string(block_.next_n - 1)
+                          : std::string("seq slot cache_len n_new")) +
                   "), got " + std::to_string(f.size() - 1));
     Row r;
     r.line = ln;
     r.seq = static_cast<std::uint32_t>(parse_u(f[1], 0xFFFFFFFFull, "seq", ln));
     r.slot =
         static_cast<std::uint32_t>(parse_u(f[2], 0xFFFFFFFFull, "slot", ln));
-    if (block_.decode) {
+    if (decode) {
       r.positions.resize(block_.next_n);
       for (int i = 0; i < block_.next_n; ++i) {
         std::string const& tok = f[3 + i];
@@ -365,11 +582,7 @@ class Parser {
     if (r.slot >= t_.slots)
       throw TraceError(ln, "slot " + slot + " is outside [0, " +
                                std::to_string(t_.slots) + ")");
-    auto const sb = seqs_in_block_.emplace(r.seq, ln);
-    if (!sb.second)
-      throw TraceError(ln, "sequence " + seq +
-                               " appears twice in the block (first at line " +
-                               std::to_string(sb.first->second) + ")");
+    once_in_block(ln, r.seq);
     auto const lb = slots_in_block_.emplace(r.slot, ln);
     if (!lb.second)
       throw TraceError(ln, "slot " + slot +
@@ -392,15 +605,7 @@ class Parser {
       holder_[r.slot] = r.seq;
     } else {
       Sequence const& s = it->second;
-      if (s.finished) {
-        auto const& by = finished_by_[r.seq];
-        throw TraceError(ln, "sequence " + seq + " finished when slot " +
-                                 std::to_string(s.slot) +
-                                 " went to sequence " +
-                                 std::to_string(by.first) + " (line " +
-                                 std::to_string(by.second) +
-                                 ") and must not appear again");
-      }
+      if (s.finished) not_live(ln, r.seq, s);
       if (s.slot != r.slot)
         throw TraceError(ln, "sequence " + seq + " has slot " +
                                  std::to_string(s.slot) + " (since line " +
@@ -409,27 +614,55 @@ class Parser {
     }
     Sequence& s = it->second;
 
-    if (block_.decode) {
-      std::uint64_t next = s.fed;
+    if (decode) {
+      // Real positions are consecutive; in version 2 the first may rewind.
+      std::int64_t prev = -1;
+      bool first = true;
       for (int i = 0; i < block_.next_n; ++i) {
         std::int32_t const p = r.positions[i];
         if (p < 0) continue;
-        if (static_cast<std::uint64_t>(p) != next)
-          throw TraceError(
-              ln, "sequence " + seq + ": position " + std::to_string(p) +
-                      " (pos_" + std::to_string(i) + ") should be " +
-                      std::to_string(next) +
-                      " (real positions continue the tokens fed, one by one)");
-        ++next;
+        std::uint64_t const pos = static_cast<std::uint64_t>(p);
+        if (first && t_.version >= 2) {
+          if (pos > s.fed)
+            throw TraceError(
+                ln, "sequence " + seq + ": position " + std::to_string(p) +
+                        " (pos_" + std::to_string(i) +
+                        ") is past the sequence's length " +
+                        std::to_string(s.fed) +
+                        " (a row may rewind, never skip ahead)");
+        } else {
+          std::uint64_t const next =
+              first ? s.fed : static_cast<std::uint64_t>(prev) + 1;
+          if (pos != next)
+            throw TraceError(
+                ln, "sequence " + seq + ": position " + std::to_string(p) +
+                        " (pos_" + std::to_string(i) + ") should be " +
+                        std::to_string(next) +
+                        (first || t_.version < 2
+                             ? " (real positions continue the tokens fed, "
+                               "one by one)"
+                             : " (real positions are consecutive)"));
+        }
+        if (first) r.cache_len = pos;
+        first = false;
+        prev = p;
       }
-      r.cache_len = s.fed;
-    } else if (r.cache_len != s.fed) {
+      if (first) r.cache_len = s.fed;  // nothing real
+    } else if (r.cache_len != s.fed && t_.version < 2) {
       throw TraceError(ln, "sequence " + seq + ": cache_len " +
                                std::to_string(r.cache_len) + " should be " +
                                std::to_string(s.fed) +
                                " (the tokens already fed)");
+    } else if (r.cache_len > s.fed) {
+      throw TraceError(ln, "sequence " + seq + ": cache_len " +
+                               std::to_string(r.cache_len) +
+                               " is past the sequence's length " +
+                               std::to_string(s.fed) +
+                               " (a row may rewind, never skip ahead)");
     }
-    if (s.fed + r.n_new > 0x7FFFFFFFull)
+    if (r.n_new > 0 || !decode) check_depth(ln, seq, s, r.cache_len);
+    std::uint64_t const end = r.cache_len + r.n_new;
+    if (end > 0x7FFFFFFFull)
       throw TraceError(ln, "sequence " + seq +
                                " grows past 2^31 - 1 tokens (int32 positions)");
     std::uint64_t const D = static_cast<std::uint64_t>(t_.head_dim);
@@ -443,8 +676,8 @@ class Parser {
     std::uint64_t const rows = block_.rows.size() + 1;
     std::uint64_t const tokens = block_.tokens + r.n_new;
     std::uint64_t const block_values =
-        block_.decode ? sat_mul(sat_mul(rows, block_.next_n), D)
-                      : sat_mul(tokens + rows, D);  // key rows + output rows
+        decode ? sat_mul(sat_mul(rows, block_.next_n), D)
+               : sat_mul(tokens + rows, D);  // key rows + output rows
     if (block_values > Limits::max_elements)
       throw TraceError(ln, "the block opened at line " +
                                std::to_string(block_.line) +
@@ -452,9 +685,105 @@ class Parser {
                                std::to_string(block_values) +
                                " values per array, at most " +
                                std::to_string(Limits::max_elements) + ")");
-    s.fed += r.n_new;
+
+    // The row is valid: send its positions.
+    r.rewinds = (r.n_new > 0 || !decode) && r.cache_len < s.fed;
+    if (s.sends.size() < end) s.sends.resize(end, 0);
+    for (std::uint64_t pos = r.cache_len; pos < end; ++pos)
+      if (s.sends[pos] > 0) r.revisions.push_back(s.sends[pos]);
+    for (std::uint64_t pos = r.cache_len; pos < end; ++pos) ++s.sends[pos];
+    if (r.n_new > 0 || !decode) s.fed = end;
+    s.high = std::max(s.high, end);
+    t_.emissions += pools_ending_in(r.cache_len, end, t_.kpool);
     t_.total_tokens = total;
-    if (!block_.decode) block_.tokens = tokens;
+    if (!decode) block_.tokens = tokens;
+    block_.rows.push_back(std::move(r));
+  }
+
+  // docs/trace.md, "Rewinds": restarting at c needs H - floor(c / K) * K <= R,
+  // so the members of the pool pending at c are still in the ring.
+  void check_depth(int ln, std::string const& seq, Sequence const& s,
+                   std::uint64_t c) const {
+    std::uint64_t const K = static_cast<std::uint64_t>(t_.kpool);
+    std::uint64_t const base = c / K * K;
+    std::uint64_t const depth = s.high > base ? s.high - base : 0;
+    if (depth > static_cast<std::uint64_t>(t_.ring))
+      throw TraceError(
+          ln, "sequence " + seq + ": restarting at " + std::to_string(c) +
+                  " is deeper than the ring allows: H - floor(c/K)*K = " +
+                  std::to_string(s.high) + " - " + std::to_string(base) +
+                  " = " + std::to_string(depth) + " > ring " +
+                  std::to_string(t_.ring) +
+                  " (H: one past the highest position fed)");
+  }
+
+  void once_in_block(int ln, std::uint32_t seq) {
+    auto const sb = seqs_in_block_.emplace(seq, ln);
+    if (!sb.second)
+      throw TraceError(ln, "sequence " + std::to_string(seq) +
+                               " appears twice in the block (first at line " +
+                               std::to_string(sb.first->second) + ")");
+  }
+
+  [[noreturn]] void not_live(int ln, std::uint32_t seq, Sequence const& s) {
+    auto const& by = finished_by_[seq];
+    throw TraceError(ln, "sequence " + std::to_string(seq) +
+                             " finished when slot " + std::to_string(s.slot) +
+                             " went to sequence " + std::to_string(by.first) +
+                             " (line " + std::to_string(by.second) +
+                             ") and must not appear again");
+  }
+
+  // row SEQ FIRST N: queries at positions first .. first + n - 1 of a live
+  // sequence, within its length, each sequence once a block.
+  void select_row(int ln, std::vector<std::string> const& f) {
+    if (f.size() != 4)
+      throw TraceError(ln, "a select row has 3 fields (seq first n), got " +
+                               std::to_string(f.size() - 1));
+    Row r;
+    r.line = ln;
+    r.seq = static_cast<std::uint32_t>(parse_u(f[1], 0xFFFFFFFFull, "seq", ln));
+    r.cache_len = parse_u(f[2], 0xFFFFFFFFull, "first", ln);
+    r.n_new = parse_u(f[3], 0xFFFFFFFFull, "n", ln);
+    std::string const seq = std::to_string(r.seq);
+    once_in_block(ln, r.seq);
+    auto const it = t_.sequences.find(r.seq);
+    if (it == t_.sequences.end())
+      throw TraceError(ln, "sequence " + seq +
+                               " has not been fed (a select row queries a "
+                               "live sequence)");
+    Sequence const& s = it->second;
+    if (s.finished) not_live(ln, r.seq, s);
+    if (r.cache_len + r.n_new > s.fed)
+      throw TraceError(ln, "sequence " + seq + ": first + n = " +
+                               std::to_string(r.cache_len + r.n_new) +
+                               " is past the sequence's length " +
+                               std::to_string(s.fed));
+    std::uint64_t const HD = sat_mul(t_.index_heads, t_.head_dim);
+    std::uint64_t const total = t_.select_queries + r.n_new;
+    if (sat_mul(total, HD) > Limits::max_total_elements)
+      throw TraceError(ln, "the trace queries too many tokens (" +
+                               std::to_string(total) + " of index_heads * "
+                               "head_dim " + std::to_string(HD) +
+                               ": at most " +
+                               std::to_string(Limits::max_total_elements) +
+                               " values in all)");
+    std::uint64_t const tokens = block_.tokens + r.n_new;
+    std::uint64_t const block_values =
+        std::max(sat_mul(tokens, HD), sat_mul(tokens, t_.index_topk));
+    if (block_values > Limits::max_elements)
+      throw TraceError(ln, "the block opened at line " +
+                               std::to_string(block_.line) +
+                               " is too large (" +
+                               std::to_string(block_values) +
+                               " values per array, at most " +
+                               std::to_string(Limits::max_elements) + ")");
+    r.slot = s.slot;
+    r.revisions.reserve(r.n_new);
+    for (std::uint64_t pos = r.cache_len; pos < r.cache_len + r.n_new; ++pos)
+      r.revisions.push_back(s.last_revision(pos));
+    t_.select_queries = total;
+    block_.tokens = tokens;
     block_.rows.push_back(std::move(r));
   }
 
@@ -471,15 +800,19 @@ class Parser {
                                        "directive '") +
                                header_[header_done_] + "'");
     if (open_)
-      throw TraceError(block_.line,
-                       std::string("the ") +
-                           (block_.decode ? "decode" : "step") +
-                           " block opened here has no 'end'");
+      throw TraceError(block_.line, std::string("the ") +
+                                        block_name(block_.kind) +
+                                        " block opened here has no 'end'");
   }
 
   Trace t_;
   int header_done_ = 0;
   int header_lines_[6] = {0, 0, 0, 0, 0, 0};
+  int optional_lines_[5] = {0, 0, 0, 0, 0};
+  int optional_next_ = 0;  // the first optional header line still allowed
+  int optional_last_ = 0;  // the last one given
+  bool blocks_started_ = false;
+  int first_block_line_ = 0;
   bool open_ = false;
   Block block_;
   std::map<std::uint32_t, int> seqs_in_block_;   // seq -> line
@@ -490,7 +823,8 @@ class Parser {
 
 }  // namespace Details
 
-/// Reads a whole trace, checking every rule of docs/trace.md; throws TraceError.
+/// Reads a whole trace, checking every rule of docs/trace.md (versions 1
+/// and 2); throws TraceError.
 inline Trace parse(std::istream& in) {
   Details::Parser p;
   return p.parse(in);

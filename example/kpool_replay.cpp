@@ -1,6 +1,6 @@
-// kpool_replay: runs a serving trace (docs/trace.md) through KPool::step and
-// KPool::decode_step and prints every pool it produced, so that two builds
-// or backends can be compared pool by pool.
+// kpool_replay: runs a serving trace (docs/trace.md, versions 1 and 2)
+// through KPool::step and KPool::decode_step and prints the pools it
+// produced, so that two builds or backends can be compared pool by pool.
 //
 //   kpool_replay [--fused | --unfused] [TRACE | -]
 
@@ -18,6 +18,7 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <new>
 #include <string>
 #include <vector>
@@ -32,9 +33,12 @@ namespace {
 char const usage_text[] =
     "usage: kpool_replay [--fused | --unfused] [TRACE | -]\n"
     "\n"
-    "Replays a KPool serving trace (format: TRACE.md) through KPool::step and\n"
-    "KPool::decode_step on Kokkos' default execution space and prints every\n"
-    "pool produced, sorted by sequence then pool id, then 'pools N'.\n"
+    "Replays a KPool serving trace (format: docs/trace.md) through KPool::step and\n"
+    "KPool::decode_step on Kokkos' default execution space and prints the\n"
+    "pools produced, sorted by sequence then pool id, then 'pools N'. A\n"
+    "version 1 trace prints every pool produced; a version 2 trace (rings\n"
+    "longer than kpool, rewinds) the pools complete within each sequence's\n"
+    "final length as last emitted, then 'emitted E' and 'selects M'.\n"
     "Reads standard input when TRACE is '-' or absent.\n"
     "\n"
     "  --fused     one launch per step for ring_close, compress, seed_tail\n"
@@ -50,6 +54,12 @@ struct Pool {
   std::uint32_t seq;
   std::int32_t id;
   std::vector<float> values;
+};
+
+// What a replay produced, for the output. Every emission in call order
+// (a version 2 trace prints the last one of each pool).
+struct ReplayResult {
+  std::vector<Pool> emitted;
 };
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
@@ -137,9 +147,10 @@ void run_step(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
     KPoolTrace::Row const& row = block.rows[r];
     for (std::uint64_t i = 0; i < row.n_new; ++i) {
       std::uint64_t const pos = row.cache_len + i;
+      std::uint64_t const rev = row.revision(pos);
       for (int c = 0; c < D; ++c) {
-        hk(t0 + i, c) = storage<T>(KPoolTrace::key_value(t.seed, row.seq, pos, c));
-        hg(t0 + i, c) = storage<T>(KPoolTrace::gate_value(t.seed, row.seq, pos, c));
+        hk(t0 + i, c) = storage<T>(KPoolTrace::key_value(t.seed, row.seq, pos, c, rev));
+        hg(t0 + i, c) = storage<T>(KPoolTrace::gate_value(t.seed, row.seq, pos, c, rev));
       }
     }
     t0 += row.n_new;
@@ -183,9 +194,10 @@ void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
       std::int32_t const pos = row.positions[i];
       hp(r, i) = pos;
       if (pos < 0) continue;
+      std::uint64_t const rev = row.revision(static_cast<std::uint64_t>(pos));
       for (int c = 0; c < D; ++c) {
-        hk(r, i, c) = storage<T>(KPoolTrace::key_value(t.seed, row.seq, pos, c));
-        hg(r, i, c) = storage<T>(KPoolTrace::gate_value(t.seed, row.seq, pos, c));
+        hk(r, i, c) = storage<T>(KPoolTrace::key_value(t.seed, row.seq, pos, c, rev));
+        hg(r, i, c) = storage<T>(KPoolTrace::gate_value(t.seed, row.seq, pos, c, rev));
       }
     }
   }
@@ -200,8 +212,8 @@ void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
 // Replays the whole trace in storage type T; `line` follows the block being
 // run so a failure can name it.
 template <class T>
-std::vector<Pool> replay(KPoolTrace::Trace const& t,
-                         KPool::Options const& options, int& line) {
+ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
+                    int& line) {
   ExecSpace const space;
   int const K = t.kpool;
   int const D = t.head_dim;
@@ -216,49 +228,108 @@ std::vector<Pool> replay(KPoolTrace::Trace const& t,
   std::size_t capacity = 1;
   int max_batch = 1;
   for (auto const& b : t.blocks) {
+    if (b.kind == KPoolTrace::BlockKind::select) continue;
     int const B = static_cast<int>(b.rows.size());
     max_batch = std::max(max_batch, B);
     std::size_t const need =
-        b.decode ? b.rows.size() * static_cast<std::size_t>((b.next_n + K - 1) / K)
-                 : KPool::StepOutput<T, MemSpace>::capacity_for(b.tokens, B, K);
+        b.kind == KPoolTrace::BlockKind::decode
+            ? b.rows.size() * static_cast<std::size_t>((b.next_n + K - 1) / K)
+            : KPool::StepOutput<T, MemSpace>::capacity_for(b.tokens, B, K);
     capacity = std::max(capacity, need);
   }
-  KPool::Ring<T, MemSpace> ring(space, static_cast<int>(t.slots), K, D);
+  KPool::Ring<T, MemSpace> ring(space, static_cast<int>(t.slots), K, D, t.ring);
   KPool::StepOutput<T, MemSpace> out(space, capacity, max_batch, D);
 
-  std::vector<Pool> pools;
+  ReplayResult result;
   for (auto const& b : t.blocks) {
     line = b.line;
-    if (b.decode)
-      run_decode<T>(space, ring, ape, t, b, out, options);
-    else
-      run_step<T>(space, ring, ape, t, b, out, options);
-    collect<T>(space, out, b, D, pools);
+    switch (b.kind) {
+      case KPoolTrace::BlockKind::decode:
+        run_decode<T>(space, ring, ape, t, b, out, options);
+        break;
+      case KPoolTrace::BlockKind::step:
+        run_step<T>(space, ring, ape, t, b, out, options);
+        break;
+      case KPoolTrace::BlockKind::select:
+        // Selection has not landed in KPool yet: the parser has checked
+        // the block (rows, lengths, live sequences, index_heads and
+        // index_topk) and its rows carry what a selection call needs, but
+        // the replay runs nothing for it, so the output says 'selects 0'.
+        continue;
+    }
+    collect<T>(space, out, b, D, result.emitted);
   }
   space.fence();
   line = 0;
-  return pools;
+  return result;
 }
 
-std::string format(std::vector<Pool>& pools) {
-  std::stable_sort(pools.begin(), pools.end(), [](Pool const& a, Pool const& b) {
-    return a.seq != b.seq ? a.seq < b.seq : a.id < b.id;
-  });
-  std::string s;
+void append_pool_line(std::string& s, Pool const& p) {
   char buf[64];
-  for (auto const& p : pools) {
-    std::snprintf(buf, sizeof buf, "pool %u %d", static_cast<unsigned>(p.seq),
-                  static_cast<int>(p.id));
-    s += buf;
-    for (float v : p.values) {
-      std::snprintf(buf, sizeof buf, " %.9g", static_cast<double>(v));
-      s += buf;
-    }
-    s += '\n';
-  }
-  std::snprintf(buf, sizeof buf, "pools %zu\n", pools.size());
+  std::snprintf(buf, sizeof buf, "pool %u %d", static_cast<unsigned>(p.seq),
+                static_cast<int>(p.id));
   s += buf;
+  for (float v : p.values) {
+    std::snprintf(buf, sizeof buf, " %.9g", static_cast<double>(v));
+    s += buf;
+  }
+  s += '\n';
+}
+
+void append_count(std::string& s, char const* what, std::size_t n) {
+  s += what;
+  s += ' ';
+  s += std::to_string(n);
+  s += '\n';
+}
+
+bool by_seq_then_id(Pool const& a, Pool const& b) {
+  return a.seq != b.seq ? a.seq < b.seq : a.id < b.id;
+}
+
+// Version 1: every pool produced, sorted (a pool produced twice is printed
+// twice), then 'pools N'.
+std::string format_v1(ReplayResult& r) {
+  std::stable_sort(r.emitted.begin(), r.emitted.end(), by_seq_then_id);
+  std::string s;
+  for (auto const& p : r.emitted) append_pool_line(s, p);
+  append_count(s, "pools", r.emitted.size());
   return s;
+}
+
+// Everything version 2 prints after 'pools N', in docs/trace.md's order. The
+// pool cache's 'cache' lines and the selection's 'select' lines go here,
+// between 'emitted E' and 'selects M', once they are replayed.
+void append_v2_tail(std::string& s, KPoolTrace::Trace const& /*t*/,
+                    ReplayResult const& r) {
+  append_count(s, "emitted", r.emitted.size());
+  std::size_t const selects = 0;  // no select lines yet (see replay())
+  append_count(s, "selects", selects);
+}
+
+// Version 2: the pools complete within each sequence's final length, each
+// with the value it was last emitted with, then the v2 tail.
+std::string format_v2(KPoolTrace::Trace const& t, ReplayResult const& r) {
+  std::map<std::pair<std::uint32_t, std::int32_t>, Pool const*> last;
+  for (auto const& p : r.emitted) last[std::make_pair(p.seq, p.id)] = &p;
+  std::string s;
+  std::size_t n = 0;
+  for (auto const& e : last) {
+    auto const seq = t.sequences.find(e.first.first);
+    std::uint64_t const complete =
+        seq == t.sequences.end() ? 0 : seq->second.fed / t.kpool;
+    if (e.first.second < 0 || static_cast<std::uint64_t>(e.first.second) >= complete)
+      continue;
+    append_pool_line(s, *e.second);
+    ++n;
+  }
+  append_count(s, "pools", n);
+  append_v2_tail(s, t, r);
+  return s;
+}
+
+std::string format(KPoolTrace::Trace const& t, ReplayResult& r) {
+  return t.version == 1 ? format_v1(r) : format_v2(t, r);
 }
 
 // Kokkos writes its own notes (OpenMP binding warnings, ...) to stdout,
@@ -309,22 +380,22 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
   try {
     Kokkos::ScopeGuard guard(argc, argv);
     try {
-      std::vector<Pool> pools;
+      ReplayResult result;
       switch (trace.dtype) {
         case KPoolTrace::DType::f32:
-          pools = replay<float>(trace, options, line);
+          result = replay<float>(trace, options, line);
           break;
         case KPoolTrace::DType::f64:
-          pools = replay<double>(trace, options, line);
+          result = replay<double>(trace, options, line);
           break;
         case KPoolTrace::DType::bf16:
-          pools = replay<KPool::bfloat16>(trace, options, line);
+          result = replay<KPool::bfloat16>(trace, options, line);
           break;
         case KPoolTrace::DType::f16:
-          pools = replay<KPool::float16>(trace, options, line);
+          result = replay<KPool::float16>(trace, options, line);
           break;
       }
-      output = format(pools);
+      output = format(trace, result);
     } catch (std::bad_alloc const&) {
       return fail(line, "out of memory replaying the trace");
     } catch (std::exception const& e) {

@@ -19,6 +19,10 @@
 // reads. The copy moves words = bytes / 16 uint64 words (read + write), so
 // its byte count matches the kernel's.
 //
+// Every case runs with a ring of K entries except the speculative decode
+// shape (decode_b*_n4_r8: next_n = 4, the next token and three drafts, on
+// the serving ring of R = 8 entries); each case reports its `ring`.
+//
 // Writes perf_report.json (or --out) in the current directory and prints its
 // absolute path; perf_tests/perf_table.py prints it as a table.
 
@@ -79,6 +83,7 @@ struct Result {
   double copy_seconds_min = 0;
   int runs = 0;
   int launches = 0;
+  int ring = 0;  // R, the ring length
 };
 
 // ------------------------------------------------------------ device work
@@ -154,6 +159,7 @@ struct RaggedDesc {
   std::vector<std::uint32_t> cache_lengths;  // c per request
   std::vector<std::uint32_t> slots;          // ring slot per request
   int max_slots = 1;
+  int ring = kK;                             // R, the ring length
   int batch() const { return static_cast<int>(rows.size()); }
   std::uint64_t tokens() const {
     return std::accumulate(rows.begin(), rows.end(), std::uint64_t(0));
@@ -166,6 +172,7 @@ struct DecodeDesc {
   std::vector<std::int32_t> start;
   std::vector<std::uint32_t> slots;
   int max_slots = 1;
+  int ring = kK;  // R, the ring length
   int batch() const { return static_cast<int>(start.size()); }
   std::uint64_t tokens() const {
     return static_cast<std::uint64_t>(batch()) * next_n;
@@ -179,6 +186,7 @@ struct DecodeDesc {
     }
     r.slots = slots;
     r.max_slots = max_slots;
+    r.ring = ring;
     return r;
   }
 };
@@ -188,10 +196,10 @@ struct Geo {
   std::uint64_t have = 0;    // c % K
   std::uint64_t full = 0;    // compress pools
   bool closes = false;       // ring_close closes a pool
-  std::uint64_t seeded = 0;  // positions seed_tail stashes
+  std::uint64_t seeded = 0;  // positions seed_tail stashes: the last R
 };
 
-Geo geometry(std::uint64_t c, std::uint64_t n) {
+Geo geometry(std::uint64_t c, std::uint64_t n, std::uint64_t R) {
   std::uint64_t const K = kK;
   Geo g;
   std::uint64_t const end = c + n;
@@ -200,7 +208,7 @@ Geo geometry(std::uint64_t c, std::uint64_t n) {
   std::uint64_t const last = end / K;
   g.full = last > first ? last - first : 0;
   g.closes = g.have != 0 && g.have + n >= K;
-  std::uint64_t const seed_start = std::max(last * K, c);
+  std::uint64_t const seed_start = end > c + R ? end - R : c;
   g.seeded = end - seed_start;
   return g;
 }
@@ -221,7 +229,7 @@ Traffic ragged_traffic(RaggedDesc const& d, std::uint64_t S) {
   std::uint64_t const row = kD * S;
   Traffic t;
   for (int r = 0; r < d.batch(); ++r) {
-    Geo const g = geometry(d.cache_lengths[r], d.rows[r]);
+    Geo const g = geometry(d.cache_lengths[r], d.rows[r], d.ring);
     if (g.closes) {
       t.ring_close += g.have * 2 * row          // ring members (key, gate)
                       + (kK - g.have) * 2 * row  // the call's rows
@@ -355,7 +363,7 @@ struct RaggedData {
     std::uint64_t full = 0;
     for (std::size_t r = 0; r < B; ++r) {
       offsets[r + 1] = offsets[r] + d.rows[r];
-      full += geometry(d.cache_lengths[r], d.rows[r]).full;
+      full += geometry(d.cache_lengths[r], d.rows[r], d.ring).full;
     }
     key = View2<T>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
                                       "kpool_perf::key"),
@@ -376,7 +384,7 @@ struct RaggedData {
     rc_pooled = View2<T>(Kokkos::view_alloc(space, "kpool_perf::rc_pooled"), B, kD);
     rc_closed = View1<std::int32_t>(
         Kokkos::view_alloc(space, "kpool_perf::rc_closed"), B);
-    ring = KPool::Ring<T, Mem>(space, d.max_slots, kK, kD);
+    ring = KPool::Ring<T, Mem>(space, d.max_slots, kK, kD, d.ring);
     fill(space, ring.tail().data(), ring.tail().size(), 0x7777u);
     out = KPool::StepOutput<T, Mem>(
         space, KPool::StepOutput<T, Mem>::capacity_for(T_rows, d.batch(), kK),
@@ -421,7 +429,7 @@ struct DecodeData {
     pooled = View3<T>(Kokkos::view_alloc(space, "kpool_perf::dpooled"), B, M, kD);
     closed = View2<std::int32_t>(Kokkos::view_alloc(space, "kpool_perf::dclosed"),
                                  B, M);
-    ring = KPool::Ring<T, Mem>(space, d.max_slots, kK, kD);
+    ring = KPool::Ring<T, Mem>(space, d.max_slots, kK, kD, d.ring);
     fill(space, ring.tail().data(), ring.tail().size(), 0x5555u);
     out = KPool::StepOutput<T, Mem>(space, B * M, d.batch(), kD);
     space.fence();
@@ -451,7 +459,7 @@ class Runner {
   // Runs `call(options)` once validated, then timed next to the copy.
   void measure(std::string const& scenario, std::string const& dtype,
                std::string const& op, std::uint64_t tokens, int batch,
-               std::uint64_t bytes, int launches,
+               std::uint64_t bytes, int launches, int ring,
                std::function<void(KPool::Options const&)> const& call) {
     std::string const name = scenario + "/" + dtype + "/" + op;
     if (!selected(name)) return;
@@ -510,6 +518,7 @@ class Runner {
     r.copy_seconds_min = *std::min_element(ct.begin(), ct.end());
     r.runs = static_cast<int>(kt.size());
     r.launches = launches;
+    r.ring = ring;
     double const gbps = r.bytes / r.seconds * 1e-9;
     double const cgbps = r.copy_bytes / r.copy_seconds * 1e-9;
     std::printf("%-44s %8.2f GB/s  copy %8.2f GB/s  ratio %5.2f  %10.4f ms  "
@@ -550,21 +559,21 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
   std::uint64_t const tokens = d.tokens();
   int const B = d.batch();
   run.measure(scenario, dtype, "compress", tokens, B, compress_bytes(d, S), 2,
-              [&](KPool::Options const& o) {
+              d.ring, [&](KPool::Options const& o) {
                 KPool::compress(space, data.key, data.gate, data.ape,
                                 data.row_offsets, data.cache_lengths, B,
                                 data.pool_row_offsets, data.pooled, o);
               });
   if (writers_on_ring) {
     run.measure(scenario, dtype, "ring_close", tokens, B,
-                ring_close_bytes(d, S), 1, [&](KPool::Options const& o) {
+                ring_close_bytes(d, S), 1, d.ring, [&](KPool::Options const& o) {
                   KPool::ring_close(space, data.ring.tail(), data.key,
                                     data.gate, data.ape, data.row_offsets,
                                     data.cache_lengths, data.slot_idx, B,
                                     data.rc_pooled, data.rc_closed, o);
                 });
     run.measure(scenario, dtype, "seed_tail", tokens, B, seed_tail_bytes(d, S),
-                1, [&](KPool::Options const& o) {
+                1, d.ring, [&](KPool::Options const& o) {
                   KPool::seed_tail(space, data.ring.tail(), data.key,
                                    data.gate, data.row_offsets,
                                    data.cache_lengths, data.slot_idx, B, o);
@@ -572,7 +581,7 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
   }
   for (bool fused : {false, true}) {
     run.measure(scenario, dtype, fused ? "step_fused" : "step3", tokens, B,
-                step_bytes(d, S), fused ? 2 : 4,
+                step_bytes(d, S), fused ? 2 : 4, d.ring,
                 [&, fused](KPool::Options const& o) {
                   KPool::Options p = o;
                   p.fused = fused;
@@ -598,13 +607,13 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
   std::uint64_t const tokens = d.tokens();
   int const B = d.batch();
   run.measure(scenario, dtype, "tail_update", tokens, B,
-              tail_update_bytes(d, S), 1, [&](KPool::Options const& o) {
+              tail_update_bytes(d, S), 1, d.ring, [&](KPool::Options const& o) {
                 KPool::tail_update(space, data.ring.tail(), data.key, data.gate,
                                    data.ape, data.positions, data.slot_idx, B,
                                    data.pooled, data.closed, o);
               });
   run.measure(scenario, dtype, "decode_step", tokens, B,
-              decode_step_bytes(d, S), 2, [&](KPool::Options const& o) {
+              decode_step_bytes(d, S), 2, d.ring, [&](KPool::Options const& o) {
                 KPool::decode_step(space, data.ring, data.key, data.gate,
                                    data.ape, data.positions, data.slot_idx, B,
                                    data.out, o);
@@ -614,7 +623,7 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
     RaggedDesc const rd = d.ragged();
     RaggedData<T> rdata(run.space(), rd);
     run.measure(scenario, dtype, "step_fused", tokens, B, step_bytes(rd, S), 2,
-                [&](KPool::Options const& o) {
+                rd.ring, [&](KPool::Options const& o) {
                   KPool::Options p = o;
                   p.fused = true;
                   KPool::step(space, rdata.ring, rdata.key, rdata.gate,
@@ -657,9 +666,10 @@ RaggedDesc continuation(int B, std::uint32_t tokens, std::mt19937& rng) {
   return d;
 }
 
-DecodeDesc decode(int B, int next_n, std::mt19937& rng) {
+DecodeDesc decode(int B, int next_n, std::mt19937& rng, int ring = kK) {
   DecodeDesc d;
   d.next_n = next_n;
+  d.ring = ring;
   std::uniform_int_distribution<std::int32_t> len(1000, 60000);
   for (int r = 0; r < B; ++r) d.start.push_back(len(rng));
   d.max_slots = 2 * B;
@@ -708,11 +718,18 @@ void run_all(Runner& run, Settings const& s) {
   }
   std::vector<int> const decode_batches =
       s.quick ? std::vector<int>{64} : std::vector<int>{1, 64, 256, 512};
-  for (int B : decode_batches)
+  for (int B : decode_batches) {
     for (int n : {1, 2})
       run_decode<T>(run,
                     "decode_b" + std::to_string(B) + "_n" + std::to_string(n),
                     decode(B, n, rng));
+    // Speculative decoding: the next token and three drafts a row, on the
+    // serving ring for S = 3 (R = 4 * next_pow2(ceil(7 / 4)) = 8). Its own
+    // generator leaves the other cases' inputs as they were.
+    std::mt19937 spec_rng(20240611u + static_cast<unsigned>(B));
+    run_decode<T>(run, "decode_b" + std::to_string(B) + "_n4_r8",
+                  decode(B, 4, spec_rng, KPool::Ring<T, Mem>::serving_length(kK, 3)));
+  }
   {
     // The serving mix the fused step is for: many small chunk
     // continuations (speculative or chunked-prefill tails) among decodes.
@@ -785,7 +802,8 @@ bool write_report(std::string const& path, std::vector<Result> const& results) {
     f << ", \"seconds_min\": " << json_number(r.seconds_min);
     f << ", \"copy_seconds_min\": " << json_number(r.copy_seconds_min);
     f << ", \"runs\": " << r.runs;
-    f << ", \"launches\": " << r.launches << "}";
+    f << ", \"launches\": " << r.launches;
+    f << ", \"ring\": " << r.ring << "}";
   }
   f << (results.empty() ? "]\n" : "\n  ]\n") << "}\n";
   return static_cast<bool>(f);

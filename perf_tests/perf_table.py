@@ -45,6 +45,7 @@ OPTIONAL_CASE_FIELDS = {
     "copy_seconds": (int, float),
     "seconds_min": (int, float),
     "copy_seconds_min": (int, float),
+    "ring": int,
 }
 
 

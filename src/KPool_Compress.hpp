@@ -80,6 +80,7 @@ void compute_pool_row_offsets(ExecutionSpace const& space,
   call.batch.kpool = kpool;
   call.batch.total_rows = key_rows;
   call.batch.max_slots = 0;
+  call.batch.ring_length = kpool;  // no ring: the seed range is unused
   call.batch_size = static_cast<int>(B);
   Details::launch_ragged_offsets<false>(
       space, "KPool::compute_pool_row_offsets", call,

@@ -9,12 +9,25 @@
 
 namespace KPool {
 
-/// The per-sequence ring of pending pool members, one per layer
-/// (docs/ring.md): tail(slot, 0, i, c) keys, tail(slot, 1, i, c) gate
-/// scores, the token at position pos of the sequence in `slot` at ring
-/// index i = pos % R. Here the ring length R is K. Batch rows address it
-/// through slot_idx; a sequence keeps its slot for life, and a new
-/// sequence may take a finished one's slot without clearing it.
+/// The per-sequence ring of recent positions, one per layer (docs/ring.md):
+/// tail(slot, 0, i, c) keys, tail(slot, 1, i, c) gate scores, the token at
+/// position pos of the sequence in `slot` at ring index i = pos % R. Batch
+/// rows address it through slot_idx; a sequence keeps its slot for life,
+/// and a new sequence may take a finished one's slot without clearing it.
+///
+/// R, the ring length, is a multiple of kpool and at least kpool. R = K
+/// serves plain decoding. Speculative decoding re-sends rejected drafts
+/// (docs/ring.md, "Rewinds"): a call may restart a sequence at any c at or
+/// below its length L provided
+///
+///     H - floor(c / K) * K <= R,
+///
+/// H being one past the highest position ever sent for that sequence, so
+/// that the members of the pool pending at c are still in the ring. KPool
+/// sees no sequence's history and cannot check this: it is the caller's
+/// contract. A serving engine sending the next token plus S drafts a step
+/// and re-sending from the first rejected one needs R >= K + S;
+/// serving_length(K, S) gives the size engines use.
 ///
 /// KPool::step and KPool::decode_step take the ring itself; the individual
 /// writers take its view, tail().
@@ -38,6 +51,32 @@ class Ring {
   /// The ring's view: [max_slots, 2, R, D], LayoutRight.
   using tail_type = Kokkos::View<T****, Kokkos::LayoutRight, MemorySpace>;
 
+  /// The ring length for S draft tokens a step:
+  /// K * next_pow2(ceil((K + S) / K)), the smallest power-of-two number of
+  /// pools that holds a pending pool's K - 1 committed members, the next
+  /// token and S drafts. S = 0 gives K.
+  /// @param kpool K, tokens per pool (>= 1).
+  /// @param drafts S, draft tokens sent a step besides the next token (>= 0).
+  /// @return R for Ring(space, max_slots, kpool, head_dim, R).
+  /// @throws KPool::InvalidArgument when kpool < 1, drafts < 0 or R would
+  /// pass 2^31 - 1.
+  static int serving_length(int kpool, int drafts) {
+    if (kpool < 1 || drafts < 0)
+      throw InvalidArgument(
+          "KPool::Ring::serving_length", kpool < 1 ? "kpool" : "drafts", "", -1,
+          std::to_string(kpool < 1 ? kpool : drafts),
+          kpool < 1 ? "must be at least 1" : "must not be negative");
+    long long const pools = (static_cast<long long>(kpool) + drafts + kpool - 1) / kpool;
+    long long p2 = 1;
+    while (p2 < pools) p2 *= 2;
+    long long const R = p2 * kpool;
+    if (R > 0x7FFFFFFF)
+      throw InvalidArgument("KPool::Ring::serving_length", "drafts", "", -1,
+                            std::to_string(drafts),
+                            "needs a ring longer than 2^31 - 1 entries");
+    return static_cast<int>(R);
+  }
+
   /// An empty ring, to assign a constructed one to later.
   Ring() = default;
 
@@ -53,14 +92,42 @@ class Ring {
   /// @param head_dim D, channels of a key (>= 1).
   /// @throws KPool::InvalidArgument when an argument is below 1.
   template <class ExecutionSpace>
-  Ring(ExecutionSpace const& space, int max_slots, int kpool, int head_dim) {
-    if (max_slots < 1 || kpool < 1 || head_dim < 1)
+  Ring(ExecutionSpace const& space, int max_slots, int kpool, int head_dim)
+      : Ring(space, max_slots, kpool, head_dim, kpool) {}
+
+  /// Allocates [max_slots, 2, ring_length, head_dim], zero-filled on
+  /// `space` like the constructor above, for rings longer than K
+  /// (speculative decoding: ring_length = serving_length(kpool, S)).
+  /// @tparam ExecutionSpace a Kokkos execution space whose memory space is
+  /// MemorySpace.
+  /// @param space the instance the zero fill is queued on.
+  /// @param max_slots sequences the ring can hold at once (>= 1).
+  /// @param kpool K, tokens per pool (>= 1).
+  /// @param head_dim D, channels of a key (>= 1).
+  /// @param ring_length R, a multiple of kpool, at least kpool.
+  /// @throws KPool::InvalidArgument when an argument is below 1 or R is not
+  /// a multiple of K at least K.
+  template <class ExecutionSpace>
+  Ring(ExecutionSpace const& space, int max_slots, int kpool, int head_dim,
+       int ring_length)
+      : kpool_(kpool) {
+    char const* bad = max_slots < 1 ? "max_slots"
+                      : kpool < 1   ? "kpool"
+                      : head_dim < 1 ? "head_dim"
+                                     : nullptr;
+    if (bad)
       throw InvalidArgument(
-          "KPool::Ring", max_slots < 1 ? "max_slots" : kpool < 1 ? "kpool" : "head_dim", "", -1,
+          "KPool::Ring", bad, "", -1,
           std::to_string(max_slots < 1 ? max_slots : kpool < 1 ? kpool : head_dim),
           "must be at least 1");
+    if (ring_length < kpool || ring_length % kpool != 0)
+      throw InvalidArgument(
+          "KPool::Ring", "ring_length", "", -1, std::to_string(ring_length),
+          std::string("is not a valid ring length (") +
+              (ring_length < kpool ? "less than" : "not a multiple of") +
+              " kpool = " + std::to_string(kpool) + ")");
     tail_ = tail_type(Kokkos::view_alloc(space, "KPool::Ring::tail"),
-                      max_slots, 2, kpool, head_dim);
+                      max_slots, 2, ring_length, head_dim);
   }
 
   /// The raw view, for the individual writers (ring_close, seed_tail,
@@ -69,13 +136,16 @@ class Ring {
   tail_type const& tail() const { return tail_; }
   /// @return the slots, extent 0 of tail().
   int max_slots() const { return static_cast<int>(tail_.extent(0)); }
-  /// @return K, tokens per pool (extent 2 of tail() while R = K).
-  int kpool() const { return static_cast<int>(tail_.extent(2)); }
+  /// @return K, tokens per pool.
+  int kpool() const { return kpool_; }
+  /// @return R, the positions each slot keeps (extent 2 of tail()).
+  int ring_length() const { return static_cast<int>(tail_.extent(2)); }
   /// @return D, channels of a key.
   int head_dim() const { return static_cast<int>(tail_.extent(3)); }
 
  private:
   tail_type tail_;
+  int kpool_ = 0;
 };
 
 }  // namespace KPool

@@ -13,11 +13,13 @@ namespace KPool {
 /// The one pending pool the ring already partly holds (docs/writers.md,
 /// "ring_close"). For request r with c = cache_lengths(r), have = c % K and
 /// n rows: when have > 0 and have + n >= K, pool p = c / K closes from its
-/// members [0, have) in the ring of slot slot_idx(r) and the request's rows
-/// [0, K - have); pooled(r) is its value and closed_pool(r) = p. Otherwise
-/// closed_pool(r) = -1 and pooled(r) is not written. The ring is only read
-/// (run it before seed_tail, which overwrites those entries). Rows at and
-/// past num_requests are not touched.
+/// members m < have at ring indices (p * K + m) % R of slot slot_idx(r) and
+/// the request's rows [0, K - have); pooled(r) is its value and
+/// closed_pool(r) = p. Otherwise closed_pool(r) = -1 and pooled(r) is not
+/// written. The ring is only read (run it before seed_tail, which
+/// overwrites those entries). Rows at and past num_requests are not
+/// touched. c may be below the sequence's length (a rewind; see KPool::Ring
+/// for the caller's depth rule).
 ///
 /// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
 /// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
@@ -25,7 +27,8 @@ namespace KPool {
 ///
 /// @tparam ExecutionSpace a Kokkos execution space.
 /// @param space the execution space instance the work is queued on.
-/// @param tail [max_slots, 2, K, D] T: the ring (Ring::tail()), read.
+/// @param tail [max_slots, 2, R, D] T: the ring (Ring::tail()), read; R a
+/// multiple of K.
 /// @param key [total_tokens, D] T.
 /// @param gate [total_tokens, D] T.
 /// @param ape [K, D] float; K and D are taken from it.
@@ -38,9 +41,9 @@ namespace KPool {
 /// @param closed_pool [B] int32, written for every live row: the closed
 /// pool's id, or -1.
 /// @param options `validate` (data checks) and `team_size`; `fused` unused.
-/// @throws KPool::InvalidArgument for mismatched shapes (always) or bad
-/// index data or slots (with options.validate). Nothing has been written
-/// then.
+/// @throws KPool::InvalidArgument for mismatched shapes or a ring length
+/// that is not a multiple of K (always) or bad index data or slots (with
+/// options.validate). Nothing has been written then.
 /// @par Launches and synchronization
 /// One launch on `space`. With options.validate, first fences `space` and
 /// copies row_offsets, cache_lengths and slot_idx (live rows) to the host.
@@ -80,7 +83,7 @@ void ring_close(ExecutionSpace const& space, TailView const& tail,
   auto call = Details::ragged_call<ExecutionSpace, T>(
       chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
   Details::check_tail(chk, tail, K, D);
-  Details::attach_slots(chk, call, slot_idx, static_cast<int>(tail.extent(0)));
+  Details::attach_slots(chk, call, slot_idx, tail);
   chk.extent_is("pooled", 0, pooled.extent(0), call.batch_size, "B");
   chk.extent_is("pooled", 1, pooled.extent(1), D, "head_dim");
   chk.extent_is("closed_pool", 0, closed_pool.extent(0), call.batch_size, "B");

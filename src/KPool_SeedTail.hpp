@@ -10,12 +10,13 @@
 
 namespace KPool {
 
-/// Stashes what stays incomplete after this call in the ring
-/// (docs/writers.md, "seed_tail"). For request r with c = cache_lengths(r)
-/// and end = c + n, every position pos in [max(floor(end / K) * K, c), end)
-/// has its key and gate rows copied to tail(slot_idx(r), 0, pos % K) and
-/// tail(slot_idx(r), 1, pos % K). Nothing else is written, so a chunked
-/// prefill leaves the same ring as a single one. Run it after ring_close.
+/// Stashes the call's last R positions in the ring (docs/writers.md,
+/// "seed_tail"). For request r with c = cache_lengths(r) and end = c + n,
+/// every position pos in [max(end - R, c), end) has its key and gate rows
+/// copied to tail(slot_idx(r), 0, pos % R) and tail(slot_idx(r), 1,
+/// pos % R). Nothing else is written, so a chunked prefill leaves the same
+/// ring as a single one, and a later call may rewind into any of those
+/// positions. Run it after ring_close.
 ///
 /// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
 /// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
@@ -23,8 +24,8 @@ namespace KPool {
 ///
 /// @tparam ExecutionSpace a Kokkos execution space.
 /// @param space the execution space instance the work is queued on.
-/// @param tail [max_slots, 2, K, D] T: the ring (Ring::tail()), written; K
-/// and D are taken from it.
+/// @param tail [max_slots, 2, R, D] T: the ring (Ring::tail()), written; R
+/// and D are taken from it (seed_tail needs no K).
 /// @param key [total_tokens, D] T.
 /// @param gate [total_tokens, D] T.
 /// @param row_offsets [B + 1] uint32.
@@ -63,6 +64,7 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
 
   Details::KokkosExt::ScopedProfileRegion region("KPool::seed_tail");
   Details::Checker const chk("KPool::seed_tail");
+  // Only R matters here; it stands in for K in the shared checks.
   int const K = static_cast<int>(tail.extent(2));
   int const D = static_cast<int>(tail.extent(3));
   chk.pool_shape(tail.extent(2), tail.extent(3), "tail", 2);
@@ -74,7 +76,7 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
   auto call = Details::ragged_call<ExecutionSpace, T>(
       chk, key, gate, no_ape, row_offsets, cache_lengths, num_requests, K, D);
   Details::check_tail(chk, tail, K, D);
-  Details::attach_slots(chk, call, slot_idx, static_cast<int>(tail.extent(0)));
+  Details::attach_slots(chk, call, slot_idx, tail);
   if (options.validate)
     Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
                                 &slot_idx, num_requests, key.extent(0), K,

@@ -156,6 +156,17 @@ PoolSink<T, M> step_sink(StepOutput<T, M> const& out,
   return s;
 }
 
+// The ring a step is given: its tail's shape (check_tail) and the kpool it
+// was built for, which must be ape's.
+template <class T, class M>
+void check_ring(Checker const& chk, Ring<T, M> const& ring, int kpool,
+                int head_dim) {
+  check_tail(chk, ring.tail(), kpool, head_dim);
+  if (ring.kpool() != kpool)
+    chk.fail("ring", "kpool", -1, std::to_string(ring.kpool()),
+             "does not match the kpool of ape = " + std::to_string(kpool));
+}
+
 template <class T, class M>
 void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
                        std::size_t batch, int head_dim, std::size_t needed,
@@ -178,6 +189,11 @@ void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
 /// decodes. Every pool whose last member arrived in this call lands in
 /// `out`, compacted (see StepOutput), and the ring keeps what later calls
 /// need. Pools do not depend on how a sequence was split across calls.
+/// cache_lengths(r) may be below the sequence's length: the row re-sends
+/// rejected drafts (docs/ring.md, "Rewinds"); re-sent positions replace
+/// their ring entries and a pool whose last member is re-sent is emitted
+/// again. The ring must be long enough for the rewind (the depth rule in
+/// KPool::Ring, the caller's contract).
 ///
 /// Request r (r < num_requests) owns token rows [row_offsets(r),
 /// row_offsets(r + 1)) of key and gate, which are absolute positions
@@ -194,7 +210,7 @@ void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
 /// memory space.
 /// @tparam T the storage type (float, double, bfloat16, float16).
 /// @param space the execution space instance all work is queued on.
-/// @param ring the layer's ring, [max_slots, 2, K, D]; read and written.
+/// @param ring the layer's ring, [max_slots, 2, R, D]; read and written.
 /// @param key [total_tokens, D] T: the new tokens' keys.
 /// @param gate [total_tokens, D] T: their gate scores (the two halves of
 /// one [total_tokens, 2D] buffer work).
@@ -249,8 +265,8 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
   int const D = static_cast<int>(ape.extent(1));
   auto call = Details::ragged_call<ExecutionSpace, T>(
       chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
-  Details::check_tail(chk, ring.tail(), K, D);
-  Details::attach_slots(chk, call, slot_idx, ring.max_slots());
+  Details::check_ring(chk, ring, K, D);
+  Details::attach_slots(chk, call, slot_idx, ring.tail());
   std::size_t const bound =
       StepOutput<T, M>::capacity_for(key.extent(0), num_requests, K);
   Details::check_step_output(
@@ -332,7 +348,10 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// the count on the device). Row r carries up to next_n tokens of the
 /// sequence in ring slot slot_idx(r) (speculative decoding sends the next
 /// token and drafts); a sequence may alternate between step and
-/// decode_step and gets the same pools.
+/// decode_step and gets the same pools. A row's first real position may
+/// rewind, as in KPool::step (the next token plus S drafts a row, re-sent
+/// from the first rejected one, needs a ring of at least K + S:
+/// Ring::serving_length).
 ///
 /// Views as for KPool::step: in ExecutionSpace::memory_space, any layout
 /// Kokkos can view as LayoutStride.
@@ -341,7 +360,7 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// memory space.
 /// @tparam T the storage type (float, double, bfloat16, float16).
 /// @param space the execution space instance all work is queued on.
-/// @param ring the layer's ring, [max_slots, 2, K, D]; read and written.
+/// @param ring the layer's ring, [max_slots, 2, R, D]; read and written.
 /// @param key [B, next_n, D] T: the tokens' keys (padding entries unread).
 /// @param gate [B, next_n, D] T: their gate scores.
 /// @param ape [K, D] float; K and D are taken from it.
@@ -355,10 +374,10 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// num_requests * ceil(next_n / K) (StepOutput::capacity_for(B * next_n,
 /// B, K) suffices).
 /// @param options `validate` (data checks) and `team_size`; `fused` unused.
-/// @throws KPool::InvalidArgument for mismatched shapes or next_n = 0
-/// (always), or, with options.validate, a slot out of range or shared, or
-/// a row whose real positions are not consecutive. Nothing has been
-/// written then.
+/// @throws KPool::InvalidArgument for mismatched shapes, next_n = 0 or a
+/// ring built for another K (always), or, with options.validate, a slot out
+/// of range or shared, or a row whose real positions are not consecutive.
+/// Nothing has been written then.
 /// @par Launches and synchronization
 /// Two launches on `space`: the offset scan and tail_update. With
 /// options.validate, first fences `space` and copies slot_idx and
@@ -389,6 +408,7 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                                num_requests);
   int const K = static_cast<int>(ape.extent(0));
   int const D = static_cast<int>(ape.extent(1));
+  Details::check_ring(chk, ring, K, D);
   std::size_t const B = positions.extent(0);
   std::size_t const next_n = positions.extent(1);
   chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,

@@ -51,11 +51,14 @@ bool decode_aligned(View3<const T, M> const& key, View3<const T, M> const& gate,
 /// The decode writer, next_n tokens a row (docs/writers.md,
 /// "tail_update"). Row r's tokens are taken in order: a real token
 /// (positions(r, i) >= 0, an absolute position) is stashed at ring index
-/// pos % K of slot slot_idx(r), and when pos % K == K - 1, pool pos / K
-/// closes from ring indices 0..K-1 (its earlier members stashed by earlier
-/// calls or this one). Closed pools go to pooled(r, j) and
-/// closed_pool(r, j), j = 0, 1, ... in order; the rest of closed_pool(r)
-/// is -1. Rows at and past num_requests are not touched.
+/// pos % R of slot slot_idx(r), and when pos % K == K - 1, pool p = pos / K
+/// closes from ring indices (p * K + m) % R, m < K (its earlier members
+/// stashed by earlier calls or this one). Closed pools go to pooled(r, j)
+/// and closed_pool(r, j), j = 0, 1, ... in order; the rest of
+/// closed_pool(r) is -1. Rows at and past num_requests are not touched. A
+/// row's first real position may rewind below the sequence's length
+/// (re-sent drafts; see KPool::Ring for the caller's depth rule): a pool
+/// whose last member is re-sent is emitted again.
 ///
 /// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
 /// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
@@ -63,8 +66,8 @@ bool decode_aligned(View3<const T, M> const& key, View3<const T, M> const& gate,
 ///
 /// @tparam ExecutionSpace a Kokkos execution space.
 /// @param space the execution space instance the work is queued on.
-/// @param tail [max_slots, 2, K, D] T: the ring (Ring::tail()), read and
-/// written.
+/// @param tail [max_slots, 2, R, D] T: the ring (Ring::tail()), read and
+/// written; R a multiple of K.
 /// @param key [B, next_n, D] T (padding entries unread).
 /// @param gate [B, next_n, D] T.
 /// @param ape [K, D] float; K and D are taken from it.
@@ -76,10 +79,10 @@ bool decode_aligned(View3<const T, M> const& key, View3<const T, M> const& gate,
 /// @param pooled [B, M, D] T, written, M >= ceil(next_n / K).
 /// @param closed_pool [B, M] int32, written for every live row.
 /// @param options `validate` (data checks) and `team_size`; `fused` unused.
-/// @throws KPool::InvalidArgument for mismatched shapes, next_n = 0 or M <
-/// ceil(next_n / K) (always), or a slot out of range or shared, or real
-/// positions not consecutive (with options.validate). Nothing has been
-/// written then.
+/// @throws KPool::InvalidArgument for mismatched shapes, next_n = 0, M <
+/// ceil(next_n / K) or a ring length that is not a multiple of K (always),
+/// or a slot out of range or shared, or real positions not consecutive
+/// (with options.validate). Nothing has been written then.
 /// @par Launches and synchronization
 /// One launch on `space`. With options.validate, first fences `space` and
 /// copies slot_idx and positions (live rows) to the host.

@@ -234,19 +234,36 @@ inline int batch_size(const Batch& b) {
   return B;
 }
 
-// The ring: data[((slot*2 + which)*K + m)*D + c]; which 0 = keys, 1 = gates.
+// The ring: data[((slot*2 + which)*R + i)*D + c]; which 0 = keys, 1 = gates;
+// position pos lives at ring index i = pos % R. R, the ring length, is a
+// multiple of K and at least K ("The ring"); R = K unless given.
 struct Ring {
-  int max_slots = 0, K = 0, D = 0;
+  int max_slots = 0, K = 0, D = 0, R = 0;
   std::vector<double> data;
-  Ring(int max_slots_, int K_, int D_)
-      : max_slots(max_slots_), K(K_), D(D_),
-        data(static_cast<std::size_t>(max_slots_) * 2 * K_ * D_, 0.0) {}
-  std::size_t index(int slot, int which, int m, int c) const {
-    return ((static_cast<std::size_t>(slot) * 2 + which) * K + m) * D + c;
+  Ring(int max_slots_, int K_, int D_) : Ring(max_slots_, K_, D_, K_) {}
+  Ring(int max_slots_, int K_, int D_, int R_)
+      : max_slots(max_slots_), K(K_), D(D_), R(R_),
+        data(static_cast<std::size_t>(max_slots_) * 2 * R_ * D_, 0.0) {
+    require(K_ >= 1 && R_ >= K_ && R_ % K_ == 0,
+            "the ring length must be a multiple of K, at least K");
   }
-  double& at(int slot, int which, int m, int c) { return data[index(slot, which, m, c)]; }
-  double at(int slot, int which, int m, int c) const { return data[index(slot, which, m, c)]; }
+  std::size_t index(int slot, int which, int i, int c) const {
+    return ((static_cast<std::size_t>(slot) * 2 + which) * R + i) * D + c;
+  }
+  // The ring index of absolute position pos.
+  int of(std::int64_t pos) const { return static_cast<int>(pos % R); }
+  double& at(int slot, int which, int i, int c) { return data[index(slot, which, i, c)]; }
+  double at(int slot, int which, int i, int c) const { return data[index(slot, which, i, c)]; }
 };
+
+// R = K * next_pow2(ceil((K + S) / K)): the ring length serving engines use
+// for S draft tokens a step ("Oracle properties" 4).
+inline int serving_ring_length(int K, int S) {
+  int pools = (K + S + K - 1) / K;
+  int p2 = 1;
+  while (p2 < pools) p2 *= 2;
+  return K * p2;
+}
 
 // ---------------------------------------------------------------------------
 // One pool
@@ -390,10 +407,11 @@ inline RingCloseOut ring_close(const Matrix& key, const Matrix& gate, const Matr
     }
     const int slot = static_cast<int>(batch.slot_idx[r]);
     require(slot < ring.max_slots, "slot_idx out of range");
+    const std::int64_t p = c / K;
     for (int m = 0; m < K; ++m) {
       if (m < have) {
-        keys[m] = &ring.data[ring.index(slot, 0, m, 0)];
-        gates[m] = &ring.data[ring.index(slot, 1, m, 0)];
+        keys[m] = &ring.data[ring.index(slot, 0, ring.of(p * K + m), 0)];
+        gates[m] = &ring.data[ring.index(slot, 1, ring.of(p * K + m), 0)];
       } else {
         const int row = static_cast<int>(batch.row_offsets[r] + (m - have));
         keys[m] = key.row(row);
@@ -407,11 +425,11 @@ inline RingCloseOut ring_close(const Matrix& key, const Matrix& gate, const Matr
 }
 
 // ---------------------------------------------------------------------------
-// seed_tail: what remains incomplete after this call goes into the ring
+// seed_tail: the call's last R positions go into the ring
 // ---------------------------------------------------------------------------
 inline void seed_tail(const Matrix& key, const Matrix& gate, const Batch& batch, Ring& ring) {
   batch_size(batch);
-  const int K = ring.K;
+  const int R = ring.R;
   const int D = ring.D;
   require(key.cols == D && gate.cols == D, "key/gate must have D columns");
   require(static_cast<int>(batch.slot_idx.size()) >= batch.num_requests, "slot_idx too short");
@@ -419,13 +437,12 @@ inline void seed_tail(const Matrix& key, const Matrix& gate, const Batch& batch,
     const std::int64_t c = batch.cache_lengths[r];
     const std::int64_t n = std::int64_t(batch.row_offsets[r + 1]) - batch.row_offsets[r];
     const std::int64_t end = c + n;
-    const std::int64_t aligned_end = (end / K) * K;
-    const std::int64_t seed_start = aligned_end > c ? aligned_end : c;
+    const std::int64_t seed_start = end - R > c ? end - R : c;  // max(c, end - R)
     const int slot = static_cast<int>(batch.slot_idx[r]);
     require(slot < ring.max_slots, "slot_idx out of range");
     for (std::int64_t pos = seed_start; pos < end; ++pos) {
       const int row = static_cast<int>(batch.row_offsets[r] + (pos - c));
-      const int idx = static_cast<int>(pos % K);
+      const int idx = ring.of(pos);
       for (int ch = 0; ch < D; ++ch) {
         ring.at(slot, 0, idx, ch) = key.at(row, ch);
         ring.at(slot, 1, idx, ch) = gate.at(row, ch);
@@ -478,16 +495,17 @@ inline TailUpdateOut tail_update(int next_n, const Matrix& key, const Matrix& ga
       const std::int32_t pos = positions[static_cast<std::size_t>(r) * next_n + i];
       if (pos < 0) continue;  // padded entry
       const int row = r * next_n + i;
-      const int idx = pos % K;
+      const int idx = ring.of(pos);
       for (int ch = 0; ch < D; ++ch) {
         ring.at(slot, 0, idx, ch) = key.at(row, ch);
         ring.at(slot, 1, idx, ch) = gate.at(row, ch);
       }
-      if (idx == K - 1) {
+      if (pos % K == K - 1) {
         require(closed < M, "more than M pools close in one row (positions not consecutive?)");
+        const std::int64_t p = pos / K;
         for (int m = 0; m < K; ++m) {
-          keys[m] = &ring.data[ring.index(slot, 0, m, 0)];
-          gates[m] = &ring.data[ring.index(slot, 1, m, 0)];
+          keys[m] = &ring.data[ring.index(slot, 0, ring.of(p * K + m), 0)];
+          gates[m] = &ring.data[ring.index(slot, 1, ring.of(p * K + m), 0)];
         }
         const std::size_t o = (static_cast<std::size_t>(r) * M + closed);
         pool_with_scale(ape, keys, gates, out.pooled.data() + o * D, out.scale.data() + o * D);

@@ -312,8 +312,9 @@ inline RaggedInputs ragged_inputs(Rng& rng, DType t, TestBatch const& batch, int
 // The ring: random contents standing for earlier calls, loaded into a
 // KPool::Ring, and compared back bit for bit (the ring only ever holds
 // copies of stored values).
-inline KPoolRef::Ring random_ring(Rng& rng, DType t, int slots, int K, int D) {
-  KPoolRef::Ring r(slots, K, D);
+inline KPoolRef::Ring random_ring(Rng& rng, DType t, int slots, int K, int D,
+                                  int R = 0) {
+  KPoolRef::Ring r(slots, K, D, R > 0 ? R : K);
   for (double& x : r.data) x = KPoolRef::round_to(t, rng.uniform(-3, 3));
   return r;
 }
@@ -323,7 +324,7 @@ void load_ring(KPool::Ring<T, M> const& ring, KPoolRef::Ring const& ref) {
   auto h = Kokkos::create_mirror_view(ring.tail());
   for (int s = 0; s < ref.max_slots; ++s)
     for (int w = 0; w < 2; ++w)
-      for (int m = 0; m < ref.K; ++m)
+      for (int m = 0; m < ref.R; ++m)
         for (int c = 0; c < ref.D; ++c)
           h(s, w, m, c) = to_storage<T>(ref.at(s, w, m, c));
   Kokkos::deep_copy(ring.tail(), h);
@@ -335,7 +336,7 @@ template <class T, class M>
   auto const h = on_host(ring.tail());
   for (int s = 0; s < ref.max_slots; ++s)
     for (int w = 0; w < 2; ++w)
-      for (int m = 0; m < ref.K; ++m)
+      for (int m = 0; m < ref.R; ++m)
         for (int c = 0; c < ref.D; ++c)
           if (!same_bits(h(s, w, m, c), to_storage<T>(ref.at(s, w, m, c))))
             return ::testing::AssertionFailure()

@@ -1,6 +1,7 @@
 # Trace replay tests: kpool_tracegen -> kpool_replay (--fused, --unfused) ->
 # kpool_trace_check against the host reference; fused and unfused output
-# byte-identical; every rule of docs/trace.md broken once in trace/bad/.
+# byte-identical; every rule of docs/trace.md (versions 1 and 2) broken once
+# in trace/bad/.
 add_executable(kpool_trace_check kpool_trace_check.cpp)
 target_include_directories(kpool_trace_check PRIVATE
   ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/example)
@@ -51,6 +52,32 @@ kpool_trace_replay(trace_replay_f16_k4_d1 check
 kpool_trace_replay(trace_replay_f32_k16_d7_one_slot check
   --dtype f32 --seed 18 --kpool 16 --head-dim 7 --slots 1 --sequences 20 --calls 150 --max-chunk 50)
 
+# (a2) version 2, speculative: verify rounds of the next token plus S
+# drafts with rejected drafts re-sent (rewinds), the serving ring length
+# K * next_pow2(ceil((K + S) / K)) unless --ring says otherwise, every dtype.
+foreach(dtype f32 f64 bf16 f16)
+  kpool_trace_replay(trace_spec_${dtype}_k4_d16_s3 check
+    --dtype ${dtype} --seed 31 --kpool 4 --head-dim 16 --drafts 3 --sequences 16 --calls 60)
+endforeach()
+kpool_trace_replay(trace_spec_bf16_k4_d128_s3 check
+  --dtype bf16 --seed 32 --kpool 4 --head-dim 128 --drafts 3 --sequences 12 --calls 40)
+kpool_trace_replay(trace_spec_f32_k3_d7_s1 check
+  --dtype f32 --seed 33 --kpool 3 --head-dim 7 --drafts 1 --sequences 30 --calls 100)
+kpool_trace_replay(trace_spec_f64_k1_d1_s7 check
+  --dtype f64 --seed 34 --kpool 1 --head-dim 1 --drafts 7 --sequences 30 --calls 100)
+kpool_trace_replay(trace_spec_f16_k8_d7_s7 check
+  --dtype f16 --seed 35 --kpool 8 --head-dim 7 --drafts 7 --slots 3 --sequences 20 --calls 100)
+# A ring of K with drafts: only the rewinds the depth rule allows.
+kpool_trace_replay(trace_spec_bf16_k4_ring4_s3 check
+  --dtype bf16 --seed 36 --kpool 4 --head-dim 8 --drafts 3 --ring 4 --sequences 16 --calls 60)
+# Every version 2 header line, and select blocks (parsed and validated; the
+# replay prints 'selects 0' until selection lands).
+kpool_trace_replay(trace_spec_bf16_k4_d16_headers_selects check
+  --dtype bf16 --seed 37 --kpool 4 --head-dim 16 --drafts 2 --ring 12
+  --index-heads 4 --index-topk 8 --pool-cache fp8_pow2 --rotate 1 --calls 40)
+kpool_trace_replay(trace_v2_no_rewinds_f32_k4_d7 check
+  --dtype f32 --seed 38 --kpool 4 --head-dim 7 --version 2 --sequences 16 --calls 60)
+
 # Hand-written traces in trace/good/ (edge cases the generator may miss).
 file(GLOB _kpool_good_traces CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/trace/good/*.trace)
@@ -72,11 +99,16 @@ foreach(dtype f32 f64 bf16 f16)
 endforeach()
 kpool_trace_replay(trace_fused_unfused_identical_bf16_k3_d7 identical
   --dtype bf16 --seed 22 --kpool 3 --head-dim 7 --sequences 40 --calls 120)
+kpool_trace_replay(trace_fused_unfused_identical_spec_bf16_k4_d128_s3 identical
+  --dtype bf16 --seed 24 --kpool 4 --head-dim 128 --drafts 3 --sequences 12 --calls 40)
 
 # The checker is not vacuous: a changed value, a lost pool, a duplicated
-# pool are each caught.
+# pool are each caught (and, in version 2, a wrong 'emitted E' or
+# 'selects M', a missing tail line, and a stale emission of a re-sent pool).
 kpool_trace_replay(trace_check_detects_tampering tamper
   --dtype bf16 --seed 23 --kpool 4 --head-dim 7 --calls 30)
+kpool_trace_replay(trace_check_detects_tampering_v2 tamper
+  --dtype bf16 --seed 25 --kpool 4 --head-dim 7 --drafts 3 --calls 30)
 
 # (c) one broken rule per file; the expected line is in the file's first
 # line, '# expect trace:LINE:'.

@@ -2,10 +2,14 @@
 //
 // Checks kpool_replay's output for TRACE against the host reference
 // (KPoolReference.hpp, f64): every sequence's printed pools are exactly the
-// complete pools of the tokens it was fed, each once, sorted, 'pools N' is
-// right, and every value is within tolerance of a one-shot compress of the
-// whole sequence (streaming invariance, docs/writers.md). Exit 0 with a summary
-// on success, 1 at the first mismatch, 2 when an input cannot be read.
+// complete pools of the tokens it was fed (version 2: within its final
+// length), each once, sorted, 'pools N' is right, and every value is within
+// tolerance of a one-shot compress of the whole sequence as it stands: the
+// values last sent for each position (streaming invariance and rewinds,
+// docs/ring.md). Version 2 also: 'emitted E' counts one emission each time
+// a pool's last member was sent, and 'selects M' ends the output. Exit 0
+// with a summary on success, 1 at the first mismatch, 2 when an input
+// cannot be read.
 
 #include "KPoolReference.hpp"
 #include "KPoolTrace.hpp"
@@ -75,24 +79,47 @@ std::vector<std::string> split(std::string const& line) {
   return f;
 }
 
-// Reads kpool_replay's output: pool lines then 'pools N', nothing else.
-std::vector<Printed> read_output(std::istream& in, int D) {
+// What follows the pool lines in a version 2 output.
+struct Tail {
+  std::int64_t emitted = -1;
+  std::int64_t selects = -1;
+};
+
+// Reads kpool_replay's output: pool lines then 'pools N', nothing else in
+// version 1; in version 2 then 'emitted E' and 'selects M'. (The pool
+// cache's 'cache' lines and the selection's 'select' lines, which come
+// between them, are not produced yet and not accepted.)
+std::vector<Printed> read_output(std::istream& in, int D, int version,
+                                 Tail& tail) {
   std::vector<Printed> out;
   std::string line;
   int ln = 0;
-  bool done = false;
+  // 0: pool lines; 1: after 'pools N'; 2: after 'emitted E'; 3: done.
+  int stage = 0;
   while (std::getline(in, line)) {
     ++ln;
     auto const at = "output line " + std::to_string(ln) + ": ";
-    if (done) mismatch(at + "text after the 'pools N' line");
+    if (stage == 3 || (stage == 1 && version == 1))
+      mismatch(at + "text after the '" +
+               std::string(version == 1 ? "pools N" : "selects M") + "' line");
     auto const f = split(line);
     std::int64_t a = 0, b = 0;
+    if (stage == 1 || stage == 2) {
+      char const* want = stage == 1 ? "emitted" : "selects";
+      if (f.size() != 2 || f[0] != want)
+        mismatch(at + "expected '" + want + " N', got '" + line + "'");
+      if (!to_int(f[1], a) || a < 0)
+        mismatch(at + "malformed count '" + f[1] + "'");
+      (stage == 1 ? tail.emitted : tail.selects) = a;
+      ++stage;
+      continue;
+    }
     if (f.size() == 2 && f[0] == "pools") {
       if (!to_int(f[1], a)) mismatch(at + "malformed count '" + f[1] + "'");
       if (a != static_cast<std::int64_t>(out.size()))
         mismatch(at + "'pools " + f[1] + "' but " +
                  std::to_string(out.size()) + " pool lines were printed");
-      done = true;
+      stage = 1;
       continue;
     }
     if (f.empty() || f[0] != "pool")
@@ -114,7 +141,11 @@ std::vector<Printed> read_output(std::istream& in, int D) {
         mismatch(at + "malformed value '" + f[3 + c] + "'");
     out.push_back(std::move(p));
   }
-  if (!done) mismatch("the output does not end with a 'pools N' line");
+  if (stage == 0) mismatch("the output has no 'pools N' line");
+  if (version >= 2 && stage != 3)
+    mismatch(std::string("the output does not end with ") +
+             (stage == 1 ? "'emitted E' and 'selects M' lines"
+                         : "a 'selects M' line"));
   return out;
 }
 
@@ -149,7 +180,7 @@ bool inputs_match_trace_md() {
 int main(int argc, char* argv[]) {
   if (!inputs_match_trace_md()) {
     std::cerr << "kpool_trace_check: KPoolTrace::value disagrees with "
-                 "TRACE.md's formula\n";
+                 "docs/trace.md's formula\n";
     return 2;
   }
   if (argc != 3) {
@@ -176,6 +207,7 @@ int main(int argc, char* argv[]) {
   KPoolRef::DType const dt = ref_type(trace.dtype);
 
   std::vector<Printed> printed;
+  Tail tail;
   {
     std::ifstream in(argv[2]);
     if (!in) {
@@ -183,7 +215,25 @@ int main(int argc, char* argv[]) {
                 << "': " << std::strerror(errno) << '\n';
       return 2;
     }
-    printed = read_output(in, D);
+    printed = read_output(in, D, trace.version, tail);
+  }
+  if (trace.version >= 2) {
+    // One emission per sent position that ends a pool, counted here from
+    // the trace's rows (rewinds re-emit).
+    std::uint64_t want = 0;
+    for (auto const& b : trace.blocks) {
+      if (b.kind == KPoolTrace::BlockKind::select) continue;
+      for (auto const& r : b.rows)
+        want += (r.cache_len + r.n_new) / K - r.cache_len / K;
+    }
+    if (tail.emitted != static_cast<std::int64_t>(want))
+      mismatch("'emitted " + std::to_string(tail.emitted) +
+               "' but the trace's calls emit " + std::to_string(want) +
+               " pools");
+    // Selection is not replayed yet: no select lines.
+    if (tail.selects != 0)
+      mismatch("'selects " + std::to_string(tail.selects) +
+               "' but no select lines were printed");
   }
 
   // Order: by seq, then pool id, each pool once.
@@ -242,7 +292,8 @@ int main(int argc, char* argv[]) {
     mismatch("'pools " + std::to_string(printed.size()) + "' but the trace completes " +
              std::to_string(expected) + " pools");
 
-  // Values against a one-shot compress of each whole sequence.
+  // Values against a one-shot compress of each whole sequence, as it
+  // stands: each position's last-sent values (revision 0 in version 1).
   KPoolRef::Matrix ape(K, D);
   for (int m = 0; m < K; ++m)
     for (int c = 0; c < D; ++c) ape.at(m, c) = KPoolTrace::ape_value(trace.seed, m, c);
@@ -252,13 +303,16 @@ int main(int argc, char* argv[]) {
     auto const& pools = entry.second;
     int const rows = static_cast<int>(pools.size()) * K;
     KPoolRef::Matrix key(rows, D), gate(rows, D);
-    for (int pos = 0; pos < rows; ++pos)
+    KPoolTrace::Sequence const& history = trace.sequences.at(seq);
+    for (int pos = 0; pos < rows; ++pos) {
+      std::uint64_t const rev = history.last_revision(pos);
       for (int c = 0; c < D; ++c) {
         key.at(pos, c) = KPoolRef::round_to(
-            dt, KPoolTrace::key_value(trace.seed, seq, pos, c));
+            dt, KPoolTrace::key_value(trace.seed, seq, pos, c, rev));
         gate.at(pos, c) = KPoolRef::round_to(
-            dt, KPoolTrace::gate_value(trace.seed, seq, pos, c));
+            dt, KPoolTrace::gate_value(trace.seed, seq, pos, c, rev));
       }
+    }
     KPoolRef::Matrix const ref = KPoolRef::one_shot(key, gate, ape);
     KPoolRef::Matrix const scale = KPoolRef::one_shot_scale(key, gate, ape);
     for (auto const* p : pools) {
@@ -297,10 +351,15 @@ int main(int argc, char* argv[]) {
     }
   }
 
+  std::uint64_t rewinds = 0;
+  for (auto const& b : trace.blocks)
+    for (auto const& r : b.rows) rewinds += r.rewinds ? 1 : 0;
   std::printf(
       "kpool_trace_check: OK: %zu pools of %zu sequences (%zu blocks, dtype "
-      "%s, K %d, D %d); worst error %.3g of tolerance\n",
+      "%s, K %d, D %d, version %d, ring %d, %llu rewinds); worst error %.3g "
+      "of tolerance\n",
       printed.size(), trace.sequences.size(), trace.blocks.size(),
-      KPoolTrace::dtype_name(trace.dtype), K, D, worst);
+      KPoolTrace::dtype_name(trace.dtype), K, D, trace.version, trace.ring,
+      static_cast<unsigned long long>(rewinds), worst);
   return 0;
 }

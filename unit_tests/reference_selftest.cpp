@@ -302,11 +302,13 @@ static void test_pool() {
 //   r0: c=1, n=5 -> rows 0..4, end 6, have 1, first 1, align 1, full 2
 //       ring_close: pool 0 = {ring[slot2][0] = 100, row 0 = 0} -> 50
 //       compress:   pool 1 = rows 1,2 -> 15; pool 2 = rows 3,4 -> 35
-//       seed_tail:  seed_start = max(6, 1) = 6 = end -> nothing
+//       seed_tail:  the last R = 2 positions: max(1, 6 - 2) = 4 -> pos 4, 5 =
+//                   rows 3, 4 -> ring[slot2][0] = 30, ring[slot2][1] = 40
 //   r1: c=0, n=0 -> nothing anywhere (closed -1)
 //   r2: c=3, n=2 -> rows 5,6, end 5, have 1, first 2, full max(0, 2-2) = 0
 //       ring_close: pool 1 = {ring[slot1][0] = 7, row 5 = 50} -> 28.5
-//       seed_tail:  seed_start = max(4, 3) = 4 -> pos 4 = row 6 -> ring[slot1][0] = 60
+//       seed_tail:  max(3, 5 - 2) = 3 -> pos 3 = row 5 -> ring[slot1][1] = 50,
+//                   pos 4 = row 6 -> ring[slot1][0] = 60
 //   r3: dead (num_requests = 3), rows 7,8, slot 3: untouched
 static void test_general_step_example() {
   const int K = 2, D = 1;
@@ -347,9 +349,13 @@ static void test_general_step_example() {
 
   Ring before = ring;
   seed_tail(key, gate, b, ring);
+  CHECK_EQ(ring.at(2, 0, 0, 0), 30.0);
+  CHECK_EQ(ring.at(2, 0, 1, 0), 40.0);
   CHECK_EQ(ring.at(1, 0, 0, 0), 60.0);
+  CHECK_EQ(ring.at(1, 0, 1, 0), 50.0);
   CHECK_EQ(ring.at(1, 1, 0, 0), 0.0);
-  ring.at(1, 0, 0, 0) = before.at(1, 0, 0, 0);
+  for (int slot : {1, 2})
+    for (int i = 0; i < 2; ++i) ring.at(slot, 0, i, 0) = before.at(slot, 0, i, 0);
   CHECK(ring.data == before.data);  // nothing else written (slot 3 of the dead row included)
 
   // Only a dead row would produce pools: nothing is produced.
@@ -410,9 +416,10 @@ static void test_two_token_sequence() {
     CHECK_EQ(rc.closed_pool[0], 0);
     CHECK_EQ(rc.pooled.at(0, 0), want);
     CHECK_EQ(compress(k1, g1, ape, s).pooled.rows, 0);  // first 1, floor(2/2) - 1 = 0
-    Ring before = ring;
-    seed_tail(k1, g1, s, ring);  // seed_start = max(2, 1) = 2 = end: nothing
-    CHECK(ring.data == before.data);
+    seed_tail(k1, g1, s, ring);  // the last R = 2 positions: max(1, 0) = 1 -> pos 1
+    CHECK_EQ(ring.at(0, 0, 0, 0), 2.0);
+    CHECK_EQ(ring.at(0, 0, 1, 0), 6.0);
+    CHECK_EQ(ring.at(0, 1, 1, 0), std::log(3.0));
   }
   // tail_update, next_n = 1 twice.
   {
@@ -488,6 +495,90 @@ static void test_tail_update_example() {
 //   row 1: i 1, visible 5, ids {-1, 0}: {-1,-1, 0,1}; tail j=0 < 1 -> 5-1+0 = 4
 //                                                            => {-1,-1,0,1,4}
 //   row 2: dead, keeps its prior 99s.
+// A ring longer than K: K = 2, R = 4, D = 1, gates and ape 0 (pool = mean),
+// one slot. Positions map to ring index pos % 4.
+//   seed_tail, c = 0, n = 7 (keys 10 * pos): the last 4 positions 3..6 ->
+//     idx 3, 0, 1, 2 hold 30, 40, 50, 60; nothing else.
+//   ring_close, c = 5 (have 1, pool 2 = positions 4, 5), row key 99:
+//     member 0 from idx (2*2 + 0) % 4 = 0 (40), member 1 the row -> 69.5
+//   tail_update, positions {7, 8, 9}, keys {1, 2, 3}: 7 -> idx 3, closes
+//     pool 3 from idx 2, 3 = {60, 1} -> 30.5; 8 -> idx 0; 9 -> idx 1,
+//     closes pool 4 from idx 0, 1 = {2, 3} -> 2.5
+//   rewind: tail_update, positions {8, 9} with keys {20, 30} re-sends 8, 9:
+//     pool 4 again from idx 0, 1 -> 25
+static void test_long_ring_example() {
+  const int K = 2, D = 1, R = 4;
+  Matrix ape(K, D, 0.0);
+  Ring ring(1, K, D, R);
+  CHECK_EQ(ring.R, 4);
+  CHECK_EQ(serving_ring_length(4, 0), 4);
+  CHECK_EQ(serving_ring_length(4, 1), 8);   // ceil(5/4) = 2 -> 2 pools
+  CHECK_EQ(serving_ring_length(4, 3), 8);   // ceil(7/4) = 2
+  CHECK_EQ(serving_ring_length(4, 5), 16);  // ceil(9/4) = 3 -> 4 pools
+  CHECK_EQ(serving_ring_length(4, 7), 16);
+  CHECK_EQ(serving_ring_length(1, 3), 4);
+  CHECK_EQ(serving_ring_length(3, 1), 6);
+  Matrix key(7, D), gate(7, D, 0.0);
+  for (int i = 0; i < 7; ++i) key.at(i, 0) = 10.0 * i;
+  Batch s;
+  s.row_offsets = {0, 7};
+  s.cache_lengths = {0};
+  s.slot_idx = {0};
+  s.num_requests = 1;
+  seed_tail(key, gate, s, ring);
+  CHECK(ring.data == (std::vector<double>{40, 50, 60, 30, 0, 0, 0, 0}));
+
+  Batch c5 = s;
+  c5.row_offsets = {0, 1};
+  c5.cache_lengths = {5};
+  RingCloseOut rc = ring_close(mat(1, 1, {99.0}), Matrix(1, 1, 0.0), ape, c5, ring);
+  CHECK_EQ(rc.closed_pool[0], 2);
+  CHECK_EQ(rc.pooled.at(0, 0), 69.5);
+
+  TailUpdateOut t = tail_update(3, mat(3, 1, {1, 2, 3}), Matrix(3, 1, 0.0), ape, {7, 8, 9},
+                                {0}, 1, ring);
+  CHECK(t.closed_pool == (std::vector<std::int32_t>{3, 4}));
+  CHECK_EQ(t.pooled[0], 30.5);
+  CHECK_EQ(t.pooled[1], 2.5);
+  TailUpdateOut again = tail_update(2, mat(2, 1, {20, 30}), Matrix(2, 1, 0.0), ape, {8, 9},
+                                    {0}, 1, ring);
+  CHECK(again.closed_pool == (std::vector<std::int32_t>{4}));
+  CHECK_EQ(again.pooled[0], 25.0);
+}
+
+// The #58454 scenario, K = 4, D = 1, gates and ape 0 (pool = mean), keys
+// numbered by sending: positions 0..5 one per call (keys 0..5), a verify
+// call [6, 7, 8, 9] (keys 6, 7, 8, 9: the next token and drafts 7..9), then
+// the re-send [7, 8, 9, 10] (keys 107, 108, 109, 110). Pool 1 = positions
+// 4..7 is emitted by the verify (from draft 7) and again by the re-send:
+// (4 + 5 + 6 + 107) / 4 = 30.5. With R = K = 4 the drafts 8 and 9 went to
+// ring indices 0 and 1, over positions 4 and 5, so the re-sent pool reads
+// (8 + 9 + 6 + 107) / 4 = 32.5 instead. With R = 8 (serving_ring_length(4,
+// 3)) it is right.
+static void test_rewind_needs_the_ring() {
+  const int K = 4, D = 1;
+  Matrix ape(K, D, 0.0);
+  for (int R : {4, 8}) {
+    Ring ring(1, K, D, R);
+    for (int pos = 0; pos < 6; ++pos)
+      tail_update(1, mat(1, 1, {double(pos)}), Matrix(1, 1, 0.0), ape, {pos}, {0}, 1, ring);
+    TailUpdateOut v = tail_update(4, mat(4, 1, {6, 7, 8, 9}), Matrix(4, 1, 0.0), ape,
+                                  {6, 7, 8, 9}, {0}, 1, ring);
+    CHECK(v.closed_pool == (std::vector<std::int32_t>{1}));
+    CHECK_EQ(v.pooled[0], 5.5);  // (4 + 5 + 6 + 7) / 4, draft 7's value
+    // The re-send through the general step: c = 7, rows 107..110.
+    Batch b;
+    b.row_offsets = {0, 4};
+    b.cache_lengths = {7};
+    b.slot_idx = {0};
+    b.num_requests = 1;
+    Matrix k = mat(4, 1, {107, 108, 109, 110});
+    RingCloseOut rc = ring_close(k, Matrix(4, 1, 0.0), ape, b, ring);
+    CHECK_EQ(rc.closed_pool[0], 1);
+    CHECK_EQ(rc.pooled.at(0, 0), R == 4 ? 32.5 : 30.5);
+  }
+}
+
 static void test_expand_topk_example() {
   Batch b;
   b.row_offsets = {0, 2, 3};
@@ -687,6 +778,8 @@ int main() {
   test_general_step_example();
   test_two_token_sequence();
   test_tail_update_example();
+  test_long_ring_example();
+  test_rewind_needs_the_ring();
   test_expand_topk_example();
   test_one_shot();
   test_streaming_invariance();

@@ -77,7 +77,7 @@ TYPED_TEST(RingWriters, RingCloseMatchesReferenceAndOnlyReadsTheRing) {
     }
 }
 
-TYPED_TEST(RingWriters, SeedTailStashesExactlyTheIncompletePool) {
+TYPED_TEST(RingWriters, SeedTailKeepsTheCallsLastRingLengthPositions) {
   using C = TypeParam;
   using T = typename C::value_type;
   using E = typename C::execution_space;
@@ -172,6 +172,115 @@ TYPED_TEST(RingWriters, TailUpdateMatchesReferenceForEveryNextN) {
         ASSERT_TRUE(ring_equals(ring, ref_ring));
       }
     }
+}
+
+// A ring longer than K (docs/ring.md): ring_close reads
+// members (p * K + m) % R, seed_tail keeps the call's last R positions at
+// pos % R, tail_update stashes at pos % R and closes from (p * K + m) % R.
+// Cache lengths spread over several ring turns, chunks longer than R, and
+// decode rows that start below where the ring's last writes ended
+// (rewinds).
+TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
+  using C = TypeParam;
+  using T = typename C::value_type;
+  using E = typename C::execution_space;
+  using M = typename C::memory_space;
+  for (int K : {1, 3, 4})
+    for (int D : {7, 128})
+      for (int R : {2 * K, 4 * K}) {
+        SCOPED_TRACE(shape(K, D) + " R=" + std::to_string(R));
+        Rng rng(4099 * K + 7 * D + R);
+        int const slots = 9, B = 8;
+        std::vector<std::pair<std::uint32_t, std::uint32_t>> live;
+        for (int r = 0; r < 7; ++r) {
+          std::uint32_t const c = rng.below(5 * R);
+          std::uint32_t const n = r == 0 ? 0 : r == 1 ? R + 1 + rng.below(2 * K) : rng.below(R + 2);
+          live.emplace_back(c, n);
+        }
+        TestBatch const batch = make_batch(live, B, rng, slots);
+        auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
+        KPoolRef::Ring const start = random_ring(rng, C::dtype, slots, K, D, R);
+        E space;
+        BatchViews<M> const bv(batch.device);
+        auto const kv = to_view<T, M>(key, "key");
+        auto const gv = to_view<T, M>(gate, "gate");
+
+        // ring_close
+        {
+          auto const ref = KPoolRef::ring_close(key, gate, ape, batch.reference, start);
+          KPool::Ring<T, M> ring(space, slots, K, D, R);
+          ASSERT_EQ(ring.ring_length(), R);
+          load_ring(ring, start);
+          Kokkos::View<T**, Kokkos::LayoutRight, M> pooled("pooled", B, D);
+          Kokkos::View<std::int32_t*, M> closed("closed_pool", B);
+          KPool::ring_close(space, ring.tail(), kv, gv, ape_view<M>(ape), bv.row_offsets,
+                            bv.cache_lengths, bv.slot_idx, batch.device.num_requests, pooled,
+                            closed, test_options<E>());
+          auto const hc = on_host(closed);
+          auto const hp = on_host(pooled);
+          for (int r = 0; r < batch.device.num_requests; ++r) {
+            ASSERT_EQ(hc(r), ref.closed_pool[r]) << "closed_pool row " << r;
+            if (hc(r) >= 0) {
+              ASSERT_TRUE(pool_matches(C::dtype, &hp(r, 0), 1, ref.pooled.row(r),
+                                       ref.scale.row(r), D))
+                  << "row " << r;
+            }
+          }
+          ASSERT_TRUE(ring_equals(ring, start)) << "ring_close wrote the ring";
+        }
+        // seed_tail
+        {
+          KPoolRef::Ring ref_ring = start;
+          KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
+          KPool::Ring<T, M> ring(space, slots, K, D, R);
+          load_ring(ring, start);
+          KPool::seed_tail(space, ring.tail(), kv, gv, bv.row_offsets, bv.cache_lengths,
+                           bv.slot_idx, batch.device.num_requests, test_options<E>());
+          ASSERT_TRUE(ring_equals(ring, ref_ring));
+        }
+        // tail_update: rows start anywhere in the ring's span, including
+        // below positions the random ring stands for (a rewind).
+        {
+          int const next_n = 1 + rng.below(R + 2);
+          int const Mcols = (next_n + K - 1) / K;
+          std::vector<std::int32_t> positions(B * next_n, -1);
+          std::vector<std::uint32_t> slot_idx(B);
+          for (int r = 0; r < B; ++r) {
+            slot_idx[r] = r;
+            std::int32_t pos = rng.below(5 * R);
+            for (int i = 0; i < next_n; ++i)
+              positions[r * next_n + i] = rng.below(5) == 0 ? -1 : pos++;
+          }
+          Matrix const k = random_matrix(rng, C::dtype, B * next_n, D, -2, 2);
+          Matrix const g = random_matrix(rng, C::dtype, B * next_n, D, -4, 4);
+          KPoolRef::Ring ref_ring = start;
+          int const live_rows = B - 1;
+          auto const ref = KPoolRef::tail_update(next_n, k, g, ape, positions, slot_idx,
+                                                 live_rows, ref_ring);
+          KPool::Ring<T, M> ring(space, slots, K, D, R);
+          load_ring(ring, start);
+          Kokkos::View<T***, Kokkos::LayoutRight, M> pooled("pooled", B, Mcols, D);
+          Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> closed("closed", B, Mcols);
+          KPool::tail_update(space, ring.tail(), to_view3<T, M>(k, next_n, "key"),
+                             to_view3<T, M>(g, next_n, "gate"), ape_view<M>(ape),
+                             positions_view<M>(positions, next_n),
+                             to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"),
+                             live_rows, pooled, closed, test_options<E>());
+          auto const hc = on_host(closed);
+          auto const hp = on_host(pooled);
+          for (int r = 0; r < live_rows; ++r)
+            for (int j = 0; j < Mcols; ++j) {
+              std::size_t const o = static_cast<std::size_t>(r) * ref.M + j;
+              ASSERT_EQ(hc(r, j), ref.closed_pool[o]) << "closed_pool(" << r << ", " << j << ")";
+              if (hc(r, j) >= 0) {
+                ASSERT_TRUE(pool_matches(C::dtype, &hp(r, j, 0), 1, ref.pooled.data() + o * D,
+                                         ref.scale.data() + o * D, D))
+                    << "pool (" << r << ", " << j << ")";
+              }
+            }
+          ASSERT_TRUE(ring_equals(ring, ref_ring));
+        }
+      }
 }
 
 }  // namespace

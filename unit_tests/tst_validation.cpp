@@ -744,6 +744,66 @@ TEST(Validation, KpoolMustAgree) {
   }
 }
 
+// The ring length R (tail extent 2) is a multiple of kpool and at least
+// kpool (docs/ring.md), however the ring reaches the call.
+TEST(Validation, RingLengthMustBeAMultipleOfKpool) {
+  for (int R : {K + 2, K / 2, 0}) {
+    SCOPED_TRACE("R = " + std::to_string(R));
+    World w;
+    w.tail = V4("tail", kSlots, 2, R, w.D);
+    expect_rejected(w, {Entry::ring_close, Entry::tail_update},
+                    at_extent("tail", 2, R));
+    if (R > 0) {
+      EXPECT_TRUE(ring_ctor_rejects([&] { Ring r(w.space, kSlots, K, w.D, R); },
+                                    scalar("ring_length", R)));
+    }
+  }
+  {
+    // seed_tail reads no kpool: any R >= 1 is a ring it can fill.
+    World w;
+    w.tail = V4("tail", kSlots, 2, K + 2, w.D);
+    EXPECT_NO_THROW(w.run(Entry::seed_tail));
+  }
+  {
+    // A ring built for another kpool, even of a length this kpool divides.
+    World w;
+    w.ring = Ring(w.space, kSlots, K / 2, w.D, K);
+    expect_rejected(w, {Entry::step_fused, Entry::step_unfused, Entry::decode_step},
+                    Expect{"ring", -1, std::to_string(K / 2), "kpool"});
+  }
+  {
+    World w;
+    w.ring = Ring(w.space, kSlots, K, w.D, 2 * K);
+    w.tail = w.ring.tail();
+    EXPECT_EQ(w.ring.ring_length(), 2 * K);
+    EXPECT_EQ(w.ring.kpool(), K);
+    for (Entry e : {Entry::ring_close, Entry::seed_tail, Entry::tail_update,
+                    Entry::step_fused, Entry::step_unfused, Entry::decode_step})
+      EXPECT_NO_THROW(w.run(e)) << label(e);
+  }
+}
+
+// R = K * next_pow2(ceil((K + S) / K)) (docs/ring.md, "Sizing R").
+TEST(Validation, ServingRingLength) {
+  struct Case {
+    int K, S, R;
+  };
+  for (Case const c : {Case{4, 0, 4}, Case{4, 1, 8}, Case{4, 3, 8}, Case{4, 4, 8},
+                       Case{4, 5, 16}, Case{4, 7, 16}, Case{4, 12, 16}, Case{4, 13, 32},
+                       Case{1, 0, 1}, Case{1, 1, 2}, Case{1, 7, 8}, Case{3, 1, 6},
+                       Case{3, 4, 12}, Case{64, 1, 128}})
+    EXPECT_EQ(Ring::serving_length(c.K, c.S), c.R) << "K " << c.K << " S " << c.S;
+  for (auto const& bad : {std::make_pair(0, 1), std::make_pair(4, -1)}) {
+    try {
+      Ring::serving_length(bad.first, bad.second);
+      ADD_FAILURE() << "serving_length(" << bad.first << ", " << bad.second << ") accepted";
+    } catch (KPool::InvalidArgument const& e) {
+      EXPECT_TRUE(check_message("KPool::Ring::serving_length", e,
+                                bad.first < 1 ? scalar("kpool", 0) : scalar("drafts", -1)));
+    }
+  }
+}
+
 // Extents: B agrees between row_offsets (B + 1), cache_lengths, slot_idx and
 // the outputs; in decode between positions, key, gate, slot_idx and outputs.
 TEST(Validation, BatchSizeMustAgree) {

@@ -52,6 +52,7 @@ struct RaggedBatch {
   int kpool;
   std::uint64_t total_rows;  // rows of key/gate
   int max_slots;
+  int ring_length;  // R, the ring's extent 2 (kpool when no ring is used)
 
   KOKKOS_INLINE_FUNCTION Request request(int r) const {
     Request q;
@@ -60,7 +61,7 @@ struct RaggedBatch {
     std::uint64_t const c = cache_lengths(r);
     q.valid = b <= e && e <= total_rows && c + (e - b) <= max_sequence_length;
     q.row_begin = b;
-    q.g = request_geometry(c, q.valid ? e - b : 0, kpool);
+    q.g = request_geometry(c, q.valid ? e - b : 0, kpool, ring_length);
     std::uint32_t const s = slot_idx.extent(0) > 0 ? slot_idx(r) : 0u;
     q.slot_ok = s < static_cast<std::uint32_t>(max_slots);
     q.slot = static_cast<int>(s);
@@ -86,10 +87,14 @@ KOKKOS_INLINE_FUNCTION PoolSource<T> rows_source(
   return s;
 }
 
+// Members [0, have) of the pool starting at position `first` come from the
+// ring (its K members are consecutive there, see ring_index).
 template <class T, class TailView>
 KOKKOS_INLINE_FUNCTION void attach_ring(PoolSource<T>& s, TailView const& tail,
-                                        int slot, int have) {
-  s.ring_key = tail.data() + slot * tail.stride(0);
+                                        int slot, int have,
+                                        std::uint64_t first) {
+  s.ring_key = tail.data() + slot * tail.stride(0) +
+               ring_index(first, static_cast<int>(tail.extent(2))) * tail.stride(2);
   s.ring_gate = s.ring_key + tail.stride(1);
   s.ring_m = tail.stride(2);
   s.ring_c = tail.stride(3);

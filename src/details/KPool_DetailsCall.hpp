@@ -69,25 +69,42 @@ RaggedCall<ExecutionSpace, T> ragged_call(Checker const& chk,
   call.batch.kpool = kpool;
   call.batch.total_rows = key.extent(0);
   call.batch.max_slots = 0;
+  call.batch.ring_length = kpool;
   call.batch_size = static_cast<int>(B);
   call.head_dim = head_dim;
   return call;
 }
 
-template <class ExecutionSpace, class T, class Slots>
+// The ring a ragged writer uses: its slots and its length R (a tail
+// already passed check_tail).
+template <class ExecutionSpace, class T, class Slots, class Tail>
 void attach_slots(Checker const& chk, RaggedCall<ExecutionSpace, T>& call,
-                  Slots const& slot_idx, int max_slots) {
+                  Slots const& slot_idx, Tail const& tail) {
   chk.extent_is("slot_idx", 0, slot_idx.extent(0),
                 static_cast<std::size_t>(call.batch_size),
                 "the batch size B (row_offsets has B + 1 entries)");
   call.batch.slot_idx = slot_idx;
-  call.batch.max_slots = max_slots;
+  call.batch.max_slots = static_cast<int>(tail.extent(0));
+  call.batch.ring_length = static_cast<int>(tail.extent(2));
 }
 
+// The ring [max_slots, 2, R, D]: R, the ring length, a multiple of kpool
+// and at least kpool (docs/ring.md).
 template <class Tail>
 void check_tail(Checker const& chk, Tail const& tail, int kpool, int head_dim) {
   chk.extent_is("tail", 1, tail.extent(1), 2, "2 (keys and gate scores)");
-  chk.extent_is("tail", 2, tail.extent(2), kpool, "kpool");
+  std::size_t const R = tail.extent(2), K = static_cast<std::size_t>(kpool);
+  if (R < K)
+    chk.fail("tail", "extent 2", -1, std::to_string(R),
+             "is not a valid ring length (less than kpool = " +
+                 std::to_string(K) + ")");
+  if (R % K != 0)
+    chk.fail("tail", "extent 2", -1, std::to_string(R),
+             "is not a valid ring length (not a multiple of kpool = " +
+                 std::to_string(K) + ")");
+  if (R > 0x7FFFFFFF)
+    chk.fail("tail", "extent 2", -1, std::to_string(R),
+             "is too long a ring");
   chk.extent_is("tail", 3, tail.extent(3), head_dim, "head_dim");
   if (tail.extent(0) > 0x7FFFFFFF)
     chk.fail("tail", "extent 0", -1, std::to_string(tail.extent(0)),

@@ -4,8 +4,8 @@
 // The one place that derives a request's pools from its cache length and
 // row count (docs/writers.md, "The writers"). The kernels, the offset scan and
 // host-side validation all call request_geometry, so compress skips exactly
-// the rows ring_close consumes and seed_tail stashes exactly what neither
-// closed.
+// the rows ring_close consumes and seed_tail stashes the same range in the
+// fused and the three-launch step.
 
 #include <details/KPool_DetailsKokkosExt.hpp>
 
@@ -30,9 +30,23 @@ struct RequestGeometry {
   std::uint64_t seed_start;    // first position seed_tail stashes
 };
 
+// Ring index of position `pos` in a ring of `ring_length` entries
+// (docs/ring.md). Every writer addresses the ring through this.
+// The ring length is a multiple of K, so pool p's K members sit at the
+// consecutive indices ring_index(p * K, R) + m: a pool never wraps.
+// Positions stay below 2^32 whatever the input (cache lengths are uint32,
+// decode positions int32, and an invalid request seeds nothing), so the
+// 32-bit remainder is exact, and on GPUs much cheaper than a 64-bit one.
+KOKKOS_INLINE_FUNCTION int ring_index(std::uint64_t pos, int ring_length) {
+  return static_cast<int>(static_cast<std::uint32_t>(pos) %
+                          static_cast<std::uint32_t>(ring_length));
+}
+
+// `ring_length` only sets the seed range: the call's last R positions.
 KOKKOS_INLINE_FUNCTION RequestGeometry request_geometry(std::uint64_t c,
                                                         std::uint64_t n,
-                                                        int kpool) {
+                                                        int kpool,
+                                                        int ring_length) {
   std::uint64_t const K = static_cast<std::uint64_t>(kpool);
   RequestGeometry g;
   g.cache_length = c;
@@ -44,8 +58,10 @@ KOKKOS_INLINE_FUNCTION RequestGeometry request_geometry(std::uint64_t c,
   std::uint64_t const last = g.end / K;
   g.full = last > g.first ? last - g.first : 0;
   g.closes = g.have != 0 && c % K + n >= K;
-  std::uint64_t const whole = last * K;
-  g.seed_start = whole > c ? whole : c;
+  // The last R positions, not only the pending pool's members: a later
+  // call may rewind into them (docs/ring.md, "Rewinds").
+  std::uint64_t const R = static_cast<std::uint64_t>(ring_length);
+  g.seed_start = g.end > c + R ? g.end - R : c;
   return g;
 }
 

@@ -45,7 +45,7 @@ struct RingCloseFunctor {
       return;
     }
     PoolSource<T> src = rows_source(key, gate, q.row_begin);
-    attach_ring(src, tail, q.slot, q.g.have);
+    attach_ring(src, tail, q.slot, q.g.have, q.g.cache_length - q.g.have);
     thread_vector_pool<ExecutionSpace, P>(member, batch.kpool, head_dim,
                                           ape_source(ape), src, out.row(o),
                                           out.channel_stride());

@@ -9,9 +9,9 @@
 namespace KPool {
 namespace Details {
 
-// seed_tail: stash the members of the pool still incomplete after this
-// call, positions [seed_start, end), at ring index pos % K. One work item is
-// one request; nothing else in the ring is written.
+// seed_tail: stash the call's last R positions, [seed_start, end), at ring
+// index pos % R. One work item is one request; nothing else in the ring is
+// written.
 template <class ExecutionSpace, class T, class P>
 struct SeedTailFunctor {
   using memory_space = typename ExecutionSpace::memory_space;
@@ -34,10 +34,9 @@ struct SeedTailFunctor {
     if (r >= batch.num_requests) return;
     Request const q = batch.request(r);
     if (!q.valid || !q.slot_ok) return;
-    int const K = batch.kpool;
     for (std::uint64_t pos = q.g.seed_start; pos < q.g.end; ++pos) {
       std::uint64_t const row = q.row_begin + (pos - q.g.cache_length);
-      int const idx = static_cast<int>(pos % K);
+      int const idx = ring_index(pos, batch.ring_length);
       thread_vector_copy<ExecutionSpace, P>(member, head_dim, &key(row, 0),
                                             key.stride(1),
                                             &tail(q.slot, 0, idx, 0),

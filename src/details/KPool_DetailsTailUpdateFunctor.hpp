@@ -12,9 +12,11 @@ namespace KPool {
 namespace Details {
 
 // tail_update: next_n decode tokens per row, taken in order. Each real
-// token is stashed at ring index pos % K; when it is a pool's last member
-// the pool closes from ring indices 0..K-1. A later token of the same row
-// may overwrite an index this pool reads, so the order matters: one team
+// token is stashed at ring index pos % R; when it is a pool's last member
+// the pool closes from its K ring entries. The first real position may
+// rewind below the sequence's length (re-sent drafts): nothing here assumes
+// positions grow from call to call. A later token of the same row may
+// overwrite an index this pool reads, so the order matters: one team
 // thread walks the row's tokens, and its lanes stash and read back the same
 // channels (thread_vector_copy and thread_vector_pool share the mapping),
 // so each lane sees its own writes in program order.
@@ -54,14 +56,14 @@ struct TailUpdateFunctor {
     if (slot < static_cast<std::uint32_t>(max_slots)) {
       T* const ring_key = &tail(slot, 0, 0, 0);
       T* const ring_gate = &tail(slot, 1, 0, 0);
+      int const ring_length = static_cast<int>(tail.extent(2));
       PoolSource<T> src;
       src.row_key = src.row_gate = nullptr;
       src.key_r = src.key_c = src.gate_r = src.gate_c = 0;
-      attach_ring(src, tail, static_cast<int>(slot), kpool);
       for (int i = 0; i < next_n; ++i) {
         std::int32_t const pos = positions(r, i);
         if (pos < 0) continue;
-        int const idx = pos % kpool;
+        int const idx = ring_index(static_cast<std::uint64_t>(pos), ring_length);
         thread_vector_copy<ExecutionSpace, P>(
             member, head_dim, &key(r, i, 0), key.stride(2),
             ring_key + idx * tail.stride(2), tail.stride(3));
@@ -70,6 +72,8 @@ struct TailUpdateFunctor {
             ring_gate + idx * tail.stride(2), tail.stride(3));
         if (!closes_pool(pos, kpool)) continue;
         std::int32_t const pool = pos / kpool;
+        attach_ring(src, tail, static_cast<int>(slot), kpool,
+                    static_cast<std::uint64_t>(pool) * kpool);
         if constexpr (StepMode) {
           std::uint64_t const o = out.offsets(r) + closed;
           if (o < out.offsets(r + 1) && out.holds(o)) {

@@ -145,7 +145,7 @@ std::vector<typename View1D::non_const_value_type> host_copy(
 struct HostBatch {
   std::vector<std::uint32_t> row_offsets;    // [num_requests + 1]
   std::vector<std::uint32_t> cache_lengths;  // [num_requests]
-  std::vector<RequestGeometry> geometry;     // [num_requests]
+  std::vector<RequestGeometry> geometry;     // [num_requests], R = K
   std::uint64_t full_pools = 0;              // sum of compress pools
   std::uint64_t closing = 0;                 // requests ring_close closes
 };
@@ -208,7 +208,8 @@ HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
                        " rows exceeds " + std::to_string(max_sequence_length) +
                        ", the longest sequence KPool indexes (int32 "
                        "positions)");
-    hb.geometry[r] = request_geometry(c, rows, kpool);
+    // Validation counts pools only; the seed range (R) plays no part.
+    hb.geometry[r] = request_geometry(c, rows, kpool, kpool);
     hb.full_pools += hb.geometry[r].full;
     hb.closing += hb.geometry[r].closes ? 1 : 0;
   }
@@ -219,6 +220,9 @@ HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
 // The data rules of decode rows whose shapes are already checked: live
 // slots below max_slots and distinct; real positions (>= 0) of a row
 // consecutive, since a gap would close a pool from stale ring entries.
+// A row's first real position may rewind below the sequence's length; the
+// depth rule that makes that safe needs the sequence's history, which KPool
+// never sees, so it stays the caller's (docs/ring.md, "Rewinds").
 // Returns the pools each live row closes.
 template <class ExecutionSpace, class Positions, class Slots>
 std::vector<int> check_decode_batch(Checker const& chk,
