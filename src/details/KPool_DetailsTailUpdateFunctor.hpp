@@ -2,9 +2,10 @@
 #define KPOOL_DETAILS_TAIL_UPDATE_FUNCTOR_HPP
 
 #include <details/KPool_DetailsBatch.hpp>
-#include <details/KPool_DetailsCompressFunctor.hpp>
 #include <details/KPool_DetailsPool.hpp>
+#include <details/KPool_DetailsRaggedWriter.hpp>
 #include <details/KPool_DetailsRequest.hpp>
+#include <details/KPool_DetailsStrided.hpp>
 
 #include <cstdint>
 
@@ -22,19 +23,21 @@ namespace Details {
 // rest of closed_pool(r) is -1. StepMode: to rows offsets(r) + j.
 template <class ExecutionSpace, class T, class P, bool StepMode>
 struct TailUpdateFunctor {
-  using memory_space = typename ExecutionSpace::memory_space;
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type =
+      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
 
-  View4<T, memory_space> tail;
-  View3<const T, memory_space> key;   // [B, next_n, D]
-  View3<const T, memory_space> gate;  // [B, next_n, D]
-  View2<const float, memory_space> ape;
-  View2<const std::int32_t, memory_space> positions;  // [B, next_n]
-  View1<const std::uint32_t, memory_space> slot_idx;
-  View3<T, memory_space> pooled;                      // writer: [B, M, D]
-  View2<std::int32_t, memory_space> closed_pool;      // writer: [B, M]
-  PoolSink<T, memory_space> out;                      // step
+  Strided<T, 4> tail;
+  Strided<const T, 3> key;   // [B, next_n, D]
+  Strided<const T, 3> gate;  // [B, next_n, D]
+  ApeSource ape;
+  Strided<const std::int32_t, 2> positions;  // [B, next_n]
+  Strided<const std::uint32_t, 1> slot_idx;
+  Strided<T, 3> pooled;                      // writer: [B, M, D]
+  Strided<std::int32_t, 2> closed_pool;      // writer: [B, M]
+  PoolSink<T> out;                           // step
   int num_requests;
+  int next_n;
+  int max_closed;  // writer: M, the extent 1 of closed_pool
   int kpool;
   int head_dim;
   int max_slots;
@@ -48,7 +51,6 @@ struct TailUpdateFunctor {
 
   KOKKOS_INLINE_FUNCTION void update(member_type const& member, int r) const {
     if (r >= num_requests) return;
-    int const next_n = static_cast<int>(positions.extent(1));
     std::uint32_t const slot = slot_idx(r);
     int closed = 0;
     if (slot < static_cast<std::uint32_t>(max_slots)) {
@@ -74,14 +76,14 @@ struct TailUpdateFunctor {
           std::uint64_t const o = out.offsets(r) + closed;
           if (o < out.offsets(r + 1) && out.holds(o)) {
             thread_vector_pool<ExecutionSpace, P>(member, kpool, head_dim,
-                                                  ape_source(ape), src,
+                                                  ape, src,
                                                   out.row(o),
                                                   out.channel_stride());
             out.label(member, o, r, pool);
           }
-        } else if (closed < static_cast<int>(closed_pool.extent(1))) {
+        } else if (closed < max_closed) {
           thread_vector_pool<ExecutionSpace, P>(
-              member, kpool, head_dim, ape_source(ape), src,
+              member, kpool, head_dim, ape, src,
               &pooled(r, closed, 0), pooled.stride(2));
           KokkosExt::single_per_thread(member,
                                        [&]() { closed_pool(r, closed) = pool; });
@@ -90,9 +92,8 @@ struct TailUpdateFunctor {
       }
     }
     if constexpr (!StepMode) {
-      int const M = static_cast<int>(closed_pool.extent(1));
       KokkosExt::single_per_thread(member, [&]() {
-        for (int j = closed; j < M; ++j) closed_pool(r, j) = -1;
+        for (int j = closed; j < max_closed; ++j) closed_pool(r, j) = -1;
       });
     }
   }
