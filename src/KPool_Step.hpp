@@ -307,7 +307,6 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
     f.out = Details::step_sink(out, offsets);
     f.num_requests = num_requests;
     f.next_n = static_cast<int>(next_n);
-    f.max_closed = 0;
     f.kpool = K;
     f.head_dim = D;
     f.max_slots = ring.max_slots();

@@ -131,11 +131,11 @@ void tail_update(ExecutionSpace const& space, TailView const& tail,
     f.ape = Details::ape_source(a);
     f.positions = positions;
     f.slot_idx = slot_idx;
-    f.pooled = out;
-    f.closed_pool = closed_pool;
+    f.out.pooled = out;
+    f.out.closed_pool = closed_pool;
+    f.out.max_closed = static_cast<int>(closed_pool.extent(1));
     f.num_requests = num_requests;
     f.next_n = static_cast<int>(next_n);
-    f.max_closed = static_cast<int>(closed_pool.extent(1));
     f.kpool = K;
     f.head_dim = D;
     f.max_slots = max_slots;

@@ -8,9 +8,19 @@
 #include <details/KPool_DetailsStrided.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace KPool {
 namespace Details {
+
+// The writer's outputs: closed pools at pooled(r, j), their ids at
+// closed_pool(r, j), j < max_closed.
+template <class T>
+struct TailUpdateOutput {
+  Strided<T, 3> pooled;                  // [B, M, D]
+  Strided<std::int32_t, 2> closed_pool;  // [B, M]
+  int max_closed;                        // M
+};
 
 // tail_update: next_n decode tokens per row, taken in order. Each real
 // token is stashed at ring index pos % K; when it is a pool's last member
@@ -19,8 +29,9 @@ namespace Details {
 // thread walks the row's tokens, and its lanes stash and read back the same
 // channels (thread_vector_copy and thread_vector_pool share the mapping),
 // so each lane sees its own writes in program order.
-// Writer mode: closed pools go to pooled(r, j) / closed_pool(r, j), the
-// rest of closed_pool(r) is -1. StepMode: to rows offsets(r) + j.
+// Writer mode: closed pools go to out.pooled(r, j) / out.closed_pool(r, j),
+// the rest of out.closed_pool(r) is -1. StepMode: to rows offsets(r) + j of
+// the step's output.
 template <class ExecutionSpace, class T, class P, bool StepMode>
 struct TailUpdateFunctor {
   using member_type =
@@ -32,12 +43,9 @@ struct TailUpdateFunctor {
   ApeSource ape;
   Strided<const std::int32_t, 2> positions;  // [B, next_n]
   Strided<const std::uint32_t, 1> slot_idx;
-  Strided<T, 3> pooled;                      // writer: [B, M, D]
-  Strided<std::int32_t, 2> closed_pool;      // writer: [B, M]
-  PoolSink<T> out;                           // step
+  std::conditional_t<StepMode, PoolSink<T>, TailUpdateOutput<T>> out;
   int num_requests;
   int next_n;
-  int max_closed;  // writer: M, the extent 1 of closed_pool
   int kpool;
   int head_dim;
   int max_slots;
@@ -81,19 +89,19 @@ struct TailUpdateFunctor {
                                                   out.channel_stride());
             out.label(member, o, r, pool);
           }
-        } else if (closed < max_closed) {
+        } else if (closed < out.max_closed) {
           thread_vector_pool<ExecutionSpace, P>(
               member, kpool, head_dim, ape, src,
-              &pooled(r, closed, 0), pooled.stride(2));
-          KokkosExt::single_per_thread(member,
-                                       [&]() { closed_pool(r, closed) = pool; });
+              &out.pooled(r, closed, 0), out.pooled.stride(2));
+          KokkosExt::single_per_thread(
+              member, [&]() { out.closed_pool(r, closed) = pool; });
         }
         ++closed;
       }
     }
     if constexpr (!StepMode) {
       KokkosExt::single_per_thread(member, [&]() {
-        for (int j = closed; j < max_closed; ++j) closed_pool(r, j) = -1;
+        for (int j = closed; j < out.max_closed; ++j) out.closed_pool(r, j) = -1;
       });
     }
   }
