@@ -13,6 +13,7 @@
 #include <details/KPool_DetailsKokkosExt.hpp>
 
 #include <cstddef>
+#include <type_traits>
 
 namespace KPool {
 namespace Details {
