@@ -23,6 +23,9 @@ void check_decode_shapes(Checker const& chk, KeyView const& key,
   chk.pool_shape(K, D);
   check_tail(chk, tail, static_cast<int>(K), static_cast<int>(D));
   std::size_t const B = positions.extent(0), next_n = positions.extent(1);
+  if (B > 0x7FFFFFFE)
+    chk.fail("positions", "extent 0", -1, std::to_string(B),
+             "is too many requests (B at most 2^31 - 2)");
   if (next_n < 1)
     chk.fail("positions", "extent 1", -1, "0",
              "is not a valid next_n (at least 1 token per row)");

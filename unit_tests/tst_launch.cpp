@@ -143,6 +143,27 @@ TEST(LaunchShapes, CompressOfMoreThan2To31PoolsThrowsBeforeWriting) {
   EXPECT_EQ(h(1), 777u);
 }
 
+// Batch sizes are ints as well: a row_offsets view of 2^31 + 1 entries
+// (unmanaged, never read) is refused before anything runs.
+TEST(LaunchShapes, BatchOfMoreThan2To31RequestsThrows) {
+  E space;
+  using Huge = Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  U32 few("few", 16);
+  std::size_t const B = std::size_t(1) << 31;
+  Huge const row_offsets(few.data(), B + 1), cache_lengths(few.data(), B),
+      offsets(few.data(), B + 1);
+  KPool::Options o;
+  o.validate = false;
+  try {
+    KPool::compute_pool_row_offsets(space, row_offsets, cache_lengths, 1, 4, 16,
+                                    offsets, o);
+    ADD_FAILURE() << "no exception";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.argument(), "row_offsets");
+    EXPECT_EQ(e.value(), std::to_string(B + 1));
+  }
+}
+
 // Kokkos Tools events while armed: fences (name, device id) and deep
 // copies.
 struct Recorder {

@@ -100,6 +100,10 @@ class Checker {
       fail("row_offsets", "extent 0", -1, "0",
            "leaves no room for B + 1 entries");
     std::size_t const B = row_offsets.extent(0) - 1;
+    // Requests are indexed as int (num_requests, the offset scan).
+    if (B > 0x7FFFFFFE)
+      fail("row_offsets", "extent 0", -1, std::to_string(B + 1),
+           "is too many requests (B + 1 entries, B at most 2^31 - 2)");
     extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
               "the batch size B (row_offsets has B + 1 entries)");
     num_requests_within(num_requests, B);
