@@ -167,8 +167,6 @@ void compress(ExecutionSpace const& space, KeyView const& key,
   }
 
   Details::View1<std::uint32_t, M> const offsets = pool_row_offsets;
-  Details::launch_ragged_offsets<false>(space, "KPool::compress::offsets",
-                                        call, offsets);
   Details::View2<T, M> const out = pooled;
   bool const contiguous = call.contiguous() && out.stride(1) == 1;
   bool const aligned =
@@ -176,18 +174,17 @@ void compress(ExecutionSpace const& space, KeyView const& key,
   Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
                                             [&](auto path) {
     using P = decltype(path);
-    Details::CompressFunctor<ExecutionSpace, T, P, false> f;
-    f.batch = call.batch;
-    f.key = call.key;
-    f.gate = call.gate;
-    f.ape = call.ape;
-    f.out.pooled = out;
-    f.out.offsets = offsets;
-    f.head_dim = D;
-    Details::launch_items(space, "KPool::compress", f,
-                          std::min<std::size_t>(key.extent(0) / K,
-                                                pooled.extent(0)),
-                          D, P::width, options.team_size);
+    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, false>;
+    Details::CompressFunctor<Writer> f{Details::ragged_writer<Writer>(call)};
+    f.writer.out.set_pooled(out);
+    f.writer.out.offsets = offsets;
+    Details::LaunchShape const shape = Details::items_shape(
+        chk, "key", space, f,
+        std::min<std::size_t>(key.extent(0) / K, pooled.extent(0)), D,
+        P::width, options.team_size);
+    Details::launch_ragged_offsets<false>(space, "KPool::compress::offsets",
+                                          call, offsets);
+    Details::launch_items(space, "KPool::compress", shape, f);
   });
 }
 

@@ -104,8 +104,10 @@ void expand_topk(ExecutionSpace const& space, PoolIdsView const& pool_ids,
   f.num_requests = num_requests;
   f.kpool = kpool;
   f.tail_always = tail_always;
-  Details::launch_items(space, "KPool::expand_topk", f, pool_ids.extent(0),
-                        static_cast<int>(width), 1, options.team_size);
+  Details::LaunchShape const shape = Details::items_shape(
+      chk, "pool_ids", space, f, pool_ids.extent(0), static_cast<int>(width), 1,
+      options.team_size);
+  Details::launch_items(space, "KPool::expand_topk", shape, f);
 }
 
 }  // namespace KPool

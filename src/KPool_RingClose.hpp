@@ -96,24 +96,21 @@ void ring_close(ExecutionSpace const& space, TailView const& tail,
   Details::View2<T, M> const out = pooled;
   bool const contiguous =
       call.contiguous() && out.stride(1) == 1 && ring.stride(3) == 1;
-  bool const aligned =
-      call.aligned() && Details::rows_aligned(out.data(), out.stride(0), 16) &&
-      Details::rows_aligned(ring.data(), ring.stride(2), 16);
+  bool const aligned = call.aligned() &&
+                       Details::rows_aligned(out.data(), out.stride(0), 16) &&
+                       Details::ring_aligned(ring);
   Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
                                             [&](auto path) {
     using P = decltype(path);
-    Details::RingCloseFunctor<ExecutionSpace, T, P, false> f;
-    f.batch = call.batch;
-    f.tail = ring;
-    f.key = call.key;
-    f.gate = call.gate;
-    f.ape = call.ape;
-    f.out.pooled = out;
-    f.closed_pool = closed_pool;
-    f.head_dim = D;
-    Details::launch_items(space, "KPool::ring_close", f,
-                          static_cast<std::uint64_t>(num_requests), D,
-                          P::width, options.team_size);
+    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, false, T const>;
+    Details::RingCloseFunctor<Writer> f{Details::ragged_writer<Writer>(call)};
+    f.writer.tail = ring;
+    f.writer.out.set_pooled(out);
+    f.writer.closed_pool = closed_pool;
+    Details::LaunchShape const shape = Details::items_shape(
+        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
+        D, P::width, options.team_size);
+    Details::launch_items(space, "KPool::ring_close", shape, f);
   });
 }
 

@@ -88,19 +88,17 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
   bool const aligned =
       Details::rows_aligned(call.key.data(), call.key.stride(0), 16) &&
       Details::rows_aligned(call.gate.data(), call.gate.stride(0), 16) &&
-      Details::rows_aligned(ring.data(), ring.stride(2), 16);
+      Details::ring_aligned(ring);
   Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
                                             [&](auto path) {
     using P = decltype(path);
-    Details::SeedTailFunctor<ExecutionSpace, T, P> f;
-    f.batch = call.batch;
-    f.tail = ring;
-    f.key = call.key;
-    f.gate = call.gate;
-    f.head_dim = D;
-    Details::launch_items(space, "KPool::seed_tail", f,
-                          static_cast<std::uint64_t>(num_requests), D,
-                          P::width, options.team_size);
+    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, false>;
+    Details::SeedTailFunctor<Writer> f{Details::ragged_writer<Writer>(call)};
+    f.writer.tail = ring;
+    Details::LaunchShape const shape = Details::items_shape(
+        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
+        D, P::width, options.team_size);
+    Details::launch_items(space, "KPool::seed_tail", shape, f);
   });
 }
 

@@ -146,10 +146,10 @@ class StepOutput {
 namespace Details {
 
 template <class T, class M>
-PoolSink<T, M> step_sink(StepOutput<T, M> const& out,
-                         View1<const std::uint32_t, M> const& offsets) {
-  PoolSink<T, M> s;
-  s.pooled = out.pooled();
+PoolSink<T> step_sink(StepOutput<T, M> const& out,
+                      View1<const std::uint32_t, M> const& offsets) {
+  PoolSink<T> s;
+  s.set_pooled(out.pooled());
   s.batch_row = out.batch_row();
   s.pool_id = out.pool_id();
   s.offsets = offsets;
@@ -279,65 +279,68 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 
   Details::View1<const std::uint32_t, M> const offsets =
       out.begin_call(call.batch_size);
-  Details::launch_ragged_offsets<true>(
-      space, "KPool::step::offsets", call,
-      Details::View1<std::uint32_t, M>(out.offsets()));
   auto const sink = Details::step_sink(out, offsets);
   Details::View4<T, M> const tail = ring.tail();
   bool const contiguous = call.contiguous();
   bool const aligned = call.aligned() &&
                        Details::rows_aligned(out.pooled().data(), D, 16) &&
-                       Details::rows_aligned(tail.data(), tail.stride(2), 16);
+                       Details::ring_aligned(tail);
   std::uint64_t const requests = static_cast<std::uint64_t>(num_requests);
   std::uint64_t const rows = std::min<std::uint64_t>(bound, out.capacity());
   Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
                                             [&](auto path) {
     using P = decltype(path);
-    Details::RingCloseFunctor<ExecutionSpace, T, P, true> close;
-    close.batch = call.batch;
-    close.tail = tail;
-    close.key = call.key;
-    close.gate = call.gate;
-    close.ape = call.ape;
-    close.out = sink;
-    close.head_dim = D;
-    Details::CompressFunctor<ExecutionSpace, T, P, true> pools;
-    pools.batch = call.batch;
-    pools.key = call.key;
-    pools.gate = call.gate;
-    pools.ape = call.ape;
-    pools.out = sink;
-    pools.head_dim = D;
-    Details::SeedTailFunctor<ExecutionSpace, T, P> seed;
-    seed.batch = call.batch;
-    seed.tail = tail;
-    seed.key = call.key;
-    seed.gate = call.gate;
-    seed.head_dim = D;
+    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, true>;
+    Writer writer = Details::ragged_writer<Writer>(call);
+    writer.tail = tail;
+    writer.out = sink;
+    // Every launch is planned (and its size checked) before the first is
+    // queued, so a call that throws has written nothing.
     if (options.fused) {
-      Details::FusedStepFunctor<ExecutionSpace, T, P> f{close, pools, seed, 0};
+      Details::FusedStepFunctor<Writer> f{writer};
       Details::TeamShape const s =
           Details::team_shape(space, f, D, P::width, options.team_size);
-      f.items_per_team = close.items_per_team = pools.items_per_team =
-          seed.items_per_team = s.items_per_team;
-      f.request_teams = Details::league_for(requests, s.items_per_team);
-      int const league =
-          f.request_teams + Details::league_for(rows, s.items_per_team);
-      if (league > 0)
-        Kokkos::parallel_for(
-            "KPool::step::fused",
-            Kokkos::TeamPolicy<ExecutionSpace>(space, league, s.team_size,
-                                               s.lanes),
-            f);
+      f.items_per_team = s.items_per_team;
+      f.request_teams =
+          Details::league_for(chk, "num_requests", requests, s.items_per_team);
+      std::uint64_t const league =
+          static_cast<std::uint64_t>(f.request_teams) +
+          static_cast<std::uint64_t>(
+              Details::league_for(chk, "out", rows, s.items_per_team));
+      if (league > 0x7FFFFFFFull)
+        chk.fail("out", "", -1, std::to_string(rows),
+                 "rows and num_requests = " + std::to_string(num_requests) +
+                     " are more teams together than one launch takes "
+                     "(2^31 - 1)");
+      Details::LaunchShape shape;
+      shape.league = static_cast<int>(league);
+      shape.team_size = s.team_size;
+      shape.lanes = s.lanes;
+      shape.items_per_team = s.items_per_team;
+      Details::launch_ragged_offsets<true>(
+          space, "KPool::step::offsets", call,
+          Details::View1<std::uint32_t, M>(out.offsets()));
+      Details::launch(space, "KPool::step::fused", shape, f);
     } else {
+      Details::RingCloseFunctor<Writer> close{writer};
+      Details::CompressFunctor<Writer> pools{writer};
+      Details::SeedTailFunctor<Writer> seed{writer};
+      Details::LaunchShape const close_shape = Details::items_shape(
+          chk, "num_requests", space, close, requests, D, P::width,
+          options.team_size);
+      Details::LaunchShape const pools_shape = Details::items_shape(
+          chk, "out", space, pools, rows, D, P::width, options.team_size);
+      Details::LaunchShape const seed_shape = Details::items_shape(
+          chk, "num_requests", space, seed, requests, D, P::width,
+          options.team_size);
+      Details::launch_ragged_offsets<true>(
+          space, "KPool::step::offsets", call,
+          Details::View1<std::uint32_t, M>(out.offsets()));
       // ring_close reads ring entries seed_tail overwrites; launches on one
       // execution space instance run in order.
-      Details::launch_items(space, "KPool::step::ring_close", close, requests,
-                            D, P::width, options.team_size);
-      Details::launch_items(space, "KPool::step::compress", pools, rows, D,
-                            P::width, options.team_size);
-      Details::launch_items(space, "KPool::step::seed_tail", seed, requests,
-                            D, P::width, options.team_size);
+      Details::launch_items(space, "KPool::step::ring_close", close_shape, close);
+      Details::launch_items(space, "KPool::step::compress", pools_shape, pools);
+      Details::launch_items(space, "KPool::step::seed_tail", seed_shape, seed);
     }
   });
 }
@@ -423,11 +426,6 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 
   Details::View1<const std::uint32_t, M> const offsets =
       out.begin_call(static_cast<int>(B));
-  Details::launch_offsets_scan(
-      space, "KPool::decode_step::offsets",
-      Details::DecodePoolCount<M>{positions, slot_idx, num_requests, K, ring.max_slots()},
-      Details::View1<std::uint32_t, M>(out.offsets()), static_cast<int>(B));
-
   Details::View4<T, M> const tail = ring.tail();
   Details::View3<const T, M> const k = key;
   Details::View3<const T, M> const g = gate;
@@ -444,17 +442,25 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
     f.tail = tail;
     f.key = k;
     f.gate = g;
-    f.ape = a;
+    f.ape = Details::ape_source(a);
     f.positions = positions;
     f.slot_idx = slot_idx;
     f.out = Details::step_sink(out, offsets);
     f.num_requests = num_requests;
+    f.next_n = static_cast<int>(next_n);
     f.kpool = K;
     f.head_dim = D;
     f.max_slots = ring.max_slots();
-    Details::launch_items(space, "KPool::decode_step::tail_update", f,
-                          static_cast<std::uint64_t>(num_requests), D,
-                          P::width, options.team_size);
+    f.ring_length = ring.ring_length();
+    Details::LaunchShape const shape = Details::items_shape(
+        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
+        D, P::width, options.team_size);
+    Details::launch_offsets_scan(
+        space, "KPool::decode_step::offsets",
+        Details::DecodePoolCount<M>{positions, slot_idx, num_requests, K,
+                                    ring.max_slots()},
+        Details::View1<std::uint32_t, M>(out.offsets()), static_cast<int>(B));
+    Details::launch_items(space, "KPool::decode_step::tail_update", shape, f);
   });
 }
 

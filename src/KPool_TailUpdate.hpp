@@ -23,9 +23,15 @@ void check_decode_shapes(Checker const& chk, KeyView const& key,
   chk.pool_shape(K, D);
   check_tail(chk, tail, static_cast<int>(K), static_cast<int>(D));
   std::size_t const B = positions.extent(0), next_n = positions.extent(1);
+  if (B > 0x7FFFFFFE)
+    chk.fail("positions", "extent 0", -1, std::to_string(B),
+             "is too many requests (B at most 2^31 - 2)");
   if (next_n < 1)
     chk.fail("positions", "extent 1", -1, "0",
              "is not a valid next_n (at least 1 token per row)");
+  if (next_n > 0x7FFFFFFF)
+    chk.fail("positions", "extent 1", -1, std::to_string(next_n),
+             "is too large a next_n");
   chk.extent_is("key", 0, key.extent(0), B, "the batch size B (positions is [B, next_n])");
   chk.extent_is("key", 1, key.extent(1), next_n, "next_n (positions is [B, next_n])");
   chk.extent_is("key", 2, key.extent(2), D, "head_dim");
@@ -41,9 +47,7 @@ bool decode_aligned(View3<const T, M> const& key, View3<const T, M> const& gate,
   constexpr int W = packet_width<ExecutionSpace, T>();
   return rows_aligned(key.data(), key.stride(1), 16) && (key.stride(0) * sizeof(T)) % 16 == 0 &&
          rows_aligned(gate.data(), gate.stride(1), 16) && (gate.stride(0) * sizeof(T)) % 16 == 0 &&
-         rows_aligned(ape.data(), ape.stride(0), W * sizeof(float)) &&
-         rows_aligned(ring.data(), ring.stride(2), 16) && (ring.stride(1) * sizeof(T)) % 16 == 0 &&
-         (ring.stride(0) * sizeof(T)) % 16 == 0;
+         rows_aligned(ape.data(), ape.stride(0), W * sizeof(float)) && ring_aligned(ring);
 }
 
 }  // namespace Details
@@ -153,18 +157,22 @@ void tail_update(ExecutionSpace const& space, TailView const& tail,
     f.tail = ring;
     f.key = k;
     f.gate = g;
-    f.ape = a;
+    f.ape = Details::ape_source(a);
     f.positions = positions;
     f.slot_idx = slot_idx;
-    f.pooled = out;
-    f.closed_pool = closed_pool;
+    f.out.pooled = out;
+    f.out.closed_pool = closed_pool;
+    f.out.max_closed = static_cast<int>(closed_pool.extent(1));
     f.num_requests = num_requests;
+    f.next_n = static_cast<int>(next_n);
     f.kpool = K;
     f.head_dim = D;
     f.max_slots = max_slots;
-    Details::launch_items(space, "KPool::tail_update", f,
-                          static_cast<std::uint64_t>(num_requests), D,
-                          P::width, options.team_size);
+    f.ring_length = static_cast<int>(tail.extent(2));
+    Details::LaunchShape const shape = Details::items_shape(
+        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
+        D, P::width, options.team_size);
+    Details::launch_items(space, "KPool::tail_update", shape, f);
   });
 }
 

@@ -2,6 +2,9 @@
 
 #include <KPoolTestUtils.hpp>
 
+#include <limits>
+#include <utility>
+
 namespace {
 
 using namespace KPoolTest;
@@ -100,6 +103,62 @@ TYPED_TEST(Compress, StridedKeyAndGateFromOneBuffer) {
       check_compress<C>(K, D, batch, key, gate, ape, kl, gl,
                         "LayoutLeft");
     }
+}
+
+// docs/pools.md: non-finite inputs propagate as IEEE
+// arithmetic on the formulas does, the maximum subtracted first: a channel
+// whose logits are all -inf, or include +inf or NaN, is NaN, and so is a
+// -inf gate on an infinite key (weight exp(-inf) = 0 times infinity); an
+// infinite key under a finite weight is infinite. On every storage type and
+// every kernel path (compile-time K = 4, D = 128; any K and D; strided).
+TYPED_TEST(Compress, NonFiniteInputsPropagateLikeTheReference) {
+  using C = TypeParam;
+  using T = typename C::value_type;
+  using M = typename C::memory_space;
+  double const inf = std::numeric_limits<double>::infinity();
+  double const nan = std::numeric_limits<double>::quiet_NaN();
+  for (auto const& [K, D] : {std::pair<int, int>{4, 128}, {3, 16}}) {
+    Rng rng(31 * K + D);
+    TestBatch const batch = make_batch({{0, 3 * K}, {K, 2 * K + 1}}, 2, rng);
+    auto [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
+    // Pool p of the first request is rows [p K, (p + 1) K); pools 0 and 1
+    // carry a special case in every channel, pool 2 none.
+    for (int p = 0; p < 2; ++p)
+      for (int c = 0; c < D; ++c) {
+        int const row = p * K;
+        switch ((c + p) % 10) {
+          case 0:  // every logit -inf: -inf - (-inf) is NaN
+            for (int m = 0; m < K; ++m) gate.at(row + m, c) = -inf;
+            break;
+          case 1: gate.at(row + 1, c) = inf; break;   // inf - inf
+          case 2: gate.at(row + 2, c) = nan; break;   // NaN logit
+          case 3: gate.at(row, c) = nan; break;       // NaN as the first maximum
+          case 4: key.at(row + 1, c) = inf; break;    // infinite key, finite weight
+          case 5: key.at(row, c) = nan; break;        // NaN key
+          case 6:                                     // inf + (-inf)
+            key.at(row, c) = inf;
+            key.at(row + 1, c) = -inf;
+            break;
+          case 7: gate.at(row + 1, c) = -inf; break;  // weight 0, result finite
+          case 8:                                     // 0 * inf
+            gate.at(row + 1, c) = -inf;
+            key.at(row + 1, c) = inf;
+            break;
+          default: break;
+        }
+      }
+    check_compress<C>(K, D, batch, key, gate, ape, to_view<T, M>(key, "key"),
+                      to_view<T, M>(gate, "gate"), "non-finite, contiguous");
+    auto const in = interleaved<T, M>(key, gate);
+    check_compress<C>(K, D, batch, key, gate, ape, in.key, in.gate,
+                      "non-finite, halves of [T, 2D]");
+    Kokkos::View<T**, Kokkos::LayoutLeft, M> kl("key_left", rows, D),
+        gl("gate_left", rows, D);
+    Kokkos::deep_copy(kl, to_view<T, M>(key, "k"));
+    Kokkos::deep_copy(gl, to_view<T, M>(gate, "g"));
+    check_compress<C>(K, D, batch, key, gate, ape, kl, gl,
+                      "non-finite, LayoutLeft");
+  }
 }
 
 TYPED_TEST(Compress, ManyRequestsFindTheirRows) {

@@ -283,4 +283,156 @@ TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
       }
 }
 
+
+// One alignment predicate for every ring access: a ring row (slot, keys or
+// gates, index) starts at data + slot stride(0) + which stride(1) + index
+// stride(2), so 16-byte packets need the base and all three strides.
+TEST(RingAlignment, OnePredicateChecksTheBaseAndEveryRowStride) {
+  using V = Kokkos::View<float****, Kokkos::LayoutStride, Kokkos::HostSpace,
+                         Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  Kokkos::View<float*, Kokkos::HostSpace> buffer("buffer", 512);
+  auto const ring = [&](int offset, std::size_t s0, std::size_t s1, std::size_t s2) {
+    return V(buffer.data() + offset, Kokkos::LayoutStride(3, s0, 2, s1, 4, s2, 8, 1));
+  };
+  using KPool::Details::ring_aligned;
+  EXPECT_TRUE(ring_aligned(ring(0, 96, 40, 8)));
+  EXPECT_FALSE(ring_aligned(ring(0, 97, 40, 8))) << "slot stride";
+  EXPECT_FALSE(ring_aligned(ring(0, 96, 41, 8))) << "keys-to-gates stride";
+  EXPECT_FALSE(ring_aligned(ring(0, 96, 40, 9))) << "ring index stride";
+  EXPECT_FALSE(ring_aligned(ring(1, 96, 40, 8))) << "base";
+  Kokkos::DefaultHostExecutionSpace space;
+  EXPECT_TRUE(ring_aligned(KPool::Ring<float, Kokkos::HostSpace>(space, 3, 4, 8).tail()));
+  EXPECT_FALSE(ring_aligned(KPool::Ring<float, Kokkos::HostSpace>(space, 3, 4, 6).tail()));
+}
+
+// A ring whose rows are all misaligned but slot 0's keys: strided over one
+// buffer with odd slot and keys-to-gates strides (index rows D apart, so
+// the base and stride(2) alone look aligned). The writers must take the
+// unaligned path and still match the reference; with device shapes a
+// packet at a misaligned address aborts, as a GPU would fault.
+template <class T, class M>
+struct OddRing {
+  using view_type = Kokkos::View<T****, Kokkos::LayoutStride, M,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  std::size_t s0, s1, s2;
+  Kokkos::View<T*, M> buffer;
+  view_type tail;
+
+  OddRing(int slots, int K, int D)
+      : s0(2 * (static_cast<std::size_t>(K) * D + 1) + 3),
+        s1(static_cast<std::size_t>(K) * D + 1),
+        s2(D),
+        buffer("odd_ring", (slots - 1) * s0 + s1 + (K - 1) * s2 + D),
+        tail(buffer.data(), Kokkos::LayoutStride(slots, s0, 2, s1, K, s2, D, 1)) {}
+
+  std::size_t at(int s, int w, int m, int c) const {
+    return s * s0 + w * s1 + m * s2 + c;
+  }
+  void load(KPoolRef::Ring const& ref) {
+    auto h = Kokkos::create_mirror_view(buffer);
+    for (int s = 0; s < ref.max_slots; ++s)
+      for (int w = 0; w < 2; ++w)
+        for (int m = 0; m < ref.R; ++m)
+          for (int c = 0; c < ref.D; ++c) h(at(s, w, m, c)) = to_storage<T>(ref.at(s, w, m, c));
+    Kokkos::deep_copy(buffer, h);
+  }
+  ::testing::AssertionResult equals(KPoolRef::Ring const& ref) const {
+    auto const h = on_host(buffer);
+    for (int s = 0; s < ref.max_slots; ++s)
+      for (int w = 0; w < 2; ++w)
+        for (int m = 0; m < ref.R; ++m)
+          for (int c = 0; c < ref.D; ++c)
+            if (!same_bits(h(at(s, w, m, c)), to_storage<T>(ref.at(s, w, m, c))))
+              return ::testing::AssertionFailure()
+                     << "ring slot " << s << (w ? " gate" : " key") << " index " << m
+                     << " channel " << c;
+    return ::testing::AssertionSuccess();
+  }
+};
+
+TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
+  using C = TypeParam;
+  using T = typename C::value_type;
+  using E = typename C::execution_space;
+  using M = typename C::memory_space;
+  for (auto const& [K, D] : {std::pair<int, int>{4, 128}, {3, 64}}) {
+    SCOPED_TRACE(shape(K, D));
+    E space;
+    Rng rng(5 * K + D);
+    int const slots = 12, B = 10;
+    {
+      OddRing<T, M> odd(slots, K, D);
+      ASSERT_FALSE(KPool::Details::ring_aligned(odd.tail));
+      TestBatch const batch = make_batch(ring_requests(K), B, rng, slots);
+      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
+      KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+      odd.load(ref_ring);
+      BatchViews<M> const bv(batch.device);
+      auto const kv = to_view<T, M>(key, "key");
+      auto const gv = to_view<T, M>(gate, "gate");
+      auto const ref = KPoolRef::ring_close(key, gate, ape, batch.reference, ref_ring);
+      Kokkos::View<T**, Kokkos::LayoutRight, M> pooled("pooled", B, D);
+      Kokkos::View<std::int32_t*, M> closed("closed_pool", B);
+      KPool::ring_close(space, odd.tail, kv, gv, ape_view<M>(ape), bv.row_offsets,
+                        bv.cache_lengths, bv.slot_idx, batch.device.num_requests,
+                        pooled, closed, test_options<E>());
+      auto const hc = on_host(closed);
+      auto const hp = on_host(pooled);
+      for (int r = 0; r < batch.device.num_requests; ++r) {
+        ASSERT_EQ(hc(r), ref.closed_pool[r]) << "closed_pool row " << r;
+        if (hc(r) >= 0) {
+          ASSERT_TRUE(pool_matches(C::dtype, &hp(r, 0), 1, ref.pooled.row(r),
+                                   ref.scale.row(r), D))
+              << "ring_close row " << r;
+        }
+      }
+      KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
+      KPool::seed_tail(space, odd.tail, kv, gv, bv.row_offsets, bv.cache_lengths,
+                       bv.slot_idx, batch.device.num_requests, test_options<E>());
+      ASSERT_TRUE(odd.equals(ref_ring)) << "seed_tail";
+    }
+    {
+      OddRing<T, M> odd(slots, K, D);
+      int const next_n = K + 1, live = 5;
+      std::vector<std::int32_t> positions(B * next_n, -1);
+      std::vector<std::uint32_t> slot_idx(B);
+      for (int r = 0; r < B; ++r) {
+        slot_idx[r] = r < live ? static_cast<std::uint32_t>(2 * r + 1) : 1000u + r;
+        std::int32_t pos = rng.below(5 * K);
+        for (int i = 0; i < next_n; ++i) positions[r * next_n + i] = pos++;
+      }
+      Matrix const key = random_matrix(rng, C::dtype, B * next_n, D, -2, 2);
+      Matrix const gate = random_matrix(rng, C::dtype, B * next_n, D, -4, 4);
+      Matrix const ape = random_ape(rng, K, D);
+      KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+      odd.load(ref_ring);
+      auto const ref = KPoolRef::tail_update(next_n, key, gate, ape, positions,
+                                             slot_idx, live, ref_ring);
+      int const Mcols = (next_n + K - 1) / K;
+      Kokkos::View<T***, Kokkos::LayoutRight, M> pooled("pooled", B, Mcols, D);
+      Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> closed("closed", B, Mcols);
+      KPool::tail_update(space, odd.tail, to_view3<T, M>(key, next_n, "key"),
+                         to_view3<T, M>(gate, next_n, "gate"), ape_view<M>(ape),
+                         positions_view<M>(positions, next_n),
+                         to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"),
+                         live, pooled, closed, test_options<E>());
+      auto const hc = on_host(closed);
+      auto const hp = on_host(pooled);
+      for (int r = 0; r < live; ++r)
+        for (int j = 0; j < Mcols; ++j) {
+          std::int32_t const want = j < ref.M ? ref.closed_pool[r * ref.M + j] : -1;
+          ASSERT_EQ(hc(r, j), want) << "closed_pool(" << r << ", " << j << ")";
+          if (want >= 0) {
+            std::size_t const o = static_cast<std::size_t>(r) * ref.M + j;
+            ASSERT_TRUE(pool_matches(C::dtype, &hp(r, j, 0), 1,
+                                     ref.pooled.data() + o * D,
+                                     ref.scale.data() + o * D, D))
+                << "tail_update pool (" << r << ", " << j << ")";
+          }
+        }
+      ASSERT_TRUE(odd.equals(ref_ring)) << "tail_update";
+    }
+  }
+}
+
 }  // namespace

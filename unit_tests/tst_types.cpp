@@ -4,6 +4,7 @@
 #include <KPoolTestUtils.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace {
@@ -14,6 +15,12 @@ float from_bits32(std::uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+std::uint32_t to_bits32(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
 }
 
 // Every 16-bit pattern decodes as the reference decodes it.
@@ -78,27 +85,60 @@ TEST(StorageTypes, AreTwoBytesAndNameThemselves) {
   EXPECT_STREQ(KPool::storage_name<double>(), "f64");
 }
 
-// The softmax only feeds exp arguments <= 0; the f32 tolerance of the spec
-// (1e-5 relative) needs far less than the 4 ulp held here
-// (with FMA or without).
-TEST(PoolExp, WithinFourUlpOfExpOnTheSoftmaxRange) {
-  double worst = 0;
-  for (int i = 0; i <= 2000000; ++i) {
-    float const x = static_cast<float>(-87.0 * i / 2000000.0);
-    double const want = std::exp(static_cast<double>(x));
-    double const got = KPool::Details::pool_exp(x);
-    double const ulp = std::ldexp(1.0, std::ilogb(want) - 23);
-    worst = std::max(worst, std::fabs(got - want) / ulp);
+// The accuracy the README and the source state: within 3 ulp of exp(x)
+// (computed in f64, rounded to f32) over the softmax range [-87, 0], with
+// or without FMA. Dense sampling: every 61st float of the range, about 18
+// million arguments (an exhaustive run over all 1.1e9 gives the same 3).
+TEST(PoolExp, WithinThreeUlpOfExpOnTheSoftmaxRange) {
+  std::uint32_t const lo = 0x80000000u;            // -0
+  std::uint32_t const hi = 0xC2AE0000u;            // -87
+  std::int64_t worst = 0;
+  float worst_x = 0;
+  for (std::uint64_t b = lo; b <= hi; b += 61) {
+    float const x = from_bits32(static_cast<std::uint32_t>(b));
+    float const want = static_cast<float>(std::exp(static_cast<double>(x)));
+    float const got = KPool::Details::pool_exp(x);
+    // Positive floats are ordered like their bit patterns: the distance of
+    // the patterns is the distance in ulps.
+    std::int64_t const d =
+        std::abs(static_cast<std::int64_t>(to_bits32(got)) -
+                 static_cast<std::int64_t>(to_bits32(want)));
+    if (d > worst) {
+      worst = d;
+      worst_x = x;
+    }
   }
-  EXPECT_LE(worst, 4.0);
+  EXPECT_LE(worst, 3) << "at x = " << worst_x;
 }
 
-TEST(PoolExp, ClampsFarBelowZeroAndIsExactAtZero) {
-  EXPECT_GT(KPool::Details::pool_exp(-1000.0f), 0.0f);
-  EXPECT_LT(KPool::Details::pool_exp(-1000.0f), 1e-37f);
-  EXPECT_GT(KPool::Details::pool_exp(-std::numeric_limits<float>::infinity()), 0.0f);
-  EXPECT_LT(KPool::Details::pool_exp(-std::numeric_limits<float>::infinity()), 1e-37f);
+// NaN in gives NaN out, whatever the NaN's sign: x86's default NaN (what
+// inf - inf gives there) is negative.
+TEST(PoolExp, PropagatesNaNOfEitherSign) {
+  float const nan = std::numeric_limits<float>::quiet_NaN();
+  volatile float inf = std::numeric_limits<float>::infinity();
+  float const inf_minus_inf = inf - inf;
+  EXPECT_TRUE(std::isnan(KPool::Details::pool_exp(nan)));
+  EXPECT_TRUE(std::isnan(KPool::Details::pool_exp(-nan)));
+  EXPECT_TRUE(std::isnan(KPool::Details::pool_exp(from_bits32(0xFFC00000u))));
+  EXPECT_TRUE(std::isnan(KPool::Details::pool_exp(from_bits32(0xFF800001u))));
+  EXPECT_TRUE(std::isnan(KPool::Details::pool_exp(inf_minus_inf)));
+  EXPECT_TRUE(std::isnan(KPool::Details::pool_exp(std::numeric_limits<double>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(KPool::Details::pool_exp(-std::numeric_limits<double>::quiet_NaN())));
+}
+
+// exp(-inf) = 0, as IEEE arithmetic has it (so a -inf gate on an infinite
+// key is NaN, as the contract's formulas give); far below zero the value
+// is negligible against a softmax sum of at least 1; exp(0) = 1 exactly.
+TEST(PoolExp, IsZeroAtMinusInfinityTinyFarBelowAndExactAtZero) {
+  float const inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(KPool::Details::pool_exp(-inf), 0.0f);
+  EXPECT_EQ(KPool::Details::pool_exp(-static_cast<double>(inf)), 0.0);
+  for (float x : {-87.5f, -88.0f, -100.0f, -1000.0f, -3e38f}) {
+    EXPECT_GE(KPool::Details::pool_exp(x), 0.0f) << x;
+    EXPECT_LT(KPool::Details::pool_exp(x), 1.3e-38f) << x;
+  }
   EXPECT_EQ(KPool::Details::pool_exp(0.0f), 1.0f);
+  EXPECT_EQ(KPool::Details::pool_exp(-0.0f), 1.0f);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The CUDA check, run on a GPU machine in one go: the unit suite and the
-# perf suite on the GPU, and the same pooling timed as PyTorch eager
-# operations; logs, perf_report.json and torch_pooling.json land in OUT.
+# The CUDA check, run on a GPU machine in one go: the unit suite, the CUDA
+# graph capture check (kpool_graph_capture) and the perf suite on the GPU,
+# and the same pooling timed as PyTorch eager operations; logs,
+# perf_report.json and torch_pooling.json land in OUT.
 #
 # Two ways to get the programs there:
 #   PREBUILT=DIR     programs built elsewhere with nvcc (stage_binaries.sh
@@ -26,6 +27,7 @@ if [ -n "${PREBUILT:-}" ]; then
   bin=$(cd "$PREBUILT" && pwd)
   tests=$(ls "$bin"/tst_* 2>/dev/null)
   perf=$bin/kpool_perf
+  capture=$bin/kpool_graph_capture
 else
   : "${KOKKOS_CUDA:?set PREBUILT to staged programs or KOKKOS_CUDA to a CUDA Kokkos}"
   grep -h 'define KOKKOS_VERSION ' "$KOKKOS_CUDA"/include/KokkosCore_config.h >>"$out/env.txt"
@@ -39,6 +41,7 @@ else
     { echo "build failed"; grep -m 20 -A 5 error "$out/build.log"; exit 1; }
   tests=$(ls "$build"/unit_tests/tst_* 2>/dev/null | grep -v '\.cmake$')
   perf=$build/perf_tests/kpool_perf
+  capture=$build/perf_tests/kpool_graph_capture
 fi
 
 # Unit suite: every test binary in full (each is a GoogleTest program).
@@ -49,6 +52,14 @@ done
 grep -h -E '^\[  (PASSED|FAILED) ' "$out"/unit_*.log >"$out/unit_summary.txt" 2>/dev/null
 echo "unit: $pass programs passed, $fail failed"
 cat "$out/unit_summary.txt"
+
+# Two steps captured into a CUDA graph and replayed give the eager bits.
+if [ -x "$capture" ]; then
+  "$capture" >"$out/graph_capture.log" 2>&1
+  echo "graph capture: exit $? $(tail -n 1 "$out/graph_capture.log")"
+else
+  echo "graph capture: $capture missing"
+fi
 
 "$perf" --out "$out/perf_report.json" >"$out/perf.log" 2>&1
 echo "perf: exit $?"

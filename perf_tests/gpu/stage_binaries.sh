@@ -9,6 +9,7 @@ build=${1:?usage: stage_binaries.sh BUILD_DIR [DEST]}
 dest=${2:-$repo/.device/bin}
 mkdir -p "$dest"
 for f in "$build"/unit_tests/tst_* "$build"/perf_tests/kpool_perf \
+         "$build"/perf_tests/kpool_graph_capture \
          "$build"/example/kpool_replay "$build"/example/kpool_serving_example; do
   case "$f" in *.cmake) continue ;; esac
   [ -x "$f" ] && strip -o "$dest/$(basename "$f")" "$f"

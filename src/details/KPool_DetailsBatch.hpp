@@ -1,15 +1,17 @@
 #ifndef KPOOL_DETAILS_BATCH_HPP
 #define KPOOL_DETAILS_BATCH_HPP
 
-// Views as the kernels see them, and one request of a ragged batch as the
-// kernels load it. Public entry points accept any layout; internally every
-// view is LayoutStride, so one functor instantiation serves LayoutRight,
-// LayoutLeft and strided inputs alike, and the contiguous fast path is a
-// run-time choice made from the strides.
+// Views as the entry points normalize them, arrays as the kernels see them,
+// and one request of a ragged batch as the kernels load it. Public entry
+// points accept any layout; internally every view is LayoutStride and every
+// kernel array a Strided pointer, so one functor instantiation serves
+// LayoutRight, LayoutLeft and strided inputs alike, and the contiguous fast
+// path is a run-time choice made from the strides.
 
 #include <details/KPool_DetailsKokkosExt.hpp>
 #include <details/KPool_DetailsPool.hpp>
 #include <details/KPool_DetailsRequest.hpp>
+#include <details/KPool_DetailsStrided.hpp>
 
 #include <cstdint>
 
@@ -42,15 +44,14 @@ struct Request {
 };
 
 // The batch description shared by the ragged writers. slot_idx may be
-// empty (compress does not use the ring).
-template <class MemorySpace>
+// null (compress does not use the ring).
 struct RaggedBatch {
-  View1<const std::uint32_t, MemorySpace> row_offsets;
-  View1<const std::uint32_t, MemorySpace> cache_lengths;
-  View1<const std::uint32_t, MemorySpace> slot_idx;
+  Strided<const std::uint32_t, 1> row_offsets;
+  Strided<const std::uint32_t, 1> cache_lengths;
+  Strided<const std::uint32_t, 1> slot_idx;
+  std::uint64_t total_rows;  // rows of key/gate
   int num_requests;
   int kpool;
-  std::uint64_t total_rows;  // rows of key/gate
   int max_slots;
   int ring_length;  // R, the ring's extent 2 (kpool when no ring is used)
 
@@ -62,7 +63,7 @@ struct RaggedBatch {
     q.valid = b <= e && e <= total_rows && c + (e - b) <= max_sequence_length;
     q.row_begin = b;
     q.g = request_geometry(c, q.valid ? e - b : 0, kpool, ring_length);
-    std::uint32_t const s = slot_idx.extent(0) > 0 ? slot_idx(r) : 0u;
+    std::uint32_t const s = slot_idx.data() ? slot_idx(r) : 0u;
     q.slot_ok = s < static_cast<std::uint32_t>(max_slots);
     q.slot = static_cast<int>(s);
     return q;
@@ -70,10 +71,10 @@ struct RaggedBatch {
 };
 
 // Where pool j of the request is built from.
-template <class T, class MemorySpace>
-KOKKOS_INLINE_FUNCTION PoolSource<T> rows_source(
-    View2<const T, MemorySpace> const& key,
-    View2<const T, MemorySpace> const& gate, std::uint64_t row) {
+template <class T>
+KOKKOS_INLINE_FUNCTION PoolSource<T> rows_source(Strided<const T, 2> const& key,
+                                                 Strided<const T, 2> const& gate,
+                                                 std::uint64_t row) {
   PoolSource<T> s;
   s.ring_key = s.ring_gate = nullptr;
   s.ring_m = s.ring_c = 0;
@@ -92,9 +93,9 @@ KOKKOS_INLINE_FUNCTION PoolSource<T> rows_source(
 template <class T, class TailView>
 KOKKOS_INLINE_FUNCTION void attach_ring(PoolSource<T>& s, TailView const& tail,
                                         int slot, int have,
-                                        std::uint64_t first) {
+                                        std::uint64_t first, int ring_length) {
   s.ring_key = tail.data() + slot * tail.stride(0) +
-               ring_index(first, static_cast<int>(tail.extent(2))) * tail.stride(2);
+               ring_index(first, ring_length) * tail.stride(2);
   s.ring_gate = s.ring_key + tail.stride(1);
   s.ring_m = tail.stride(2);
   s.ring_c = tail.stride(3);

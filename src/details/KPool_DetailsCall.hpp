@@ -8,6 +8,7 @@
 #include <details/KPool_DetailsBatch.hpp>
 #include <details/KPool_DetailsLaunch.hpp>
 #include <details/KPool_DetailsOffsetsFunctor.hpp>
+#include <details/KPool_DetailsRaggedWriter.hpp>
 #include <details/KPool_DetailsValidate.hpp>
 
 #include <cstdint>
@@ -19,7 +20,7 @@ namespace Details {
 template <class ExecutionSpace, class T>
 struct RaggedCall {
   using memory_space = typename ExecutionSpace::memory_space;
-  RaggedBatch<memory_space> batch;
+  RaggedBatch batch;
   View2<const T, memory_space> key;
   View2<const T, memory_space> gate;
   View2<const float, memory_space> ape;
@@ -111,6 +112,19 @@ void check_tail(Checker const& chk, Tail const& tail, int kpool, int head_dim) {
              "is too many slots");
 }
 
+// A ragged writer reading this call's batch, key, gate and ape; the caller
+// adds the ring and the outputs it uses.
+template <class Writer, class ExecutionSpace, class T>
+Writer ragged_writer(RaggedCall<ExecutionSpace, T> const& call) {
+  Writer w;
+  w.batch = call.batch;
+  w.key = call.key;
+  w.gate = call.gate;
+  w.ape = ape_source(call.ape);
+  w.head_dim = call.head_dim;
+  return w;
+}
+
 // The device scan that lays out a ragged call's output rows.
 template <bool StepMode, class ExecutionSpace, class T, class OffsetsView>
 void launch_ragged_offsets(ExecutionSpace const& space, std::string const& label,
@@ -118,7 +132,7 @@ void launch_ragged_offsets(ExecutionSpace const& space, std::string const& label
                            OffsetsView const& offsets) {
   launch_offsets_scan(
       space, label,
-      RaggedPoolCount<typename ExecutionSpace::memory_space, StepMode>{call.batch},
+      RaggedPoolCount<StepMode>{call.batch},
       offsets, call.batch_size);
 }
 

@@ -16,7 +16,8 @@ namespace Details {
 template <class ExecutionSpace>
 struct ExpandTopkFunctor {
   using memory_space = typename ExecutionSpace::memory_space;
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type =
+      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
 
   View2<const std::int32_t, memory_space> pool_ids;  // [T, pool_topk]
   View1<const std::uint32_t, memory_space> row_offsets;

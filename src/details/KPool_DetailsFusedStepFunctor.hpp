@@ -1,9 +1,9 @@
 #ifndef KPOOL_DETAILS_FUSED_STEP_FUNCTOR_HPP
 #define KPOOL_DETAILS_FUSED_STEP_FUNCTOR_HPP
 
-#include <details/KPool_DetailsCompressFunctor.hpp>
-#include <details/KPool_DetailsRingCloseFunctor.hpp>
-#include <details/KPool_DetailsSeedTailFunctor.hpp>
+#include <details/KPool_DetailsRaggedWriter.hpp>
+
+#include <cstdint>
 
 namespace KPool {
 namespace Details {
@@ -15,16 +15,14 @@ namespace Details {
 // by the same team thread with the same channel-to-lane mapping, so each
 // lane reads its ring entries before it writes them, with no barrier. No
 // other request touches that slot. The remaining teams build the compress
-// pools, which never touch the ring. It calls the same member functions as
+// pools, which never touch the ring. It calls the same device functions as
 // the three-launch path, so both produce the same bits.
-template <class ExecutionSpace, class T, class P>
+template <class Writer>
 struct FusedStepFunctor {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type = typename Writer::member_type;
 
-  RingCloseFunctor<ExecutionSpace, T, P, true> ring_close;
-  CompressFunctor<ExecutionSpace, T, P, true> compress;
-  SeedTailFunctor<ExecutionSpace, T, P> seed_tail;
-  int request_teams;
+  Writer writer;
+  int request_teams = 0;
   int items_per_team = 1;
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
@@ -33,14 +31,14 @@ struct FusedStepFunctor {
       int const begin = team * items_per_team;
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
                            [&](int i) {
-                             ring_close.close(member, begin + i);
-                             seed_tail.seed(member, begin + i);
+                             writer.close(member, begin + i);
+                             writer.seed(member, begin + i);
                            });
     } else {
       std::uint64_t const begin =
           static_cast<std::uint64_t>(team - request_teams) * items_per_team;
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
-                           [&](int i) { compress.pool_row(member, begin + i); });
+                           [&](int i) { writer.pool_row(member, begin + i); });
     }
   }
 };

@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -36,14 +37,109 @@ struct is_accessible_from {
       Kokkos::SpaceAccessibility<ExecutionSpace, MemorySpace>::accessible;
 };
 
-// A device execution space is one whose memory the host cannot touch.
-// Launch shapes (channels per lane, team sizes) follow from this, not from
-// a list of backend names.
+// Whether an execution space is a GPU-style backend (CUDA, HIP, SYCL,
+// OpenMPTarget, OpenACC), decided by the backend, never by where its memory
+// lives: CUDA with UVM or on a GH200 and HIP on an MI300A reach host memory
+// and still need device launch shapes. Kokkos Tools' backend tag names the
+// backend in every release from 3.4 on, even those that moved HIP and SYCL
+// out of Kokkos::Experimental.
 template <class ExecutionSpace>
-struct is_device_space {
-  static constexpr bool value = !Kokkos::SpaceAccessibility<
-      Kokkos::HostSpace, typename ExecutionSpace::memory_space>::accessible;
+struct is_device_backend {
+ private:
+  using device_type = Kokkos::Tools::Experimental::DeviceType;
+  static constexpr device_type id =
+      Kokkos::Tools::Experimental::DeviceTypeTraits<ExecutionSpace>::id;
+
+ public:
+  static constexpr bool value = id == device_type::Cuda ||
+                                id == device_type::HIP ||
+                                id == device_type::SYCL ||
+#if defined(KOKKOS_ENABLE_OPENACC)
+                                id == device_type::OpenACC ||
+#endif
+                                id == device_type::OpenMPTarget;
 };
+
+// Backend names, where releases moved them.
+#if defined(KOKKOS_ENABLE_HIP)
+#if KOKKOS_VERSION >= 40000
+using HIP = Kokkos::HIP;
+#else
+using HIP = Kokkos::Experimental::HIP;
+#endif
+#endif
+#if defined(KOKKOS_ENABLE_SYCL)
+#if KOKKOS_VERSION >= 40500
+using SYCL = Kokkos::SYCL;
+#else
+using SYCL = Kokkos::Experimental::SYCL;
+#endif
+#endif
+
+#if defined(KOKKOS_ENABLE_CUDA)
+static_assert(is_device_backend<Kokkos::Cuda>::value, "CUDA is a device backend");
+#endif
+#if defined(KOKKOS_ENABLE_HIP)
+static_assert(is_device_backend<HIP>::value, "HIP is a device backend");
+#endif
+#if defined(KOKKOS_ENABLE_SYCL)
+static_assert(is_device_backend<SYCL>::value, "SYCL is a device backend");
+#endif
+#if defined(KOKKOS_ENABLE_OPENMPTARGET)
+static_assert(is_device_backend<Kokkos::Experimental::OpenMPTarget>::value,
+              "OpenMPTarget is a device backend");
+#endif
+#if defined(KOKKOS_ENABLE_SERIAL)
+static_assert(!is_device_backend<Kokkos::Serial>::value, "Serial is a host backend");
+#endif
+#if defined(KOKKOS_ENABLE_OPENMP)
+static_assert(!is_device_backend<Kokkos::OpenMP>::value, "OpenMP is a host backend");
+#endif
+#if defined(KOKKOS_ENABLE_THREADS)
+static_assert(!is_device_backend<Kokkos::Threads>::value, "Threads is a host backend");
+#endif
+#if defined(KOKKOS_ENABLE_HPX)
+static_assert(!is_device_backend<Kokkos::Experimental::HPX>::value,
+              "HPX is a host backend");
+#endif
+
+// The team policy of every KPool launch. HintLightWeight asks CUDA to pass
+// the functor as a kernel argument (up to 4 KB) rather than through constant
+// memory, whose copy waits on the host for the previous such launch and
+// cannot be captured in a CUDA graph. Other backends ignore the hint.
+template <class ExecutionSpace>
+using TeamPolicy =
+    Kokkos::TeamPolicy<ExecutionSpace,
+                       Kokkos::Experimental::WorkItemProperty::HintLightWeight_t>;
+
+// A fence of one execution space instance, never a global one. Kokkos
+// reports instance fences to Kokkos Tools from 3.5 on; 3.4 reports none, so
+// KPool reports its own there, as later releases would.
+template <class ExecutionSpace>
+void fence(ExecutionSpace const& space, std::string const& name) {
+#if KOKKOS_VERSION >= 30500
+  space.fence(name);
+#else
+  std::uint64_t handle = 0;
+  Kokkos::Tools::beginFence(name, Kokkos::Tools::Experimental::device_id(space),
+                            &handle);
+  space.fence();
+  Kokkos::Tools::endFence(handle);
+#endif
+}
+
+// A host view laid out like v, not initialized; v itself when v lives in
+// host memory. The argument order changed in 3.7.
+template <class View>
+auto create_host_mirror_view_uninitialized(View const& v) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::create_mirror_view(Kokkos::WithoutInitializing,
+                                    Kokkos::HostSpace(), v);
+#else
+  return Kokkos::create_mirror_view(Kokkos::HostSpace(), v,
+                                    Kokkos::WithoutInitializing);
+#endif
+}
 
 template <class To, class From>
 KOKKOS_FORCEINLINE_FUNCTION To bit_cast(From const& from) {
@@ -99,12 +195,34 @@ class ScopedProfileRegion {
   ScopedProfileRegion& operator=(ScopedProfileRegion const&) = delete;
 };
 
-// The loop over channels. On a device it is Kokkos' ThreadVectorRange, so
-// consecutive lanes take consecutive channel packets. On the host Kokkos'
-// own vector range hides the loop from GCC's vectorizer behind a lambda
-// call and an aliasing doubt (outputs and inputs share the storage type),
-// so it is written out with an ivdep: iterations of a channel loop never
-// depend on each other, which is what every caller promises.
+}  // namespace KokkosExt
+
+/// Whether kernels on ExecutionSpace take device launch shapes: 16-byte
+/// channel packets per vector lane, up to 32 lanes, one work item per team
+/// thread, device-like team sizes, ThreadVectorRange channel loops. True
+/// for device backends. A build with the CMake option
+/// KPool_TEST_DEVICE_SHAPES (which defines KPOOL_TEST_DEVICE_SHAPES for
+/// KPool's own programs) makes it true for host backends too, so the host
+/// test suite runs the code paths a GPU runs. Every launch-shape decision
+/// asks this trait and nothing else.
+template <class ExecutionSpace>
+struct device_shapes {
+#if defined(KPOOL_TEST_DEVICE_SHAPES)
+  static constexpr bool value = true;
+#else
+  static constexpr bool value = KokkosExt::is_device_backend<ExecutionSpace>::value;
+#endif
+};
+
+namespace KokkosExt {
+
+// The loop over channels. With device shapes it is Kokkos'
+// ThreadVectorRange, so consecutive lanes take consecutive channel packets.
+// On a host Kokkos' own vector range hides the loop from GCC's vectorizer
+// behind a lambda call and an aliasing doubt (outputs and inputs share the
+// storage type), so it is written out with an ivdep: iterations of a
+// channel loop never depend on each other, which is what every caller
+// promises.
 // Clang versions the loop on a run-time alias check by itself (and warns
 // when a hinted loop does not vectorize), so it gets no hint.
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__clang__)
@@ -133,7 +251,7 @@ class ScopedProfileRegion {
 template <class ExecutionSpace, class Member, class Functor>
 KOKKOS_FORCEINLINE_FUNCTION void vector_for(Member const& member, int n,
                                             Functor const& f) {
-  if constexpr (is_device_space<ExecutionSpace>::value) {
+  if constexpr (device_shapes<ExecutionSpace>::value) {
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), f);
   } else {
     (void)member;

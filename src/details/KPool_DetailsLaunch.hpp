@@ -3,13 +3,17 @@
 
 // Launch shapes. A team thread owns one work item at a time (a pool, a
 // request, a decode row, a token row) and its vector lanes cover the
-// channels. On a device, lanes take 16-byte channel packets and Kokkos
-// picks the team size for the functor; on a host there is one lane (the
-// compiler vectorizes the channel loop) and a team thread takes a run of
-// items, so the league stays small.
+// channels. With device shapes (device_shapes: device backends, or any
+// backend in a KPool_TEST_DEVICE_SHAPES build), lanes take 16-byte channel
+// packets, a team thread takes one item and the team size is the device's
+// choice for the functor; otherwise there is one lane (the compiler
+// vectorizes the channel loop) and a team thread takes a run of items, so
+// the league stays small. Every KPool kernel goes through launch() below.
 
+#include <KPool_Exceptions.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
 #include <details/KPool_DetailsPool.hpp>
+#include <details/KPool_DetailsValidate.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -18,37 +22,47 @@
 namespace KPool {
 namespace Details {
 
-// Channels one lane moves at once: 16 bytes on a device, 1 on a host.
+// Channels one lane moves at once: 16 bytes with device shapes, else 1.
 template <class ExecutionSpace, class T>
 constexpr int packet_width() {
-  return KokkosExt::is_device_space<ExecutionSpace>::value
-             ? static_cast<int>(16 / sizeof(T))
-             : 1;
+  return device_shapes<ExecutionSpace>::value ? static_cast<int>(16 / sizeof(T))
+                                              : 1;
 }
 
 // Items each team thread takes in turn.
 template <class ExecutionSpace>
 constexpr int items_per_thread() {
-  return KokkosExt::is_device_space<ExecutionSpace>::value ? 1 : 16;
+  return device_shapes<ExecutionSpace>::value ? 1 : 16;
 }
+
+// Lanes per team thread: enough for a row's packets, at most a warp.
+constexpr int max_vector_lanes = 32;
 
 template <class ExecutionSpace>
 int vector_lanes(int channels_per_row) {
-  if (!KokkosExt::is_device_space<ExecutionSpace>::value) return 1;
+  if (!device_shapes<ExecutionSpace>::value) return 1;
   int lanes = 1;
-  while (lanes < channels_per_row && lanes < 32) lanes *= 2;
+  while (lanes < channels_per_row && lanes < max_vector_lanes) lanes *= 2;
   return lanes;
 }
+
+// Threads a device block holds when Kokkos recommends nothing better; a
+// host backend under device shapes takes as many of them as it allows.
+constexpr int device_block_threads = 256;
 
 template <class ExecutionSpace, class Functor>
 int team_size_for(ExecutionSpace const& space, Functor const& f, int lanes,
                   int requested) {
-  Kokkos::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, lanes);
+  KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, lanes);
   int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
   if (requested > 0) return std::max(1, std::min(requested, max));
-  if (KokkosExt::is_device_space<ExecutionSpace>::value)
+  if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value) {
     return std::max(1, probe.team_size_recommended(f, Kokkos::ParallelForTag()));
-  return 1;
+  } else if constexpr (device_shapes<ExecutionSpace>::value) {
+    return std::max(1, std::min(max, device_block_threads / lanes));
+  } else {
+    return 1;
+  }
 }
 
 struct TeamShape {
@@ -69,25 +83,79 @@ TeamShape team_shape(ExecutionSpace const& space, Functor const& f,
   return s;
 }
 
-inline int league_for(std::uint64_t items, int items_per_team) {
-  return static_cast<int>((items + items_per_team - 1) / items_per_team);
+// Teams for `items` work items, items_per_team a team, counted in 64 bits.
+// A league is an int and kernels index items as int, so every item index
+// (teams * items_per_team, the last team's tail included) must stay below
+// 2^31; past that the call throws, naming `argument`, instead of wrapping
+// around and silently skipping work. Called before anything is launched.
+inline int league_for(Checker const& chk, std::string const& argument,
+                      std::uint64_t items, int items_per_team) {
+  std::uint64_t const per = static_cast<std::uint64_t>(std::max(1, items_per_team));
+  std::uint64_t const teams = items / per + (items % per != 0 ? 1 : 0);
+  if (teams > 0x7FFFFFFFull / per)
+    chk.fail(argument, "", -1, std::to_string(items),
+             "is more work items (requests, pools or rows) than one launch "
+             "takes (2^31 - 1)");
+  return static_cast<int>(teams);
 }
 
-// The usual launch: `items` work items, items_per_team of them a team.
-// The functor reads its items_per_team member.
+// A launch as planned before anything is queued.
+struct LaunchShape {
+  int league = 0;
+  int team_size = 1;
+  int lanes = 1;
+  int items_per_team = 1;
+};
+
+// The usual shape: `items` work items, items_per_team of them a team.
 template <class ExecutionSpace, class Functor>
-void launch_items(ExecutionSpace const& space, std::string const& label,
-                  Functor f, std::uint64_t items, int head_dim, int width,
-                  int requested_team_size) {
-  if (items == 0) return;
+LaunchShape items_shape(Checker const& chk, std::string const& argument,
+                        ExecutionSpace const& space, Functor const& f,
+                        std::uint64_t items, int head_dim, int width,
+                        int requested_team_size) {
   TeamShape const s =
       team_shape(space, f, head_dim, width, requested_team_size);
-  f.items_per_team = s.items_per_team;
-  Kokkos::parallel_for(
-      label,
-      Kokkos::TeamPolicy<ExecutionSpace>(
-          space, league_for(items, s.items_per_team), s.team_size, s.lanes),
-      f);
+  LaunchShape l;
+  l.league = league_for(chk, argument, items, s.items_per_team);
+  l.team_size = s.team_size;
+  l.lanes = s.lanes;
+  l.items_per_team = s.items_per_team;
+  return l;
+}
+
+// A CUDA driver (functor plus policy and launch bookkeeping, which add
+// about 160 bytes) of 512 bytes or more launches through constant memory
+// unless the policy says HintLightWeight: Kokkos then waits on the host for
+// the previous such launch, and the launch cannot be captured in a CUDA
+// graph. KPool's policies say HintLightWeight (every Kokkos from 3.4 on
+// then passes drivers up to 4 KB as kernel arguments), and its functors
+// hold Strided arrays and a few ints, at most 296 bytes today, so the driver
+// stays under the line even for a Kokkos that ignored the hint. The bound
+// checked here is the hard one: no functor reaches 512 bytes.
+constexpr std::size_t max_functor_bytes = 512;
+
+// Every KPool kernel launches here: on the caller's instance, with the
+// light-weight hint, after the size check.
+template <class ExecutionSpace, class Functor>
+void launch(ExecutionSpace const& space, std::string const& label,
+            LaunchShape const& shape, Functor const& f) {
+  static_assert(sizeof(Functor) < max_functor_bytes,
+                "KPool: a functor of 512 bytes or more launches through CUDA "
+                "constant memory, which waits on the host; hold Strided "
+                "arrays and a few ints, never copies of other functors");
+  if (shape.league <= 0) return;
+  Kokkos::parallel_for(label,
+                       KokkosExt::TeamPolicy<ExecutionSpace>(
+                           space, shape.league, shape.team_size, shape.lanes),
+                       f);
+}
+
+// Launch of a work-item functor (one with an items_per_team member).
+template <class ExecutionSpace, class Functor>
+void launch_items(ExecutionSpace const& space, std::string const& label,
+                  LaunchShape const& shape, Functor f) {
+  f.items_per_team = shape.items_per_team;
+  launch(space, label, shape, f);
 }
 
 // Runs f(Path<...>{}) with the kernel variant for this call's shape:
@@ -119,6 +187,19 @@ template <class T>
 bool rows_aligned(T const* p, std::size_t row_stride, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0 &&
          (row_stride * sizeof(T)) % bytes == 0;
+}
+
+/// The one alignment predicate of every ring access (ring_close, seed_tail,
+/// tail_update and the steps): a ring row (slot, keys or gates, index)
+/// starts at data() + slot * stride(0) + which * stride(1) + index *
+/// stride(2), so the base and all three strides must keep 16 bytes for
+/// packets to be read and written there.
+template <class Tail>
+bool ring_aligned(Tail const& tail) {
+  using T = typename Tail::value_type;
+  auto const keeps = [](std::size_t stride) { return stride * sizeof(T) % 16 == 0; };
+  return reinterpret_cast<std::uintptr_t>(tail.data()) % 16 == 0 &&
+         keeps(tail.stride(0)) && keeps(tail.stride(1)) && keeps(tail.stride(2));
 }
 
 }  // namespace Details

@@ -8,6 +8,7 @@
 // steps at two launches.
 
 #include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsLaunch.hpp>
 #include <details/KPool_DetailsRequest.hpp>
 
 #include <algorithm>
@@ -19,9 +20,9 @@ namespace Details {
 
 // Pools per ragged request. compress counts its own pools; a step
 // (StepMode) counts the ring_close pool too.
-template <class MemorySpace, bool StepMode>
+template <bool StepMode>
 struct RaggedPoolCount {
-  RaggedBatch<MemorySpace> batch;
+  RaggedBatch batch;
   KOKKOS_INLINE_FUNCTION std::uint32_t operator()(int r) const {
     if (r >= batch.num_requests) return 0;
     Request const q = batch.request(r);
@@ -50,7 +51,8 @@ struct DecodePoolCount {
 
 template <class ExecutionSpace, class Count>
 struct OffsetsScanFunctor {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type =
+      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
   Count count;
   View1<std::uint32_t, typename ExecutionSpace::memory_space> offsets;
   int rows;  // offsets(0..rows) are written
@@ -65,17 +67,36 @@ struct OffsetsScanFunctor {
   }
 };
 
+// Threads of the single scanning team: no more than `limit` (what the
+// backend allows and recommends for the functor) and than the rows need,
+// rounded up to a warp, and a power of two: Kokkos before 3.7 aborts a
+// CUDA team_scan over any other team size (96 or 160 threads, say).
+inline int scan_team_size(int limit, int rows) {
+  std::int64_t const need = (static_cast<std::int64_t>(rows) + 1 + 31) / 32 * 32;
+  std::int64_t const cap = std::min<std::int64_t>(std::max(limit, 1), need);
+  int team = 1;
+  while (2 * static_cast<std::int64_t>(team) <= cap) team *= 2;
+  return team;
+}
+
+// One team scans rows + 1 entries, on the caller's instance. rows is a
+// batch size B, an int, so the scan's indices fit.
 template <class ExecutionSpace, class Count, class OffsetsView>
 void launch_offsets_scan(ExecutionSpace const& space, std::string const& label,
                          Count const& count, OffsetsView const& offsets,
                          int rows) {
   OffsetsScanFunctor<ExecutionSpace, Count> f{count, offsets, rows};
-  Kokkos::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
-  int team = 1;
-  if (KokkosExt::is_device_space<ExecutionSpace>::value)
-    team = std::max(1, std::min(probe.team_size_recommended(f, Kokkos::ParallelForTag()),
-                                 ((rows + 1 + 31) / 32) * 32));
-  Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecutionSpace>(space, 1, team, 1), f);
+  LaunchShape shape;
+  shape.league = 1;
+  if constexpr (device_shapes<ExecutionSpace>::value) {
+    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+    int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
+    int limit = max;
+    if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value)
+      limit = std::min(max, probe.team_size_recommended(f, Kokkos::ParallelForTag()));
+    shape.team_size = scan_team_size(limit, rows);
+  }
+  launch(space, label, shape, f);
 }
 
 }  // namespace Details

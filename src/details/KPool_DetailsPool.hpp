@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace KPool {
 namespace Details {
@@ -67,19 +68,57 @@ struct ApeSource {
 };
 
 // Width consecutive values, aligned so one load moves all of them (16 bytes
-// for the storage types).
+// for the storage types, up to 32 for the f32 ape row of a 16-bit type).
 template <class T, int Width>
 struct alignas(sizeof(T) * Width) Packet {
   T v[Width];
 };
 
+// Packet loads and stores. Reading T objects through a Packet lvalue would
+// break C++'s aliasing rules, so host code copies the bytes with memcpy,
+// which compilers turn into one vector load. nvcc turns such a memcpy into
+// byte loads, so device code moves the bytes through CUDA's / HIP's own
+// 16- and 8-byte vector types, the documented idiom for one wide load.
+// Callers guarantee the alignment (dispatch_path's `aligned`); a test build
+// with device shapes checks it, since a GPU faults on a misaligned vector
+// access where a host would not.
+template <class Packet>
+KOKKOS_FORCEINLINE_FUNCTION void check_packet_alignment(void const* p) {
+#if defined(KPOOL_TEST_DEVICE_SHAPES) && !defined(__CUDA_ARCH__) && \
+    !defined(__HIP_DEVICE_COMPILE__)
+  if (reinterpret_cast<std::uintptr_t>(p) % alignof(Packet) != 0)
+    Kokkos::abort("KPool: misaligned packet access (a GPU would fault here)");
+#else
+  (void)p;
+#endif
+}
+
+template <class Packet>
+KOKKOS_FORCEINLINE_FUNCTION void copy_packet_bytes(void* dst, void const* src) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  if constexpr (sizeof(Packet) % 16 == 0) {
+    KPOOL_IMPL_UNROLL
+    for (int i = 0; i < static_cast<int>(sizeof(Packet) / 16); ++i)
+      static_cast<uint4*>(dst)[i] = static_cast<uint4 const*>(src)[i];
+  } else {
+    static_assert(sizeof(Packet) == 8, "packets are 8 or a multiple of 16 bytes");
+    *static_cast<uint2*>(dst) = *static_cast<uint2 const*>(src);
+  }
+#else
+  std::memcpy(dst, src, sizeof(Packet));
+#endif
+}
+
 template <int Width, class T>
 KOKKOS_FORCEINLINE_FUNCTION Packet<T, Width> load_packet(T const* p) {
+  Packet<T, Width> v;
   if constexpr (Width == 1) {
-    return Packet<T, 1>{{*p}};
+    v.v[0] = *p;
   } else {
-    return *reinterpret_cast<Packet<T, Width> const*>(p);
+    check_packet_alignment<Packet<T, Width>>(p);
+    copy_packet_bytes<Packet<T, Width>>(&v, p);
   }
+  return v;
 }
 
 template <int Width, class T>
@@ -88,7 +127,8 @@ KOKKOS_FORCEINLINE_FUNCTION void store_packet(T* p,
   if constexpr (Width == 1) {
     *p = v.v[0];
   } else {
-    *reinterpret_cast<Packet<T, Width>*>(p) = v;
+    check_packet_alignment<Packet<T, Width>>(p);
+    copy_packet_bytes<Packet<T, Width>>(p, &v);
   }
 }
 

@@ -2,14 +2,25 @@
 #define KPOOL_DETAILS_TAIL_UPDATE_FUNCTOR_HPP
 
 #include <details/KPool_DetailsBatch.hpp>
-#include <details/KPool_DetailsCompressFunctor.hpp>
 #include <details/KPool_DetailsPool.hpp>
+#include <details/KPool_DetailsRaggedWriter.hpp>
 #include <details/KPool_DetailsRequest.hpp>
+#include <details/KPool_DetailsStrided.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace KPool {
 namespace Details {
+
+// The writer's outputs: closed pools at pooled(r, j), their ids at
+// closed_pool(r, j), j < max_closed.
+template <class T>
+struct TailUpdateOutput {
+  Strided<T, 3> pooled;                  // [B, M, D]
+  Strided<std::int32_t, 2> closed_pool;  // [B, M]
+  int max_closed;                        // M
+};
 
 // tail_update: next_n decode tokens per row, taken in order. Each real
 // token is stashed at ring index pos % R; when it is a pool's last member
@@ -20,26 +31,27 @@ namespace Details {
 // thread walks the row's tokens, and its lanes stash and read back the same
 // channels (thread_vector_copy and thread_vector_pool share the mapping),
 // so each lane sees its own writes in program order.
-// Writer mode: closed pools go to pooled(r, j) / closed_pool(r, j), the
-// rest of closed_pool(r) is -1. StepMode: to rows offsets(r) + j.
+// Writer mode: closed pools go to out.pooled(r, j) / out.closed_pool(r, j),
+// the rest of out.closed_pool(r) is -1. StepMode: to rows offsets(r) + j of
+// the step's output.
 template <class ExecutionSpace, class T, class P, bool StepMode>
 struct TailUpdateFunctor {
-  using memory_space = typename ExecutionSpace::memory_space;
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type =
+      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
 
-  View4<T, memory_space> tail;
-  View3<const T, memory_space> key;   // [B, next_n, D]
-  View3<const T, memory_space> gate;  // [B, next_n, D]
-  View2<const float, memory_space> ape;
-  View2<const std::int32_t, memory_space> positions;  // [B, next_n]
-  View1<const std::uint32_t, memory_space> slot_idx;
-  View3<T, memory_space> pooled;                      // writer: [B, M, D]
-  View2<std::int32_t, memory_space> closed_pool;      // writer: [B, M]
-  PoolSink<T, memory_space> out;                      // step
+  Strided<T, 4> tail;
+  Strided<const T, 3> key;   // [B, next_n, D]
+  Strided<const T, 3> gate;  // [B, next_n, D]
+  ApeSource ape;
+  Strided<const std::int32_t, 2> positions;  // [B, next_n]
+  Strided<const std::uint32_t, 1> slot_idx;
+  std::conditional_t<StepMode, PoolSink<T>, TailUpdateOutput<T>> out;
   int num_requests;
+  int next_n;
   int kpool;
   int head_dim;
   int max_slots;
+  int ring_length;  // R, the tail's extent 2
   int items_per_team = 1;
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
@@ -50,13 +62,11 @@ struct TailUpdateFunctor {
 
   KOKKOS_INLINE_FUNCTION void update(member_type const& member, int r) const {
     if (r >= num_requests) return;
-    int const next_n = static_cast<int>(positions.extent(1));
     std::uint32_t const slot = slot_idx(r);
     int closed = 0;
     if (slot < static_cast<std::uint32_t>(max_slots)) {
       T* const ring_key = &tail(slot, 0, 0, 0);
       T* const ring_gate = &tail(slot, 1, 0, 0);
-      int const ring_length = static_cast<int>(tail.extent(2));
       PoolSource<T> src;
       src.row_key = src.row_gate = nullptr;
       src.key_r = src.key_c = src.gate_r = src.gate_c = 0;
@@ -73,30 +83,29 @@ struct TailUpdateFunctor {
         if (!closes_pool(pos, kpool)) continue;
         std::int32_t const pool = pos / kpool;
         attach_ring(src, tail, static_cast<int>(slot), kpool,
-                    static_cast<std::uint64_t>(pool) * kpool);
+                    static_cast<std::uint64_t>(pool) * kpool, ring_length);
         if constexpr (StepMode) {
           std::uint64_t const o = out.offsets(r) + closed;
           if (o < out.offsets(r + 1) && out.holds(o)) {
             thread_vector_pool<ExecutionSpace, P>(member, kpool, head_dim,
-                                                  ape_source(ape), src,
+                                                  ape, src,
                                                   out.row(o),
                                                   out.channel_stride());
             out.label(member, o, r, pool);
           }
-        } else if (closed < static_cast<int>(closed_pool.extent(1))) {
+        } else if (closed < out.max_closed) {
           thread_vector_pool<ExecutionSpace, P>(
-              member, kpool, head_dim, ape_source(ape), src,
-              &pooled(r, closed, 0), pooled.stride(2));
-          KokkosExt::single_per_thread(member,
-                                       [&]() { closed_pool(r, closed) = pool; });
+              member, kpool, head_dim, ape, src,
+              &out.pooled(r, closed, 0), out.pooled.stride(2));
+          KokkosExt::single_per_thread(
+              member, [&]() { out.closed_pool(r, closed) = pool; });
         }
         ++closed;
       }
     }
     if constexpr (!StepMode) {
-      int const M = static_cast<int>(closed_pool.extent(1));
       KokkosExt::single_per_thread(member, [&]() {
-        for (int j = closed; j < M; ++j) closed_pool(r, j) = -1;
+        for (int j = closed; j < out.max_closed; ++j) out.closed_pool(r, j) = -1;
       });
     }
   }

@@ -3,8 +3,9 @@
 
 // Argument validation, run on the host before anything is launched. Checks
 // on extents are free; checks on index data fence the caller's execution
-// space instance and copy only the per-request arrays (row_offsets,
-// cache_lengths, slot_idx, positions) to the host.
+// space instance (and only it) and copy only the per-request arrays
+// (row_offsets, cache_lengths, slot_idx, positions) to the host, on that
+// instance.
 
 #include <KPool_Exceptions.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
@@ -99,6 +100,10 @@ class Checker {
       fail("row_offsets", "extent 0", -1, "0",
            "leaves no room for B + 1 entries");
     std::size_t const B = row_offsets.extent(0) - 1;
+    // Requests are indexed as int (num_requests, the offset scan).
+    if (B > 0x7FFFFFFE)
+      fail("row_offsets", "extent 0", -1, std::to_string(B + 1),
+           "is too many requests (B + 1 entries, B at most 2^31 - 2)");
     extent_is("cache_lengths", 0, cache_lengths.extent(0), B,
               "the batch size B (row_offsets has B + 1 entries)");
     num_requests_within(num_requests, B);
@@ -128,14 +133,25 @@ class Checker {
   std::string entry_;
 };
 
-// The first n entries of a small index array on the host, after the work
-// queued on `space` has finished (it may have written them).
+// A small index array (already cut to the rows that matter) readable on
+// the host, after the work queued on `space` (which may have written it)
+// has finished. Only `space` is waited for and the copy runs on it: other
+// instances (other streams) keep running. Memory the host can read is read
+// in place.
+template <class ExecutionSpace, class View>
+auto host_readable(ExecutionSpace const& space, View const& v) {
+  auto const h = KokkosExt::create_host_mirror_view_uninitialized(v);
+  if (h.data() != v.data()) Kokkos::deep_copy(space, h, v);
+  KokkosExt::fence(space, "KPool: validation reads the index arrays");
+  return h;
+}
+
+// The first n entries of a small index array on the host.
 template <class ExecutionSpace, class View1D>
 std::vector<typename View1D::non_const_value_type> host_copy(
     ExecutionSpace const& space, View1D const& v, std::size_t n) {
-  space.fence();
-  auto const sub = Kokkos::subview(v, std::make_pair(std::size_t(0), n));
-  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sub);
+  auto const h = host_readable(
+      space, Kokkos::subview(v, std::make_pair(std::size_t(0), n)));
   std::vector<typename View1D::non_const_value_type> out(n);
   for (std::size_t i = 0; i < n; ++i) out[i] = h(i);
   return out;
@@ -233,10 +249,9 @@ std::vector<int> check_decode_batch(Checker const& chk,
   std::size_t const next_n = positions.extent(1);
   std::size_t const n = static_cast<std::size_t>(num_requests);
   check_slots(chk, space, slot_idx, n, max_slots);
-  space.fence();
-  auto const sub = Kokkos::subview(positions, std::make_pair(std::size_t(0), n),
-                                   Kokkos::ALL);
-  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sub);
+  auto const h = host_readable(
+      space, Kokkos::subview(positions, std::make_pair(std::size_t(0), n),
+                             Kokkos::ALL));
   std::vector<int> closes(n, 0);
   for (std::size_t r = 0; r < n; ++r) {
     std::int64_t prev = -1;

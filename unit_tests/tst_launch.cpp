@@ -1,0 +1,292 @@
+// How KPool launches (README "One serving step", issue: CUDA correctness
+// without a GPU): launch shapes decided by backend, work-item counts
+// checked in 64 bits, the offset scan's team size, and no host
+// synchronization unless validation is on, then only of the caller's
+// execution space instance, observed through Kokkos Tools callbacks.
+
+#include <KPoolTestUtils.hpp>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+// A stand-in for a GPU backend whose memory the host can read (CUDA with
+// UVM, a GH200, HIP on an MI300A): Kokkos Tools tag it as CUDA, its memory
+// space is HostSpace.
+struct UnifiedMemoryGpu {
+  using memory_space = Kokkos::HostSpace;
+};
+namespace Kokkos {
+namespace Tools {
+namespace Experimental {
+template <>
+struct DeviceTypeTraits<UnifiedMemoryGpu> {
+  static constexpr DeviceType id = DeviceType::Cuda;
+};
+}  // namespace Experimental
+}  // namespace Tools
+}  // namespace Kokkos
+
+namespace {
+
+using namespace KPoolTest;
+
+using E = Kokkos::DefaultExecutionSpace;
+using M = E::memory_space;
+using T = KPool::bfloat16;
+using U32 = Kokkos::View<std::uint32_t*, M>;
+
+// Device launch shapes follow the backend, not whether the host can reach
+// the backend's memory.
+TEST(LaunchShapes, DeviceIsDecidedByBackendNotByMemory) {
+  using KPool::Details::KokkosExt::is_device_backend;
+  EXPECT_TRUE(is_device_backend<UnifiedMemoryGpu>::value);
+  EXPECT_TRUE((Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                          UnifiedMemoryGpu::memory_space>::accessible));
+  EXPECT_FALSE(is_device_backend<Kokkos::DefaultHostExecutionSpace>::value);
+#if defined(KOKKOS_ENABLE_SERIAL)
+  EXPECT_FALSE(is_device_backend<Kokkos::Serial>::value);
+#endif
+}
+
+// Device shapes everywhere in a KPool_TEST_DEVICE_SHAPES build, on device
+// backends only otherwise; 16-byte packets and one item per team thread
+// exactly when device shapes are on.
+TEST(LaunchShapes, DeviceShapesFollowTheTestOption) {
+  using H = Kokkos::DefaultHostExecutionSpace;
+#if defined(KPOOL_TEST_DEVICE_SHAPES)
+  bool const host_device_shapes = true;
+#else
+  bool const host_device_shapes = false;
+#endif
+  EXPECT_EQ(KPool::Details::device_shapes<H>::value, host_device_shapes);
+  EXPECT_TRUE(KPool::Details::device_shapes<UnifiedMemoryGpu>::value);
+  int const w16 = host_device_shapes ? 8 : 1;
+  EXPECT_EQ((KPool::Details::packet_width<H, KPool::bfloat16>()), w16);
+  EXPECT_EQ((KPool::Details::packet_width<H, KPool::float16>()), w16);
+  EXPECT_EQ((KPool::Details::packet_width<H, float>()), host_device_shapes ? 4 : 1);
+  EXPECT_EQ((KPool::Details::packet_width<H, double>()), host_device_shapes ? 2 : 1);
+  EXPECT_EQ(KPool::Details::items_per_thread<H>(), host_device_shapes ? 1 : 16);
+  EXPECT_EQ(KPool::Details::vector_lanes<H>(16), host_device_shapes ? 16 : 1);
+  EXPECT_EQ(KPool::Details::vector_lanes<H>(100), host_device_shapes ? 32 : 1);
+}
+
+// The single scanning team: a power of two (Kokkos before 3.7 aborts a
+// CUDA team_scan otherwise), within what the backend allows, no larger
+// than the rows need, and not needlessly small.
+TEST(LaunchShapes, OffsetScanTeamIsAPowerOfTwoWithinTheLimit) {
+  for (int limit = 1; limit <= 1024; ++limit)
+    for (int rows : {0, 1, 31, 32, 33, 63, 64, 65, 70, 95, 96, 100, 127, 128,
+                     129, 150, 159, 160, 255, 256, 1000, 5000}) {
+      int const t = KPool::Details::scan_team_size(limit, rows);
+      int const need = (rows + 1 + 31) / 32 * 32;
+      int const cap = std::min(limit, need);
+      ASSERT_GE(t, 1);
+      ASSERT_EQ(t & (t - 1), 0) << "limit " << limit << " rows " << rows << ": " << t;
+      ASSERT_LE(t, cap) << "limit " << limit << " rows " << rows;
+      ASSERT_GT(2 * t, cap) << "limit " << limit << " rows " << rows;
+    }
+}
+
+// League sizes are ints and kernels index items as ints: work-item counts
+// are checked in 64 bits and past 2^31 - 1 throw a named error rather
+// than wrapping around.
+TEST(LaunchShapes, WorkItemsPast2To31ThrowANamedError) {
+  KPool::Details::Checker const chk("KPool::compress");
+  EXPECT_EQ(KPool::Details::league_for(chk, "key", 0, 16), 0);
+  EXPECT_EQ(KPool::Details::league_for(chk, "key", 33, 16), 3);
+  EXPECT_EQ(KPool::Details::league_for(chk, "key", 0x7FFFFFFFull, 1), 0x7FFFFFFF);
+  EXPECT_EQ(KPool::Details::league_for(chk, "key", 0x7FFFFFF0ull, 16), 0x7FFFFFF);
+  for (std::uint64_t items : std::vector<std::uint64_t>{
+           0x80000000ull, 0x7FFFFFFFull + 16, 1ull << 40,
+           std::numeric_limits<std::uint64_t>::max()}) {
+    try {
+      KPool::Details::league_for(chk, "key", items, 16);
+      ADD_FAILURE() << items << " work items did not throw";
+    } catch (KPool::InvalidArgument const& e) {
+      EXPECT_EQ(e.entry_point(), "KPool::compress");
+      EXPECT_EQ(e.argument(), "key");
+      EXPECT_EQ(e.value(), std::to_string(items));
+    }
+  }
+}
+
+// The same through an entry point: a compress whose views claim 2^33 rows
+// (unmanaged, over a few real elements, never read) throws with validation
+// off, before anything is written, instead of launching a wrapped-around
+// league.
+TEST(LaunchShapes, CompressOfMoreThan2To31PoolsThrowsBeforeWriting) {
+  E space;
+  using Huge = Kokkos::View<T**, Kokkos::LayoutRight, M,
+                            Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  Kokkos::View<T*, M> few("few", 16);
+  std::size_t const rows = std::size_t(1) << 33;
+  Huge const key(few.data(), rows, 1), pooled(few.data(), rows, 1);
+  Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", 1, 1);
+  U32 const row_offsets =
+      to_index_view<U32>(std::vector<std::uint32_t>{0, 4}, "row_offsets");
+  U32 const cache_lengths = to_index_view<U32>(std::vector<std::uint32_t>{0}, "cl");
+  U32 offsets("pool_row_offsets", 2);
+  Kokkos::deep_copy(offsets, 777u);
+  KPool::Options o;
+  o.validate = false;
+  try {
+    KPool::compress(space, key, key, ape, row_offsets, cache_lengths, 1, offsets,
+                    pooled, o);
+    ADD_FAILURE() << "no exception";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.entry_point(), "KPool::compress");
+    EXPECT_EQ(e.argument(), "key");
+  }
+  auto const h = on_host(offsets);
+  EXPECT_EQ(h(0), 777u);
+  EXPECT_EQ(h(1), 777u);
+}
+
+// Batch sizes are ints as well: a row_offsets view of 2^31 + 1 entries
+// (unmanaged, never read) is refused before anything runs.
+TEST(LaunchShapes, BatchOfMoreThan2To31RequestsThrows) {
+  E space;
+  using Huge = Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  U32 few("few", 16);
+  std::size_t const B = std::size_t(1) << 31;
+  Huge const row_offsets(few.data(), B + 1), cache_lengths(few.data(), B),
+      offsets(few.data(), B + 1);
+  KPool::Options o;
+  o.validate = false;
+  try {
+    KPool::compute_pool_row_offsets(space, row_offsets, cache_lengths, 1, 4, 16,
+                                    offsets, o);
+    ADD_FAILURE() << "no exception";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.argument(), "row_offsets");
+    EXPECT_EQ(e.value(), std::to_string(B + 1));
+  }
+}
+
+// Kokkos Tools events while armed: fences (name, device id) and deep
+// copies.
+struct Recorder {
+  bool armed = false;
+  std::vector<std::pair<std::string, std::uint32_t>> fences;
+  int deep_copies = 0;
+};
+Recorder recorder;
+
+void on_fence(char const* name, std::uint32_t device_id, std::uint64_t*) {
+  if (recorder.armed) recorder.fences.emplace_back(name, device_id);
+}
+void on_deep_copy(Kokkos::Tools::SpaceHandle, char const*, void const*,
+                  Kokkos::Tools::SpaceHandle, char const*, void const*,
+                  std::uint64_t) {
+  if (recorder.armed) ++recorder.deep_copies;
+}
+
+class HostSync : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Kokkos::fence();
+    recorder = Recorder();
+    Kokkos::Tools::Experimental::set_begin_fence_callback(on_fence);
+    Kokkos::Tools::Experimental::set_begin_deep_copy_callback(on_deep_copy);
+  }
+  void TearDown() override {
+    Kokkos::Tools::Experimental::set_begin_fence_callback(nullptr);
+    Kokkos::Tools::Experimental::set_begin_deep_copy_callback(nullptr);
+  }
+  // Runs f with the recorder armed; everything queued before is finished.
+  template <class F>
+  Recorder record(F&& f) {
+    Kokkos::fence();
+    recorder = Recorder();
+    recorder.armed = true;
+    f();
+    recorder.armed = false;
+    Recorder r = recorder;
+    Kokkos::fence();
+    return r;
+  }
+};
+
+// A general step's and a decode step's inputs, K = 4, D = 128 (the
+// compile-time fast path), two requests.
+struct Steps {
+  static constexpr int K = 4, D = 128, B = 3, slots = 4, next_n = 2;
+  E space;
+  KPool::Ring<T, M> ring{space, slots, K, D};
+  Kokkos::View<T**, Kokkos::LayoutRight, M> key{"key", 16, D}, gate{"gate", 16, D};
+  Kokkos::View<float**, Kokkos::LayoutRight, M> ape{"ape", K, D};
+  U32 row_offsets = to_index_view<U32>(std::vector<std::uint32_t>{0, 9, 12, 12}, "ro");
+  U32 cache_lengths = to_index_view<U32>(std::vector<std::uint32_t>{2, 7, 0}, "cl");
+  U32 slot_idx = to_index_view<U32>(std::vector<std::uint32_t>{3, 1, 0}, "slots");
+  Kokkos::View<T***, Kokkos::LayoutRight, M> dkey{"dkey", B, next_n, D},
+      dgate{"dgate", B, next_n, D};
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> positions{"positions", B, next_n};
+  KPool::StepOutput<T, M> out{space, KPool::StepOutput<T, M>::capacity_for(16, B, K), B, D};
+
+  Steps() {
+    auto h = Kokkos::create_mirror_view(positions);
+    for (int r = 0; r < B; ++r)
+      for (int i = 0; i < next_n; ++i) h(r, i) = 4 * r + 2 + i;
+    Kokkos::deep_copy(positions, h);
+  }
+  void step(bool fused, bool validate) {
+    KPool::Options o;
+    o.fused = fused;
+    o.validate = validate;
+    KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
+                slot_idx, 2, out, o);
+  }
+  void decode(bool validate) {
+    KPool::Options o;
+    o.validate = validate;
+    KPool::decode_step(space, ring, dkey, dgate, ape, positions, slot_idx, 2,
+                       out, o);
+  }
+};
+
+// With validation off nothing waits for the host: no fence, no deep copy,
+// so steps on different streams overlap and a step can be captured in a
+// CUDA graph.
+TEST_F(HostSync, StepsWithoutValidationNeitherFenceNorCopy) {
+  Steps s;
+  for (bool fused : {true, false}) {
+    Recorder const r = record([&] { s.step(fused, false); });
+    EXPECT_TRUE(r.fences.empty())
+        << (fused ? "fused" : "three-launch") << " step fenced: " << r.fences.front().first;
+    EXPECT_EQ(r.deep_copies, 0) << (fused ? "fused" : "three-launch") << " step";
+  }
+  Recorder const r = record([&] { s.decode(false); });
+  EXPECT_TRUE(r.fences.empty()) << "decode_step fenced: " << r.fences.front().first;
+  EXPECT_EQ(r.deep_copies, 0) << "decode_step";
+}
+
+// Validation reads the index arrays on the host: it fences, and only the
+// caller's instance (a global Kokkos::fence would also wait for every other
+// stream). Kokkos 3.4 reports no fence of its own to Kokkos Tools, so
+// there the global half of the check sees nothing; from 3.5 on it does.
+TEST_F(HostSync, ValidationFencesOnlyTheCallersInstance) {
+  Steps s;
+  Recorder const probe = record(
+      [&] { KPool::Details::KokkosExt::fence(s.space, "probe"); });
+  ASSERT_EQ(probe.fences.size(), 1u);
+  std::uint32_t const instance = probe.fences[0].second;
+#if KOKKOS_VERSION >= 30500
+  Recorder const global = record([] { Kokkos::fence(); });
+  ASSERT_FALSE(global.fences.empty());
+  for (auto const& f : global.fences)
+    ASSERT_NE(f.second, instance) << "a global fence is indistinguishable here";
+#endif
+  std::vector<std::pair<std::string, Recorder>> runs;
+  runs.emplace_back("fused step", record([&] { s.step(true, true); }));
+  runs.emplace_back("three-launch step", record([&] { s.step(false, true); }));
+  runs.emplace_back("decode_step", record([&] { s.decode(true); }));
+  for (auto const& [what, r] : runs) {
+    EXPECT_FALSE(r.fences.empty()) << what << " validated without fencing";
+    for (auto const& f : r.fences)
+      EXPECT_EQ(f.second, instance)
+          << what << ": fence '" << f.first << "' is not of the caller's instance";
+  }
+}
+
+}  // namespace
