@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -181,6 +182,25 @@ KOKKOS_FORCEINLINE_FUNCTION double fmadd(double a, double b, double c) {
   return __builtin_fma(a, b, c);
 #else
   return a * b + c;
+#endif
+}
+
+// Copies Bytes bytes between Bytes-aligned addresses in one wide access.
+// Host compilers turn the memcpy into one vector load or store; nvcc turns
+// it into byte accesses, so device code goes through CUDA's / HIP's 16- and
+// 8-byte vector types, the documented idiom for one wide load.
+template <std::size_t Bytes>
+KOKKOS_FORCEINLINE_FUNCTION void copy_aligned_bytes(void* dst, void const* src) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  if constexpr (Bytes % 16 == 0) {
+    for (std::size_t i = 0; i < Bytes / 16; ++i)
+      static_cast<uint4*>(dst)[i] = static_cast<uint4 const*>(src)[i];
+  } else {
+    static_assert(Bytes == 8, "wide copies are 8 or a multiple of 16 bytes");
+    *static_cast<uint2*>(dst) = *static_cast<uint2 const*>(src);
+  }
+#else
+  std::memcpy(dst, src, Bytes);
 #endif
 }
 

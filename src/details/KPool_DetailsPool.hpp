@@ -74,14 +74,12 @@ struct alignas(sizeof(T) * Width) Packet {
   T v[Width];
 };
 
-// Packet loads and stores. Reading T objects through a Packet lvalue would
-// break C++'s aliasing rules, so host code copies the bytes with memcpy,
-// which compilers turn into one vector load. nvcc turns such a memcpy into
-// byte loads, so device code moves the bytes through CUDA's / HIP's own
-// 16- and 8-byte vector types, the documented idiom for one wide load.
-// Callers guarantee the alignment (dispatch_path's `aligned`); a test build
-// with device shapes checks it, since a GPU faults on a misaligned vector
-// access where a host would not.
+// Packet loads and stores. Reading T objects through a Packet lvalue that
+// no Packet object backs is undefined in C++, so the bytes are copied
+// (KokkosExt::copy_aligned_bytes: memcpy on hosts, one wide vector access
+// on GPUs). Callers guarantee the alignment (dispatch_path's `aligned`); a
+// test build with device shapes checks it, since a GPU faults on a
+// misaligned vector access where a host would not.
 template <class Packet>
 KOKKOS_FORCEINLINE_FUNCTION void check_packet_alignment(void const* p) {
 #if defined(KPOOL_TEST_DEVICE_SHAPES) && !defined(__CUDA_ARCH__) && \
@@ -93,22 +91,6 @@ KOKKOS_FORCEINLINE_FUNCTION void check_packet_alignment(void const* p) {
 #endif
 }
 
-template <class Packet>
-KOKKOS_FORCEINLINE_FUNCTION void copy_packet_bytes(void* dst, void const* src) {
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-  if constexpr (sizeof(Packet) % 16 == 0) {
-    KPOOL_IMPL_UNROLL
-    for (int i = 0; i < static_cast<int>(sizeof(Packet) / 16); ++i)
-      static_cast<uint4*>(dst)[i] = static_cast<uint4 const*>(src)[i];
-  } else {
-    static_assert(sizeof(Packet) == 8, "packets are 8 or a multiple of 16 bytes");
-    *static_cast<uint2*>(dst) = *static_cast<uint2 const*>(src);
-  }
-#else
-  std::memcpy(dst, src, sizeof(Packet));
-#endif
-}
-
 template <int Width, class T>
 KOKKOS_FORCEINLINE_FUNCTION Packet<T, Width> load_packet(T const* p) {
   Packet<T, Width> v;
@@ -116,7 +98,7 @@ KOKKOS_FORCEINLINE_FUNCTION Packet<T, Width> load_packet(T const* p) {
     v.v[0] = *p;
   } else {
     check_packet_alignment<Packet<T, Width>>(p);
-    copy_packet_bytes<Packet<T, Width>>(&v, p);
+    KokkosExt::copy_aligned_bytes<sizeof(Packet<T, Width>)>(&v, p);
   }
   return v;
 }
@@ -128,7 +110,7 @@ KOKKOS_FORCEINLINE_FUNCTION void store_packet(T* p,
     *p = v.v[0];
   } else {
     check_packet_alignment<Packet<T, Width>>(p);
-    copy_packet_bytes<Packet<T, Width>>(p, &v);
+    KokkosExt::copy_aligned_bytes<sizeof(Packet<T, Width>)>(p, &v);
   }
 }
 
