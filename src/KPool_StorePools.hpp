@@ -164,8 +164,11 @@ void load_pools(ExecutionSpace const& space, PoolCache<C, MemorySpace> const& ca
   if (num_requests < 0) chk.fail_scalar("num_requests", num_requests, "is negative");
   std::size_t const n = static_cast<std::size_t>(num_requests);
   using TC = std::conditional_t<std::is_same<C, float8_e4m3>::value, float, C>;
+  if (cache.is_allocated())
+    chk.extent_is("out", 2, out.extent(2), static_cast<std::size_t>(cache.head_dim()),
+                  "the cache's head_dim");
   Details::check_cache_shapes<ExecutionSpace, TC>(chk, space, cache, block_table,
-                                                  static_cast<int>(out.extent(2)), n);
+                                                  cache.head_dim(), n);
   chk.extent_at_least("num_pools", 0, num_pools.extent(0), n, "num_requests");
   chk.extent_at_least("out", 0, out.extent(0), n, "num_requests");
   if (out.extent(1) > 0x7FFFFFFF)

@@ -208,7 +208,7 @@ inline void check_pool_blocks(Checker const& chk, HostBlockTable const& t,
   std::int64_t const last_col = (end - 1) / block_pools;
   if (last_col >= static_cast<std::int64_t>(t.cols))
     chk.fail("block_table", "row " + std::to_string(r), r, std::to_string(t.cols),
-             "columns are too few for pool " +
+             "is max_blocks, too few columns for pool " +
                  std::to_string(std::max<std::int64_t>(
                      first, static_cast<std::int64_t>(t.cols) * block_pools)) +
                  " (pool p lives in column p / block_pools, block_pools = " +
