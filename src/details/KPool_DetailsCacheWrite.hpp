@@ -74,7 +74,10 @@ KOKKOS_INLINE_FUNCTION bool is_nan(double x) {
 // whatever order the lanes combine in.
 KOKKOS_INLINE_FUNCTION std::uint32_t finite_magnitude_bits(float x) {
   std::uint32_t const a = KokkosExt::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
-  return a < 0x7F800000u ? a : 0u;
+  // A mask rather than a select: GCC 12 does not vectorize a max reduction
+  // over a selected value.
+  std::uint32_t const keep = 0u - static_cast<std::uint32_t>(a < 0x7F800000u);
+  return a & keep;
 }
 
 // The smallest f32 power of two not below q >= 0, q finite (q = 0, an amax
@@ -231,40 +234,78 @@ KOKKOS_INLINE_FUNCTION void cache_stage_row(
 
 // --- Phase 2: the rotation (every team thread) ---------------------------
 
-// Butterfly stages h = 1, 2, ..., D/2 on every non-empty slot, a barrier
-// after each. Expects the rows staged and visible (a barrier before).
+// The whole transform of one row by one thread (host lanes run in turn, so
+// nothing needs ordering). Stages 1, 2 and 4 run together on each group of
+// 8 channels, in registers: every value goes through the same butterflies
+// in the same order as stage by stage, and the loop over groups
+// vectorizes. Stages 8 and up run over contiguous halves and vectorize as
+// they are.
+template <class A>
+KOKKOS_INLINE_FUNCTION void rotate_row_serial(A* v, int D) {
+  int h = 1;
+  if (D >= 8) {
+    KPOOL_IMPL_IVDEP
+    for (int g = 0; g < D; g += 8) {
+      A* const p = v + g;
+      A const a0 = p[0] + p[1], a1 = p[0] - p[1];
+      A const a2 = p[2] + p[3], a3 = p[2] - p[3];
+      A const a4 = p[4] + p[5], a5 = p[4] - p[5];
+      A const a6 = p[6] + p[7], a7 = p[6] - p[7];
+      A const b0 = a0 + a2, b2 = a0 - a2, b1 = a1 + a3, b3 = a1 - a3;
+      A const b4 = a4 + a6, b6 = a4 - a6, b5 = a5 + a7, b7 = a5 - a7;
+      p[0] = b0 + b4;
+      p[4] = b0 - b4;
+      p[1] = b1 + b5;
+      p[5] = b1 - b5;
+      p[2] = b2 + b6;
+      p[6] = b2 - b6;
+      p[3] = b3 + b7;
+      p[7] = b3 - b7;
+    }
+    h = 8;
+  }
+  for (; h < D; h *= 2)
+    for (int base = 0; base < D; base += 2 * h) {
+      A* const lo = v + base;
+      A* const hi = lo + h;
+      KPOOL_IMPL_IVDEP
+      for (int j = 0; j < h; ++j) {
+        A const a = lo[j], b = hi[j];
+        lo[j] = a + b;
+        hi[j] = a - b;
+      }
+    }
+}
+
+// The butterfly stages h = 1, 2, ..., D/2 on every non-empty slot, ending
+// with a team barrier. Expects the rows staged and visible (a barrier
+// before). On a device, lanes share a row: lane k takes pair k of a stage,
+// and a team barrier separates stages (the pairs of stage 2h mix values
+// other lanes wrote in stage h). On a host one thread transforms a whole
+// row. Either way the barrier count depends only on D: every team thread
+// reaches every barrier.
 template <class ExecutionSpace, class Member, class A>
 KOKKOS_INLINE_FUNCTION void cache_team_butterflies(
     Member const& member, CacheScratch<ExecutionSpace, A> const& s) {
   int const D = static_cast<int>(s.rows.extent(1));
-  for (int h = 1; h < D; h *= 2) {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
-      if (s.dest(slot, 0) < 0) return;
-      A* const v = s.row(slot);
-      if constexpr (KokkosExt::is_device_space<ExecutionSpace>::value) {
-        // Lane k takes pair k: i has bit h clear, the other bits of k
-        // spread around it.
+  if constexpr (KokkosExt::is_device_space<ExecutionSpace>::value) {
+    for (int h = 1; h < D; h *= 2) {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
+        if (s.dest(slot, 0) < 0) return;
+        A* const v = s.row(slot);
+        // i has bit h clear and the other bits of k spread around it.
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D / 2), [&](int k) {
           int const i = ((k & ~(h - 1)) << 1) | (k & (h - 1));
           A const a = v[i], b = v[i + h];
           v[i] = a + b;
           v[i + h] = a - b;
         });
-      } else {
-        // Host lanes run in turn, so one loop nest covers them all; the
-        // inner loop runs over contiguous channels and vectorizes.
-        (void)member;
-        for (int base = 0; base < D; base += 2 * h) {
-          A* const lo = v + base;
-          A* const hi = lo + h;
-          KPOOL_IMPL_IVDEP
-          for (int j = 0; j < h; ++j) {
-            A const a = lo[j], b = hi[j];
-            lo[j] = a + b;
-            hi[j] = a - b;
-          }
-        }
-      }
+      });
+      member.team_barrier();
+    }
+  } else {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
+      if (s.dest(slot, 0) >= 0) rotate_row_serial(s.row(slot), D);
     });
     member.team_barrier();
   }
@@ -303,12 +344,11 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
                                                CacheSlot where) {
   int const D = t.head_dim();
   C* const out = &t.values(where.block, where.entry, 0);
-  bool const rotate = t.rotate;
-  A const r = t.rsqrt;
   // R(x)[c]: the butterflies already ran; the final multiply happens here,
   // where the value is consumed, recomputed identically for amax and
-  // values.
-  auto const rx = [&](int c) { return rotate ? x[c] * r : x[c]; };
+  // values. Unrotated, the factor is 1 and the product x exactly.
+  A const r = t.rotate ? t.rsqrt : A(1);
+  auto const rx = [&](int c) { return x[c] * r; };
   if constexpr (std::is_same<C, float8_e4m3>::value) {
     static_assert(std::is_same<A, float>::value, "fp8 caches quantize in f32");
     float const amax = KokkosExt::bit_cast<float>(vector_max_u32<ExecutionSpace>(
