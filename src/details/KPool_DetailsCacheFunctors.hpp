@@ -49,7 +49,7 @@ struct StorePoolsFunctor {
         cache_stage_skip(member, s, i);
         return;
       }
-      cache_stage_row<ExecutionSpace>(member, s, i, &pooled(o, 0),
+      cache_stage_row<ExecutionSpace, Path<0, 0, 1, true>>(member, s, i, &pooled(o, 0),
                                       static_cast<std::ptrdiff_t>(pooled.stride(1)),
                                       cache.locate(batch_row(o), pool_id(o)));
     });
@@ -108,9 +108,10 @@ struct LoadPoolsFunctor {
         int r, p;
         CacheSlot const w = where(begin + i, r, p);
         if (begin + i >= items || w.block < 0) return;
-        float const s = cache.scales(w.block, w.entry);
+        float const s = cache.scale_at(w);
+        C const* const v = cache.row(w);
         KokkosExt::vector_for<ExecutionSpace>(member, D, [&](int c) {
-          out(r, p, c) = to_output<O>(dequantize<A>(cache.values(w.block, w.entry, c), s));
+          out(r, p, c) = to_output<O>(dequantize<A>(v[c], s));
         });
       });
       return;
@@ -121,10 +122,11 @@ struct LoadPoolsFunctor {
       CacheSlot const w = begin + i < items ? where(begin + i, r, p) : CacheSlot{-1, 0};
       cache_stage_target(member, s, i, w);
       if (w.block < 0) return;
-      float const sc = cache.scales(w.block, w.entry);
+      float const sc = cache.scale_at(w);
+      C const* const v = cache.row(w);
       A* const row = s.row(i);
       KokkosExt::vector_for<ExecutionSpace>(member, D, [&](int c) {
-        row[c] = dequantize<A>(cache.values(w.block, w.entry, c), sc);
+        row[c] = dequantize<A>(v[c], sc);
       });
     });
     member.team_barrier();

@@ -36,6 +36,7 @@
 #include <details/KPool_DetailsBatch.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
 #include <details/KPool_DetailsLaunch.hpp>
+#include <details/KPool_DetailsPool.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -111,37 +112,54 @@ struct CacheSlot {
 
 // A pool cache and the call's block table, as device code sees them, plus
 // the quantization settings. C the element type, A the arithmetic type.
+// Pointers and sizes rather than views: a step functor carries one, and a
+// CUDA functor of 512 bytes or more launches through constant memory (this
+// is about half the size of the three views). The cache's views are
+// LayoutRight and held by the PoolCache for the call; the block table may
+// have any layout.
 template <class C, class A, class MemorySpace>
 struct CacheTarget {
-  Kokkos::View<C***, Kokkos::LayoutRight, MemorySpace> values;
-  Kokkos::View<float**, Kokkos::LayoutRight, MemorySpace> scales;
-  View2<const std::int32_t, MemorySpace> block_table;  // [B, max_blocks]
+  C* values;                        // [num_blocks][block_pools][head_dim]
+  float* scales;                    // [num_blocks][block_pools]
+  std::int32_t const* block_table;  // [table_rows][table_cols], strided
+  std::int64_t table_row_stride;
+  std::int64_t table_col_stride;
+  int table_rows;
+  int table_cols;
+  int num_blocks;
+  int block_pools;
+  int dim;
   A rsqrt;  // the A nearest 1/sqrt(D); used when rotate
   CacheScale scale;
   bool rotate;
 
-  KOKKOS_INLINE_FUNCTION int head_dim() const {
-    return static_cast<int>(values.extent(2));
-  }
+  KOKKOS_INLINE_FUNCTION int head_dim() const { return dim; }
 
   // Pool `pool` of batch row r: block_table(r, pool / block_pools), entry
   // pool % block_pools. Anything out of range (row, column, an unassigned
   // or too large block) gives an empty slot: validation reports those
   // before launching, and with it off they are skipped.
-  KOKKOS_INLINE_FUNCTION CacheSlot locate(std::int64_t r,
-                                          std::int64_t pool) const {
+  KOKKOS_INLINE_FUNCTION CacheSlot locate(std::int64_t r, std::int64_t pool) const {
     CacheSlot s{-1, 0};
-    std::int64_t const bp = static_cast<std::int64_t>(values.extent(1));
-    if (r < 0 || pool < 0 ||
-        r >= static_cast<std::int64_t>(block_table.extent(0)))
-      return s;
-    std::int64_t const col = pool / bp;
-    if (col >= static_cast<std::int64_t>(block_table.extent(1))) return s;
-    std::int32_t const b = block_table(r, col);
-    if (b < 0 || static_cast<std::uint64_t>(b) >= values.extent(0)) return s;
+    if (r < 0 || pool < 0 || r >= table_rows) return s;
+    std::int64_t const col = pool / block_pools;
+    if (col >= table_cols) return s;
+    std::int32_t const b = block_table[r * table_row_stride + col * table_col_stride];
+    if (b < 0 || b >= num_blocks) return s;
     s.block = b;
-    s.entry = static_cast<int>(pool % bp);
+    s.entry = static_cast<int>(pool % block_pools);
     return s;
+  }
+
+  KOKKOS_INLINE_FUNCTION std::int64_t entry_index(CacheSlot w) const {
+    return static_cast<std::int64_t>(w.block) * block_pools + w.entry;
+  }
+  /// The D values of entry `w`.
+  KOKKOS_INLINE_FUNCTION C* row(CacheSlot w) const {
+    return values + entry_index(w) * dim;
+  }
+  KOKKOS_INLINE_FUNCTION float& scale_at(CacheSlot w) const {
+    return scales[entry_index(w)];
   }
 };
 
@@ -149,9 +167,18 @@ template <class C, class A, class MemorySpace, class BlockTable>
 CacheTarget<C, A, MemorySpace> cache_target(
     PoolCache<C, MemorySpace> const& cache, BlockTable const& block_table) {
   CacheTarget<C, A, MemorySpace> t;
-  t.values = cache.values();
-  t.scales = cache.scales();
-  t.block_table = block_table;
+  t.values = cache.values().data();
+  t.scales = cache.scales().data();
+  t.block_table = block_table.data();
+  t.table_row_stride = static_cast<std::int64_t>(block_table.stride(0));
+  t.table_col_stride = static_cast<std::int64_t>(block_table.stride(1));
+  t.table_rows = static_cast<int>(
+      std::min<std::size_t>(block_table.extent(0), 0x7FFFFFFF));
+  t.table_cols = static_cast<int>(
+      std::min<std::size_t>(block_table.extent(1), 0x7FFFFFFF));
+  t.num_blocks = cache.num_blocks();
+  t.block_pools = cache.block_pools();
+  t.dim = cache.head_dim();
   t.rsqrt = nearest_rsqrt<A>(cache.head_dim());
   t.scale = cache.scale();
   t.rotate = cache.rotated();
@@ -217,19 +244,44 @@ KOKKOS_INLINE_FUNCTION void cache_stage_skip(
   cache_stage_target(member, s, slot, CacheSlot{-1, 0});
 }
 
+/// Stages channel c of slot `slot`: x is the pool's value as stored in T,
+/// converted to A (to_accumulator). For a writer staging straight from
+/// the registers its pooling loop just rounded into T, so the pool makes
+/// no second trip through memory; any lane may stage any channel (the
+/// barrier in cache_team_write orders them). Pair it with one
+/// cache_stage_target for the slot.
+template <class ExecutionSpace, class A>
+KOKKOS_FORCEINLINE_FUNCTION void cache_stage_value(
+    CacheScratch<ExecutionSpace, A> const& s, int slot, int c, A x) {
+  s.rows(slot, c) = x;
+}
+
 /// Stages pool x (D values as stored in T, channel stride `stride`) into
 /// slot `slot`, bound for `where` (an empty `where` marks the slot empty).
-/// The calling team thread's vector lanes copy the channels.
-template <class ExecutionSpace, class Member, class A, class T>
+/// The calling team thread's vector lanes copy the channels with the lane
+/// mapping of path P (thread_vector_pool's and thread_vector_copy's: lane p
+/// takes channels [p * W, (p + 1) * W) on contiguous paths, channel p on
+/// strided ones), so a writer may stage the row it has just written to
+/// its output: each lane reads back only what it wrote itself.
+template <class ExecutionSpace, class P = Path<0, 0, 1, false>, class Member,
+          class A, class T>
 KOKKOS_INLINE_FUNCTION void cache_stage_row(
     Member const& member, CacheScratch<ExecutionSpace, A> const& s, int slot,
     T const* x, std::ptrdiff_t stride, CacheSlot where) {
   cache_stage_target(member, s, slot, where);
   if (where.block < 0) return;
   A* const row = s.row(slot);
-  KokkosExt::vector_for<ExecutionSpace>(
-      member, static_cast<int>(s.rows.extent(1)),
-      [&](int c) { row[c] = to_accumulator(x[c * stride]); });
+  int const D = static_cast<int>(s.rows.extent(1));
+  constexpr int W = P::width;
+  if constexpr (P::contiguous) {
+    KokkosExt::vector_for<ExecutionSpace>(member, D / W, [&](int p) {
+      KPOOL_IMPL_UNROLL
+      for (int w = 0; w < W; ++w) row[p * W + w] = to_accumulator(x[p * W + w]);
+    });
+  } else {
+    KokkosExt::vector_for<ExecutionSpace>(
+        member, D, [&](int c) { row[c] = to_accumulator(x[c * stride]); });
+  }
 }
 
 // --- Phase 2: the rotation (every team thread) ---------------------------
@@ -343,7 +395,7 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
                                                CacheTarget<C, A, M> const& t,
                                                CacheSlot where) {
   int const D = t.head_dim();
-  C* const out = &t.values(where.block, where.entry, 0);
+  C* const out = t.row(where);
   // R(x)[c]: the butterflies already ran; the final multiply happens here,
   // where the value is consumed, recomputed identically for amax and
   // values. Unrotated, the factor is 1 and the product x exactly.
@@ -359,7 +411,7 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
       out[c] = is_nan(v) ? float8_e4m3::from_bits(0x7F) : float8_e4m3(v / s);
     });
     KokkosExt::single_per_thread(
-        member, [&]() { t.scales(where.block, where.entry) = s; });
+        member, [&]() { t.scale_at(where) = s; });
   } else {
     static_assert(std::is_same<A, accumulator_t<C>>::value,
                   "a native cache computes in its storage type's accumulator");
@@ -368,7 +420,7 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
       out[c] = from_accumulator<C>(is_nan(v) ? canonical_nan(v) : v);
     });
     KokkosExt::single_per_thread(
-        member, [&]() { t.scales(where.block, where.entry) = 1.0f; });
+        member, [&]() { t.scale_at(where) = 1.0f; });
   }
 }
 
