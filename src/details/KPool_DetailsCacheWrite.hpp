@@ -14,9 +14,11 @@
 //      (cache_stage_row / cache_stage_value + cache_stage_target /
 //      cache_stage_skip);
 //   2. rotation (rotated caches): the Walsh-Hadamard butterflies run on the
-//      scratch rows, one stage h at a time with a team barrier between
-//      stages, lanes taking pairs (i, i + h); values cross lanes and
-//      threads only through scratch, ordered by the barriers;
+//      scratch rows. On a device, one stage h at a time with a team
+//      barrier between stages, lanes taking pairs (i, i + h): values cross
+//      lanes and threads only through scratch, ordered by the barriers. On
+//      a host, where a thread's lanes run in turn, one thread transforms a
+//      whole row and a single barrier follows;
 //   3. quantization: per slot, a vector-lane max gives amax, then each lane
 //      writes its channels' E4M3 (or native) values and one lane the scale.
 //
