@@ -105,6 +105,7 @@ struct LaunchShape {
   int team_size = 1;
   int lanes = 1;
   int items_per_team = 1;
+  std::size_t scratch_bytes = 0;  // level-0 team scratch (cache writes)
 };
 
 // The usual shape: `items` work items, items_per_team of them a team.
@@ -144,10 +145,11 @@ void launch(ExecutionSpace const& space, std::string const& label,
                 "constant memory, which waits on the host; hold Strided "
                 "arrays and a few ints, never copies of other functors");
   if (shape.league <= 0) return;
-  Kokkos::parallel_for(label,
-                       KokkosExt::TeamPolicy<ExecutionSpace>(
-                           space, shape.league, shape.team_size, shape.lanes),
-                       f);
+  KokkosExt::TeamPolicy<ExecutionSpace> policy(space, shape.league,
+                                               shape.team_size, shape.lanes);
+  if (shape.scratch_bytes > 0)
+    policy.set_scratch_size(0, Kokkos::PerTeam(shape.scratch_bytes));
+  Kokkos::parallel_for(label, policy, f);
 }
 
 // Launch of a work-item functor (one with an items_per_team member).
