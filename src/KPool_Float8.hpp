@@ -1,7 +1,7 @@
 #ifndef KPOOL_FLOAT8_HPP
 #define KPOOL_FLOAT8_HPP
 
-// KPool's own 8-bit cache element type, OCP FP8 E4M3FN (INDEXER.md, "The
+// KPool's own 8-bit cache element type, OCP FP8 E4M3FN (docs/indexer.md, "The
 // pool cache"): 1 sign, 4 exponent bits with bias 7, 3 mantissa bits,
 // subnormals, largest finite value 448, no infinity, NaN is S.1111.111.
 // Like bfloat16 and float16 it is one byte of bits handled by the same bit
@@ -112,7 +112,7 @@ struct is_cache_element_type
                                        std::is_same<C, float8_e4m3>::value> {};
 
 /// True when a cache of element type C can hold pools of storage type T
-/// (INDEXER.md): native (C = T) for every storage type, fp8 for every
+/// (docs/indexer.md): native (C = T) for every storage type, fp8 for every
 /// storage type but f64.
 template <class C, class T>
 struct is_cache_type
@@ -122,7 +122,7 @@ struct is_cache_type
                      (std::is_same<C, float8_e4m3>::value &&
                       !std::is_same<T, double>::value))> {};
 
-/// The name TRACE.md and error messages use for a cache element type.
+/// The name docs/trace.md and error messages use for a cache element type.
 template <class C>
 constexpr char const* cache_element_name() {
   return std::is_same<C, float8_e4m3>::value ? "fp8_e4m3" : storage_name<C>();

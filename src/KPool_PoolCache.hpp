@@ -1,7 +1,7 @@
 #ifndef KPOOL_POOL_CACHE_HPP
 #define KPOOL_POOL_CACHE_HPP
 
-// The paged pool cache of one layer (INDEXER.md, "The pool cache"):
+// The paged pool cache of one layer (docs/indexer.md, "The pool cache"):
 //   values [num_blocks][block_pools][D]  element type C
 //   scales [num_blocks][block_pools]     f32
 // Pool p of the sequence in batch row r lives at block
@@ -19,7 +19,7 @@
 
 namespace KPool {
 
-/// How an fp8 cache scales each pool (INDEXER.md): `none` for native
+/// How an fp8 cache scales each pool (docs/indexer.md): `none` for native
 /// caches (scale 1); `amax`: s = amax / 448 in f32; `pow2`: the smallest
 /// power of two not below amax / 448 (UE8M0). s = 1 for a pool whose amax
 /// is 0.

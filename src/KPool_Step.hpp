@@ -226,7 +226,7 @@ void check_step_cache(Checker const& chk, ExecutionSpace const& space,
 }
 
 // With validation: every pool [first, end) row r writes has its block
-// (INDEXER.md, "Bad input"), read from the block table on the host.
+// (docs/indexer.md, "Bad input"), read from the block table on the host.
 template <class ExecutionSpace, class Arg>
 void check_step_blocks(
     Checker const& chk, ExecutionSpace const& space, Arg const& arg,

@@ -26,7 +26,7 @@ namespace KPool {
 /// is its own inverse). The same for an unrotated cache.
 enum class PoolDomain { cached, original };
 
-/// Writes every pool of the last step into the cache (INDEXER.md, "The pool
+/// Writes every pool of the last step into the cache (docs/indexer.md, "The pool
 /// cache"): rows [0, count) of `out`, row o being pool pool_id(o) of batch
 /// row batch_row(o), stored at block block_table(batch_row(o), pool_id(o) /
 /// block_pools), entry pool_id(o) % block_pools, as Q(R(x)). count is read

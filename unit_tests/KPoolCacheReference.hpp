@@ -1,5 +1,5 @@
 // KPoolCacheReference.hpp: an independent, serial host reference of the pool
-// cache of shared/spec/INDEXER.md ("The pool cache"), written from that page
+// cache of docs/indexer.md ("The pool cache"), written from that page
 // alone (no code shared with src/). Plain C++17 plus KPoolReference.hpp's
 // independent bf16/f16 encoders.
 //
@@ -107,7 +107,7 @@ inline std::size_t element_size(CacheKind const& k) {
   }
 }
 
-// The orthonormal Walsh-Hadamard transform as INDEXER.md orders it, in the
+// The orthonormal Walsh-Hadamard transform as docs/indexer.md orders it, in the
 // arithmetic type A: stages h = 1, 2, ..., D/2, pairs (i, i + h) with
 // i & h == 0 becoming (a + b, a - b), then every value times the A nearest
 // 1/sqrt(D). D is a power of two, so 1/D is exact and the correctly rounded

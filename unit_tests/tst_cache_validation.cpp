@@ -1,4 +1,4 @@
-// Bad input to the pool cache (INDEXER.md, "Bad input"; README
+// Bad input to the pool cache (docs/indexer.md, "Bad input"; README
 // "Validation"): KPool::PoolCache, KPool::store_pools and KPool::load_pools
 // throw KPool::InvalidArgument naming the entry point, the argument, the
 // row and the value, before anything is written: every test checks the

@@ -1,4 +1,4 @@
-// The pool cache (INDEXER.md, "The pool cache"): store_pools writes exactly
+// The pool cache (docs/indexer.md, "The pool cache"): store_pools writes exactly
 // the bytes of the independent reference KPoolCacheReference.hpp (values
 // and scales, memcmp), load_pools returns s * value (rotated back on
 // request), and a cache filled step by step is byte-identical to one filled
@@ -27,7 +27,7 @@ KPoolCacheRef::Scale ref_scale(KPool::CacheScale s) {
                                         : KPoolCacheRef::Scale::pow2;
 }
 
-// The cache kinds INDEXER.md defines for storage type t and head_dim D:
+// The cache kinds docs/indexer.md defines for storage type t and head_dim D:
 // native, fp8 amax and fp8 pow2 (not for f64), each rotated (D a power of
 // two) or not.
 struct Kind {
@@ -232,7 +232,7 @@ TYPED_TEST(PoolCacheTest, StoringAPoolAgainOverwritesItsEntry) {
   EXPECT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));
 }
 
-// Streaming invariance of the cache (INDEXER.md): sequences fed in random
+// Streaming invariance of the cache (docs/indexer.md): sequences fed in random
 // chunks through KPool::step and KPool::decode_step, each call followed by
 // store_pools, leave caches byte-identical to those of one KPool::step
 // prefilling the whole sequences, for native and fp8 caches, rotated or

@@ -202,7 +202,7 @@ HostBlockTable host_block_table(ExecutionSpace const& space,
 }
 
 // Every pool in [first, end) of batch row r has a column in the table and
-// an assigned block below num_blocks (INDEXER.md, "Bad input").
+// an assigned block below num_blocks (docs/indexer.md, "Bad input").
 inline void check_pool_blocks(Checker const& chk, HostBlockTable const& t,
                               std::int64_t r, std::int64_t first,
                               std::int64_t end, int num_blocks,

@@ -1,7 +1,7 @@
 #ifndef KPOOL_DETAILS_CACHE_WRITE_HPP
 #define KPOOL_DETAILS_CACHE_WRITE_HPP
 
-// The pool cache's device side (INDEXER.md, "The pool cache"): the one
+// The pool cache's device side (docs/indexer.md, "The pool cache"): the one
 // quantizer every cache write goes through, cached = Q(R(x)), and the team
 // scratch it works in.
 //
@@ -12,17 +12,21 @@
 //      pool i copies it (as stored in T, converted to A) into scratch row
 //      `slot` and records its cache entry, or marks the slot empty
 //      (cache_stage_row / cache_stage_value + cache_stage_target /
-//      cache_stage_skip);
+//      cache_stage_skip). The steps stage from the registers their pooling
+//      loop rounds the pool in (thread_vector_pool's stage, CacheStage),
+//      through team_items and its hooks; store_pools from its input rows;
 //   2. rotation (rotated caches): the Walsh-Hadamard butterflies run on the
 //      scratch rows. On a device, one stage h at a time with a team
 //      barrier between stages, lanes taking pairs (i, i + h): values cross
 //      lanes and threads only through scratch, ordered by the barriers. On
 //      a host, where a thread's lanes run in turn, one thread transforms a
-//      whole row and a single barrier follows;
+//      whole row (in vector registers where GCC's vector extensions exist)
+//      and a single barrier follows;
 //   3. quantization: per slot, a vector-lane max gives amax, then each lane
 //      writes its channels' E4M3 (or native) values and one lane the scale.
 //
-// Phases 2 and 3 are cache_team_write. The arithmetic follows INDEXER.md's
+// Phases 2 and 3 are cache_team_write. A step without a cache (NoCache)
+// has none of this: team_items is then the plain TeamThreadRange. The arithmetic follows docs/indexer.md's
 // order exactly (butterflies in f32, f64 for f64 pools, then the multiply
 // by the nearest value to 1/sqrt(D), then the f32 division by the scale),
 // so every backend and every writer stores the same bytes, and a rotated
