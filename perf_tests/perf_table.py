@@ -46,6 +46,11 @@ OPTIONAL_CASE_FIELDS = {
     "seconds_min": (int, float),
     "copy_seconds_min": (int, float),
     "ring": int,
+    # Pool cache ops: the same step without the cache, timed in the same
+    # loop, and the median of (cached / uncached) - 1.
+    "baseline_op": str,
+    "baseline_seconds": (int, float),
+    "overhead": (int, float),
 }
 
 
@@ -109,9 +114,13 @@ def table(report, sort_key=None):
           % (report.get("backend", "?"), report.get("threads", "?"),
              report.get("kokkos_version", "?"), len(cases)))
     header = ["name", "op", "dtype", "tokens", "batch", "GB/s", "copy GB/s",
-              "ratio", "ms"]
+              "ratio", "ms", "overhead"]
     rows = []
     for c in cases:
+        overhead = ""
+        if "overhead" in c:
+            overhead = "%+.1f%% over %s" % (100.0 * c["overhead"],
+                                            c.get("baseline_op", "?"))
         rows.append([
             str(c.get("name", "")),
             str(c.get("op", "")),
@@ -122,6 +131,7 @@ def table(report, sort_key=None):
             "%.2f" % c.get("copy_gbps", 0.0),
             "%.2f" % c.get("ratio", 0.0),
             "%.4f" % (1e3 * c.get("seconds", 0.0)),
+            overhead,
         ])
     widths = [max([len(header[i])] + [len(r[i]) for r in rows])
               for i in range(len(header))]

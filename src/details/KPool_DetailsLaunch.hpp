@@ -105,6 +105,7 @@ struct LaunchShape {
   int team_size = 1;
   int lanes = 1;
   int items_per_team = 1;
+  std::size_t scratch_bytes = 0;  // level-0 team scratch (cache writes)
 };
 
 // The usual shape: `items` work items, items_per_team of them a team.
@@ -129,9 +130,11 @@ LaunchShape items_shape(Checker const& chk, std::string const& argument,
 // the previous such launch, and the launch cannot be captured in a CUDA
 // graph. KPool's policies say HintLightWeight (every Kokkos from 3.4 on
 // then passes drivers up to 4 KB as kernel arguments), and its functors
-// hold Strided arrays and a few ints, at most 296 bytes today, so the driver
-// stays under the line even for a Kokkos that ignored the hint. The bound
-// checked here is the hard one: no functor reaches 512 bytes.
+// hold Strided arrays and a few ints: at most 304 bytes for the steps
+// without a cache, whose drivers stay under the line even for a Kokkos
+// that ignored the hint, and 368 bytes for a step writing a pool cache
+// (its 72-byte target), which relies on the hint. The bound checked here
+// is the hard one: no functor reaches 512 bytes.
 constexpr std::size_t max_functor_bytes = 512;
 
 // Every KPool kernel launches here: on the caller's instance, with the
@@ -144,10 +147,11 @@ void launch(ExecutionSpace const& space, std::string const& label,
                 "constant memory, which waits on the host; hold Strided "
                 "arrays and a few ints, never copies of other functors");
   if (shape.league <= 0) return;
-  Kokkos::parallel_for(label,
-                       KokkosExt::TeamPolicy<ExecutionSpace>(
-                           space, shape.league, shape.team_size, shape.lanes),
-                       f);
+  KokkosExt::TeamPolicy<ExecutionSpace> policy(space, shape.league,
+                                               shape.team_size, shape.lanes);
+  if (shape.scratch_bytes > 0)
+    policy.set_scratch_size(0, Kokkos::PerTeam(shape.scratch_bytes));
+  Kokkos::parallel_for(label, policy, f);
 }
 
 // Launch of a work-item functor (one with an items_per_team member).
