@@ -6,11 +6,13 @@
 
 #include <KPool_Config.hpp>
 #include <KPool_Exceptions.hpp>
+#include <KPool_Float8.hpp>
 #include <KPool_Options.hpp>
 #include <KPool_Types.hpp>
 
 #include <KPool_Compress.hpp>
 #include <KPool_ExpandTopk.hpp>
+#include <KPool_PoolCache.hpp>
 #include <KPool_Ring.hpp>
 #include <KPool_RingClose.hpp>
 #include <KPool_SeedTail.hpp>

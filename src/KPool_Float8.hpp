@@ -1,0 +1,131 @@
+#ifndef KPOOL_FLOAT8_HPP
+#define KPOOL_FLOAT8_HPP
+
+// KPool's own 8-bit cache element type, OCP FP8 E4M3FN (INDEXER.md, "The
+// pool cache"): 1 sign, 4 exponent bits with bias 7, 3 mantissa bits,
+// subnormals, largest finite value 448, no infinity, NaN is S.1111.111.
+// Like bfloat16 and float16 it is one byte of bits handled by the same bit
+// manipulation on every backend, so host and device store the same bytes.
+//
+// From f32: round to nearest, ties to even, saturating: every finite value
+// of magnitude above 448 and both infinities become +-448 (the format has no
+// infinity, and a saturating cache keeps an overflowing key as large as it
+// can rather than turning it into NaN). NaN stays NaN (S.1111.111, the sign
+// kept). Signs are always kept: -0 and negative values that round to zero
+// give 0x80.
+
+#include <KPool_Types.hpp>
+#include <details/KPool_DetailsKokkosExt.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace KPool {
+namespace Details {
+
+KOKKOS_INLINE_FUNCTION std::uint8_t float_to_e4m3_bits(float f) {
+  std::uint32_t u = KokkosExt::bit_cast<std::uint32_t>(f);
+  std::uint32_t const sign = (u >> 24) & 0x80u;
+  u &= 0x7FFFFFFFu;
+  if (u > 0x7F800000u) return static_cast<std::uint8_t>(sign | 0x7Fu);
+  // 448 and above, infinity included, saturate. (448, 464) would round to
+  // 448 anyway, and 464 (the midpoint to the missing 480) and up would
+  // round to the NaN pattern.
+  if (u >= 0x43E00000u) return static_cast<std::uint8_t>(sign | 0x7Eu);
+  if (u >= 0x3C800000u) {
+    // Normal E4M3 (2^-6 and up): rebias the exponent (127 -> 7), then round
+    // away the 20 low mantissa bits to nearest even; a mantissa carry moves
+    // into the exponent as it should.
+    std::uint32_t const r = u - 0x3C000000u;
+    return static_cast<std::uint8_t>(
+        sign | ((r + 0x7FFFFu + ((r >> 20) & 1u)) >> 20));
+  }
+  // At or below half the smallest subnormal (2^-10) rounds to zero.
+  if (u <= 0x3A800000u) return static_cast<std::uint8_t>(sign);
+  // Subnormal: the value in units of 2^-9 is the full mantissa shifted
+  // right by 141 - exponent (21 to 24 here); rounding up to 8 gives the
+  // smallest normal's pattern, as it should.
+  std::uint32_t const e = u >> 23;
+  std::uint32_t const m = (u & 0x007FFFFFu) | 0x00800000u;
+  std::uint32_t const s = 141u - e;
+  std::uint32_t const q = m >> s;
+  std::uint32_t const rem = m & ((1u << s) - 1u);
+  std::uint32_t const half = 1u << (s - 1u);
+  std::uint32_t const up = (rem > half || (rem == half && (q & 1u))) ? 1u : 0u;
+  return static_cast<std::uint8_t>(sign | (q + up));
+}
+
+KOKKOS_INLINE_FUNCTION float e4m3_bits_to_float(std::uint8_t b) {
+  std::uint32_t const sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
+  std::uint32_t const e = (b >> 3) & 0xFu;
+  std::uint32_t const m = b & 0x7u;
+  if (e == 0xFu && m == 0x7u)
+    return KokkosExt::bit_cast<float>(sign | 0x7FC00000u);
+  if (e == 0) {
+    // Subnormal or zero: m * 2^-9, exact in float.
+    float const mag = static_cast<float>(m) * 0.001953125f;
+    return KokkosExt::bit_cast<float>(sign |
+                                      KokkosExt::bit_cast<std::uint32_t>(mag));
+  }
+  return KokkosExt::bit_cast<float>(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+}  // namespace Details
+
+/// OCP FP8 E4M3FN, the fp8 pool cache's element type.
+struct float8_e4m3 {
+  std::uint8_t bits;
+
+  KOKKOS_DEFAULTED_FUNCTION float8_e4m3() = default;
+  /// Round to nearest even, saturating at +-448 (infinities too); NaN stays
+  /// NaN.
+  KOKKOS_INLINE_FUNCTION explicit float8_e4m3(float f)
+      : bits(Details::float_to_e4m3_bits(f)) {}
+  /// Exact.
+  KOKKOS_INLINE_FUNCTION explicit operator float() const {
+    return Details::e4m3_bits_to_float(bits);
+  }
+  KOKKOS_INLINE_FUNCTION static float8_e4m3 from_bits(std::uint8_t b) {
+    float8_e4m3 h;
+    h.bits = b;
+    return h;
+  }
+};
+
+static_assert(sizeof(float8_e4m3) == 1 && alignof(float8_e4m3) == 1,
+              "float8_e4m3 must be one byte");
+static_assert(std::is_trivially_copyable<float8_e4m3>::value,
+              "float8_e4m3 must be trivially copyable");
+
+/// Exact.
+KOKKOS_INLINE_FUNCTION float to_accumulator(float8_e4m3 x) {
+  return static_cast<float>(x);
+}
+
+/// True for the element types a pool cache may hold: the storage types and
+/// float8_e4m3.
+template <class C>
+struct is_cache_element_type
+    : std::integral_constant<bool, is_storage_type<C>::value ||
+                                       std::is_same<C, float8_e4m3>::value> {};
+
+/// True when a cache of element type C can hold pools of storage type T
+/// (INDEXER.md): native (C = T) for every storage type, fp8 for every
+/// storage type but f64.
+template <class C, class T>
+struct is_cache_type
+    : std::integral_constant<
+          bool, is_storage_type<T>::value &&
+                    (std::is_same<C, T>::value ||
+                     (std::is_same<C, float8_e4m3>::value &&
+                      !std::is_same<T, double>::value))> {};
+
+/// The name TRACE.md and error messages use for a cache element type.
+template <class C>
+constexpr char const* cache_element_name() {
+  return std::is_same<C, float8_e4m3>::value ? "fp8_e4m3" : storage_name<C>();
+}
+
+}  // namespace KPool
+
+#endif
