@@ -17,6 +17,7 @@
 #include <KPool_RingClose.hpp>
 #include <KPool_SeedTail.hpp>
 #include <KPool_Step.hpp>
+#include <KPool_StorePools.hpp>
 #include <KPool_TailUpdate.hpp>
 
 // The selection stage needs Kokkos Kernels (KPOOL_HAS_KOKKOSKERNELS).

@@ -23,36 +23,33 @@
 namespace KPool {
 namespace Details {
 
+// Straight-line code (every case computed, one selected) so that a channel
+// loop of conversions vectorizes; the cache quantizer runs it on every
+// value it stores.
 KOKKOS_INLINE_FUNCTION std::uint8_t float_to_e4m3_bits(float f) {
-  std::uint32_t u = KokkosExt::bit_cast<std::uint32_t>(f);
+  std::uint32_t const u = KokkosExt::bit_cast<std::uint32_t>(f);
   std::uint32_t const sign = (u >> 24) & 0x80u;
-  u &= 0x7FFFFFFFu;
-  if (u > 0x7F800000u) return static_cast<std::uint8_t>(sign | 0x7Fu);
-  // 448 and above, infinity included, saturate. (448, 464) would round to
+  std::uint32_t const a = u & 0x7FFFFFFFu;
+  // Normal E4M3 (2^-6 and up): rebias the exponent (127 -> 7), then round
+  // away the 20 low mantissa bits to nearest even; a mantissa carry moves
+  // into the exponent as it should.
+  std::uint32_t const r = a - 0x3C000000u;
+  std::uint32_t const normal = (r + 0x7FFFFu + ((r >> 20) & 1u)) >> 20;
+  // Below 2^-6 the value in units of 2^-9 (a * 512, exact) rounded to an
+  // integer: adding and removing 2^23 rounds to nearest even, and 8 is the
+  // smallest normal's pattern, as it should be. Larger inputs are replaced
+  // by 0 first, so nothing overflows.
+  float const small = a < 0x3C800000u ? KokkosExt::bit_cast<float>(a) * 512.0f : 0.0f;
+  float const q = (small + 8388608.0f) - 8388608.0f;
+  std::uint32_t const subnormal = static_cast<std::uint32_t>(q);
+  // 448 and above, infinity included, saturate: (448, 464) would round to
   // 448 anyway, and 464 (the midpoint to the missing 480) and up would
   // round to the NaN pattern.
-  if (u >= 0x43E00000u) return static_cast<std::uint8_t>(sign | 0x7Eu);
-  if (u >= 0x3C800000u) {
-    // Normal E4M3 (2^-6 and up): rebias the exponent (127 -> 7), then round
-    // away the 20 low mantissa bits to nearest even; a mantissa carry moves
-    // into the exponent as it should.
-    std::uint32_t const r = u - 0x3C000000u;
-    return static_cast<std::uint8_t>(
-        sign | ((r + 0x7FFFFu + ((r >> 20) & 1u)) >> 20));
-  }
-  // At or below half the smallest subnormal (2^-10) rounds to zero.
-  if (u <= 0x3A800000u) return static_cast<std::uint8_t>(sign);
-  // Subnormal: the value in units of 2^-9 is the full mantissa shifted
-  // right by 141 - exponent (21 to 24 here); rounding up to 8 gives the
-  // smallest normal's pattern, as it should.
-  std::uint32_t const e = u >> 23;
-  std::uint32_t const m = (u & 0x007FFFFFu) | 0x00800000u;
-  std::uint32_t const s = 141u - e;
-  std::uint32_t const q = m >> s;
-  std::uint32_t const rem = m & ((1u << s) - 1u);
-  std::uint32_t const half = 1u << (s - 1u);
-  std::uint32_t const up = (rem > half || (rem == half && (q & 1u))) ? 1u : 0u;
-  return static_cast<std::uint8_t>(sign | (q + up));
+  std::uint32_t const code = a > 0x7F800000u    ? 0x7Fu
+                             : a >= 0x43E00000u ? 0x7Eu
+                             : a >= 0x3C800000u ? normal
+                                                : subnormal;
+  return static_cast<std::uint8_t>(sign | code);
 }
 
 KOKKOS_INLINE_FUNCTION float e4m3_bits_to_float(std::uint8_t b) {

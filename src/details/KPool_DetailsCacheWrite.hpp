@@ -1,0 +1,497 @@
+#ifndef KPOOL_DETAILS_CACHE_WRITE_HPP
+#define KPOOL_DETAILS_CACHE_WRITE_HPP
+
+// The pool cache's device side (INDEXER.md, "The pool cache"): the one
+// quantizer every cache write goes through, cached = Q(R(x)), and the team
+// scratch it works in.
+//
+// A team writes its pools in three phases, every team thread taking part
+// in each (team-uniform control flow, so every barrier is reached by all):
+//
+//   1. staging: inside the caller's TeamThreadRange, the thread that made
+//      pool i copies it (as stored in T, converted to A) into scratch row
+//      `slot` and records its cache entry, or marks the slot empty
+//      (cache_stage_row / cache_stage_value + cache_stage_target /
+//      cache_stage_skip);
+//   2. rotation (rotated caches): the Walsh-Hadamard butterflies run on the
+//      scratch rows. On a device, one stage h at a time with a team
+//      barrier between stages, lanes taking pairs (i, i + h): values cross
+//      lanes and threads only through scratch, ordered by the barriers. On
+//      a host, where a thread's lanes run in turn, one thread transforms a
+//      whole row and a single barrier follows;
+//   3. quantization: per slot, a vector-lane max gives amax, then each lane
+//      writes its channels' E4M3 (or native) values and one lane the scale.
+//
+// Phases 2 and 3 are cache_team_write. The arithmetic follows INDEXER.md's
+// order exactly (butterflies in f32, f64 for f64 pools, then the multiply
+// by the nearest value to 1/sqrt(D), then the f32 division by the scale),
+// so every backend and every writer stores the same bytes, and a rotated
+// pool does not depend on which team thread or lane did which pair.
+//
+// NaN is stored as the positive quiet NaN of C (0x7F in fp8): IEEE leaves a
+// NaN result's sign to the hardware (x86 keeps an operand's, CUDA returns a
+// canonical NaN), and the cache must hold the same bytes everywhere.
+
+#include <KPool_Float8.hpp>
+#include <KPool_PoolCache.hpp>
+#include <KPool_Types.hpp>
+#include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsKokkosExt.hpp>
+#include <details/KPool_DetailsLaunch.hpp>
+#include <details/KPool_DetailsPool.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace KPool {
+namespace Details {
+
+// The A nearest 1/sqrt(D) for a power of two D: 1/D is exact and the
+// square root is correctly rounded.
+template <class A>
+A nearest_rsqrt(int head_dim) {
+  return std::sqrt(A(1) / static_cast<A>(head_dim));
+}
+
+// The positive quiet NaN of each arithmetic type, by its bits.
+KOKKOS_INLINE_FUNCTION float canonical_nan(float) {
+  return KokkosExt::bit_cast<float>(std::uint32_t(0x7FC00000u));
+}
+KOKKOS_INLINE_FUNCTION double canonical_nan(double) {
+  return KokkosExt::bit_cast<double>(std::uint64_t(0x7FF8000000000000ull));
+}
+KOKKOS_INLINE_FUNCTION bool is_nan(float x) {
+  return (KokkosExt::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu) > 0x7F800000u;
+}
+KOKKOS_INLINE_FUNCTION bool is_nan(double x) {
+  return (KokkosExt::bit_cast<std::uint64_t>(x) & 0x7FFFFFFFFFFFFFFFull) >
+         0x7FF0000000000000ull;
+}
+
+// |x| as bits when x is finite, 0 otherwise. Non-negative floats order like
+// their bit patterns, so amax is an integer max: exact, and the same
+// whatever order the lanes combine in.
+KOKKOS_INLINE_FUNCTION std::uint32_t finite_magnitude_bits(float x) {
+  std::uint32_t const a = KokkosExt::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
+  // A mask rather than a select: GCC 12 does not vectorize a max reduction
+  // over a selected value.
+  std::uint32_t const keep = 0u - static_cast<std::uint32_t>(a < 0x7F800000u);
+  return a & keep;
+}
+
+// The smallest f32 power of two not below q >= 0, q finite (q = 0, an amax
+// / 448 that underflowed, gives the smallest one, 2^-149).
+KOKKOS_INLINE_FUNCTION float pow2_not_below(float q) {
+  std::uint32_t const u = KokkosExt::bit_cast<std::uint32_t>(q);
+  if (u >= 0x00800000u) {
+    // Normal: q itself when its mantissa is 0, else the next binade.
+    std::uint32_t const e = u & 0x7F800000u;
+    return KokkosExt::bit_cast<float>((u & 0x007FFFFFu) ? e + 0x00800000u : e);
+  }
+  // Subnormal or zero: the smallest power-of-two bit pattern >= u (the
+  // pattern 0x00800000 is 2^-126, the smallest normal).
+  std::uint32_t p = 1u;
+  while (p < u) p <<= 1;
+  return KokkosExt::bit_cast<float>(p);
+}
+
+// s for a pool whose largest finite |R(x)| is amax.
+KOKKOS_INLINE_FUNCTION float cache_scale(float amax, CacheScale mode) {
+  if (amax == 0.0f) return 1.0f;
+  float const q = amax / 448.0f;
+  return mode == CacheScale::pow2 ? pow2_not_below(q) : q;
+}
+
+// Where a pool goes. block < 0: nowhere (the pool is skipped).
+struct CacheSlot {
+  int block;
+  int entry;
+};
+
+// A pool cache and the call's block table, as device code sees them, plus
+// the quantization settings. C the element type, A the arithmetic type.
+// Pointers and sizes rather than views: a step functor carries one, and a
+// CUDA functor of 512 bytes or more launches through constant memory (this
+// is about half the size of the three views). The cache's views are
+// LayoutRight and held by the PoolCache for the call; the block table may
+// have any layout.
+template <class C, class A, class MemorySpace>
+struct CacheTarget {
+  C* values;                        // [num_blocks][block_pools][head_dim]
+  float* scales;                    // [num_blocks][block_pools]
+  std::int32_t const* block_table;  // [table_rows][table_cols], strided
+  std::int64_t table_row_stride;
+  std::int64_t table_col_stride;
+  int table_rows;
+  int table_cols;
+  int num_blocks;
+  int block_pools;
+  int dim;
+  A rsqrt;  // the A nearest 1/sqrt(D); used when rotate
+  CacheScale scale;
+  bool rotate;
+
+  KOKKOS_INLINE_FUNCTION int head_dim() const { return dim; }
+
+  // Pool `pool` of batch row r: block_table(r, pool / block_pools), entry
+  // pool % block_pools. Anything out of range (row, column, an unassigned
+  // or too large block) gives an empty slot: validation reports those
+  // before launching, and with it off they are skipped.
+  KOKKOS_INLINE_FUNCTION CacheSlot locate(std::int64_t r, std::int64_t pool) const {
+    CacheSlot s{-1, 0};
+    if (r < 0 || pool < 0 || r >= table_rows) return s;
+    std::int64_t const col = pool / block_pools;
+    if (col >= table_cols) return s;
+    std::int32_t const b = block_table[r * table_row_stride + col * table_col_stride];
+    if (b < 0 || b >= num_blocks) return s;
+    s.block = b;
+    s.entry = static_cast<int>(pool % block_pools);
+    return s;
+  }
+
+  KOKKOS_INLINE_FUNCTION std::int64_t entry_index(CacheSlot w) const {
+    return static_cast<std::int64_t>(w.block) * block_pools + w.entry;
+  }
+  /// The D values of entry `w`.
+  KOKKOS_INLINE_FUNCTION C* row(CacheSlot w) const {
+    return values + entry_index(w) * dim;
+  }
+  KOKKOS_INLINE_FUNCTION float& scale_at(CacheSlot w) const {
+    return scales[entry_index(w)];
+  }
+};
+
+template <class C, class A, class MemorySpace, class BlockTable>
+CacheTarget<C, A, MemorySpace> cache_target(
+    PoolCache<C, MemorySpace> const& cache, BlockTable const& block_table) {
+  CacheTarget<C, A, MemorySpace> t;
+  t.values = cache.values().data();
+  t.scales = cache.scales().data();
+  t.block_table = block_table.data();
+  t.table_row_stride = static_cast<std::int64_t>(block_table.stride(0));
+  t.table_col_stride = static_cast<std::int64_t>(block_table.stride(1));
+  t.table_rows = static_cast<int>(
+      std::min<std::size_t>(block_table.extent(0), 0x7FFFFFFF));
+  t.table_cols = static_cast<int>(
+      std::min<std::size_t>(block_table.extent(1), 0x7FFFFFFF));
+  t.num_blocks = cache.num_blocks();
+  t.block_pools = cache.block_pools();
+  t.dim = cache.head_dim();
+  t.rsqrt = nearest_rsqrt<A>(cache.head_dim());
+  t.scale = cache.scale();
+  t.rotate = cache.rotated();
+  return t;
+}
+
+// One team's scratch: `slots` rows of D values in A, and each slot's cache
+// entry (block, entry; block < 0 when the slot holds nothing). Every team
+// thread constructs it, from the start of level-0 scratch, identically.
+template <class ExecutionSpace, class A>
+struct CacheScratch {
+  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+  using rows_type = Kokkos::View<A**, Kokkos::LayoutRight, scratch_space,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using dest_type = Kokkos::View<int**, Kokkos::LayoutRight, scratch_space,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  rows_type rows;
+  dest_type dest;
+
+  /// Level-0 scratch bytes a team needs for `slots` pools of D channels.
+  static std::size_t bytes(int slots, int head_dim) {
+    return rows_type::shmem_size(slots, head_dim) + dest_type::shmem_size(slots, 2);
+  }
+
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION CacheScratch(Member const& member, int slots,
+                                      int head_dim)
+      : rows(member.team_scratch(0), slots, head_dim),
+        dest(member.team_scratch(0), slots, 2) {}
+
+  KOKKOS_INLINE_FUNCTION int slots() const {
+    return static_cast<int>(dest.extent(0));
+  }
+  KOKKOS_INLINE_FUNCTION A* row(int slot) const { return &rows(slot, 0); }
+};
+
+// Largest slot count up to `wanted` whose scratch fits `max_bytes` (0 when
+// not even one does).
+template <class ExecutionSpace, class A>
+int cache_slots_fitting(std::size_t max_bytes, int head_dim, int wanted) {
+  int n = std::max(wanted, 1);
+  while (n > 0 && CacheScratch<ExecutionSpace, A>::bytes(n, head_dim) > max_bytes) --n;
+  return n;
+}
+
+// --- Phase 1: staging (per team thread, inside its work item) -----------
+
+/// Records where slot `slot`'s pool goes (one lane writes).
+template <class Member, class ExecutionSpace, class A>
+KOKKOS_INLINE_FUNCTION void cache_stage_target(
+    Member const& member, CacheScratch<ExecutionSpace, A> const& s, int slot,
+    CacheSlot where) {
+  KokkosExt::single_per_thread(member, [&]() {
+    s.dest(slot, 0) = where.block;
+    s.dest(slot, 1) = where.entry;
+  });
+}
+
+/// Marks slot `slot` empty: nothing is written for it.
+template <class Member, class ExecutionSpace, class A>
+KOKKOS_INLINE_FUNCTION void cache_stage_skip(
+    Member const& member, CacheScratch<ExecutionSpace, A> const& s, int slot) {
+  cache_stage_target(member, s, slot, CacheSlot{-1, 0});
+}
+
+/// Stages channel c of slot `slot`: x is the pool's value as stored in T,
+/// converted to A (to_accumulator). For a writer staging straight from
+/// the registers its pooling loop just rounded into T, so the pool makes
+/// no second trip through memory; any lane may stage any channel (the
+/// barrier in cache_team_write orders them). Pair it with one
+/// cache_stage_target for the slot.
+template <class ExecutionSpace, class A>
+KOKKOS_FORCEINLINE_FUNCTION void cache_stage_value(
+    CacheScratch<ExecutionSpace, A> const& s, int slot, int c, A x) {
+  s.rows(slot, c) = x;
+}
+
+/// Stages pool x (D values as stored in T, channel stride `stride`) into
+/// slot `slot`, bound for `where` (an empty `where` marks the slot empty).
+/// The calling team thread's vector lanes copy the channels with the lane
+/// mapping of path P (thread_vector_pool's and thread_vector_copy's: lane p
+/// takes channels [p * W, (p + 1) * W) on contiguous paths, channel p on
+/// strided ones), so a writer may stage the row it has just written to
+/// its output: each lane reads back only what it wrote itself.
+template <class ExecutionSpace, class P = Path<0, 0, 1, false>, class Member,
+          class A, class T>
+KOKKOS_INLINE_FUNCTION void cache_stage_row(
+    Member const& member, CacheScratch<ExecutionSpace, A> const& s, int slot,
+    T const* x, std::ptrdiff_t stride, CacheSlot where) {
+  cache_stage_target(member, s, slot, where);
+  if (where.block < 0) return;
+  A* const row = s.row(slot);
+  int const D = static_cast<int>(s.rows.extent(1));
+  constexpr int W = P::width;
+  if constexpr (P::contiguous) {
+    KokkosExt::vector_for<ExecutionSpace>(member, D / W, [&](int p) {
+      KPOOL_IMPL_UNROLL
+      for (int w = 0; w < W; ++w) row[p * W + w] = to_accumulator(x[p * W + w]);
+    });
+  } else {
+    KokkosExt::vector_for<ExecutionSpace>(
+        member, D, [&](int c) { row[c] = to_accumulator(x[c * stride]); });
+  }
+}
+
+// --- Phase 2: the rotation (every team thread) ---------------------------
+
+// The whole transform of one row by one thread (host lanes run in turn, so
+// nothing needs ordering). Stages 1, 2 and 4 run together on each group of
+// 8 channels, in registers: every value goes through the same butterflies
+// in the same order as stage by stage, and the loop over groups
+// vectorizes. Stages 8 and up run over contiguous halves and vectorize as
+// they are.
+template <class A>
+KOKKOS_INLINE_FUNCTION void rotate_row_serial(A* v, int D) {
+  int h = 1;
+  if (D >= 8) {
+    KPOOL_IMPL_IVDEP
+    for (int g = 0; g < D; g += 8) {
+      A* const p = v + g;
+      A const a0 = p[0] + p[1], a1 = p[0] - p[1];
+      A const a2 = p[2] + p[3], a3 = p[2] - p[3];
+      A const a4 = p[4] + p[5], a5 = p[4] - p[5];
+      A const a6 = p[6] + p[7], a7 = p[6] - p[7];
+      A const b0 = a0 + a2, b2 = a0 - a2, b1 = a1 + a3, b3 = a1 - a3;
+      A const b4 = a4 + a6, b6 = a4 - a6, b5 = a5 + a7, b7 = a5 - a7;
+      p[0] = b0 + b4;
+      p[4] = b0 - b4;
+      p[1] = b1 + b5;
+      p[5] = b1 - b5;
+      p[2] = b2 + b6;
+      p[6] = b2 - b6;
+      p[3] = b3 + b7;
+      p[7] = b3 - b7;
+    }
+    h = 8;
+  }
+  for (; h < D; h *= 2)
+    for (int base = 0; base < D; base += 2 * h) {
+      A* const lo = v + base;
+      A* const hi = lo + h;
+      KPOOL_IMPL_IVDEP
+      for (int j = 0; j < h; ++j) {
+        A const a = lo[j], b = hi[j];
+        lo[j] = a + b;
+        hi[j] = a - b;
+      }
+    }
+}
+
+// The butterfly stages h = 1, 2, ..., D/2 on every non-empty slot, ending
+// with a team barrier. Expects the rows staged and visible (a barrier
+// before). On a device, lanes share a row: lane k takes pair k of a stage,
+// and a team barrier separates stages (the pairs of stage 2h mix values
+// other lanes wrote in stage h). On a host one thread transforms a whole
+// row. Either way the barrier count depends only on D: every team thread
+// reaches every barrier.
+template <class ExecutionSpace, class Member, class A>
+KOKKOS_INLINE_FUNCTION void cache_team_butterflies(
+    Member const& member, CacheScratch<ExecutionSpace, A> const& s) {
+  int const D = static_cast<int>(s.rows.extent(1));
+  if constexpr (KokkosExt::is_device_space<ExecutionSpace>::value) {
+    for (int h = 1; h < D; h *= 2) {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
+        if (s.dest(slot, 0) < 0) return;
+        A* const v = s.row(slot);
+        // i has bit h clear and the other bits of k spread around it.
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D / 2), [&](int k) {
+          int const i = ((k & ~(h - 1)) << 1) | (k & (h - 1));
+          A const a = v[i], b = v[i + h];
+          v[i] = a + b;
+          v[i + h] = a - b;
+        });
+      });
+      member.team_barrier();
+    }
+  } else {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
+      if (s.dest(slot, 0) >= 0) rotate_row_serial(s.row(slot), D);
+    });
+    member.team_barrier();
+  }
+}
+
+// --- Phase 3: quantization of one slot (one team thread, its lanes) ------
+
+// max over c of f(c) (non-negative integers), across the calling thread's
+// vector lanes; every lane gets the result.
+template <class ExecutionSpace, class Member, class F>
+KOKKOS_INLINE_FUNCTION std::uint32_t vector_max_u32(Member const& member, int n,
+                                                    F const& f) {
+  std::uint32_t m = 0;
+  if constexpr (KokkosExt::is_device_space<ExecutionSpace>::value) {
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(member, n),
+        [&](int c, std::uint32_t& acc) {
+          std::uint32_t const v = f(c);
+          acc = v > acc ? v : acc;
+        },
+        Kokkos::Max<std::uint32_t>(m));
+  } else {
+    (void)member;
+    for (int c = 0; c < n; ++c) {
+      std::uint32_t const v = f(c);
+      m = v > m ? v : m;
+    }
+  }
+  return m;
+}
+
+template <class ExecutionSpace, class Member, class C, class A, class M>
+KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
+                                               A const* x,
+                                               CacheTarget<C, A, M> const& t,
+                                               CacheSlot where) {
+  int const D = t.head_dim();
+  C* const out = t.row(where);
+  // R(x)[c]: the butterflies already ran; the final multiply happens here,
+  // where the value is consumed, recomputed identically for amax and
+  // values. Unrotated, the factor is 1 and the product x exactly.
+  A const r = t.rotate ? t.rsqrt : A(1);
+  auto const rx = [&](int c) { return x[c] * r; };
+  if constexpr (std::is_same<C, float8_e4m3>::value) {
+    static_assert(std::is_same<A, float>::value, "fp8 caches quantize in f32");
+    float const amax = KokkosExt::bit_cast<float>(vector_max_u32<ExecutionSpace>(
+        member, D, [&](int c) { return finite_magnitude_bits(rx(c)); }));
+    float const s = cache_scale(amax, t.scale);
+    KokkosExt::vector_for<ExecutionSpace>(member, D, [&](int c) {
+      float const v = rx(c);
+      out[c] = is_nan(v) ? float8_e4m3::from_bits(0x7F) : float8_e4m3(v / s);
+    });
+    KokkosExt::single_per_thread(
+        member, [&]() { t.scale_at(where) = s; });
+  } else {
+    static_assert(std::is_same<A, accumulator_t<C>>::value,
+                  "a native cache computes in its storage type's accumulator");
+    KokkosExt::vector_for<ExecutionSpace>(member, D, [&](int c) {
+      A const v = rx(c);
+      out[c] = from_accumulator<C>(is_nan(v) ? canonical_nan(v) : v);
+    });
+    KokkosExt::single_per_thread(
+        member, [&]() { t.scale_at(where) = 1.0f; });
+  }
+}
+
+/// Phases 2 and 3 for every slot of the team: call it from every team
+/// thread, outside any TeamThreadRange, after every slot in [0, slots) was
+/// staged or skipped. It starts with a team barrier (the staging must be
+/// visible) and does not end with one: a caller reusing the scratch
+/// afterwards barriers first.
+template <class ExecutionSpace, class Member, class C, class A, class M>
+KOKKOS_INLINE_FUNCTION void cache_team_write(
+    Member const& member, CacheScratch<ExecutionSpace, A> const& s,
+    CacheTarget<C, A, M> const& t) {
+  member.team_barrier();
+  if (t.rotate) cache_team_butterflies<ExecutionSpace>(member, s);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
+    CacheSlot const where{s.dest(slot, 0), s.dest(slot, 1)};
+    if (where.block < 0) return;
+    cache_quantize_row<ExecutionSpace>(member, s.row(slot), t, where);
+  });
+}
+
+// --- Launch ---------------------------------------------------------------
+
+// The team shape of a cache launch: team threads and items per team capped
+// so that a team's scratch (one slot per item) fits level 0.
+template <class ExecutionSpace, class A, class Functor>
+TeamShape cache_team_shape(ExecutionSpace const& space, Functor const& f,
+                           int head_dim, int requested_team_size) {
+  TeamShape s = team_shape(space, f, head_dim, 1, requested_team_size);
+  Kokkos::TeamPolicy<ExecutionSpace> const probe(space, 1, s.team_size, s.lanes);
+  std::size_t const max = static_cast<std::size_t>(probe.scratch_size_max(0));
+  int const fit = cache_slots_fitting<ExecutionSpace, A>(max, head_dim, s.items_per_team);
+  if (fit < s.items_per_team) {
+    int const per_thread = items_per_thread<ExecutionSpace>();
+    s.team_size = std::max(1, std::min(s.team_size, fit / per_thread));
+    s.items_per_team = std::max(1, std::min(s.team_size * per_thread, fit));
+  }
+  return s;
+}
+
+// Whether one pool of D channels fits a team's level-0 scratch at all.
+template <class ExecutionSpace, class A>
+bool cache_scratch_fits(ExecutionSpace const& space, int head_dim,
+                        std::size_t* max_bytes = nullptr) {
+  Kokkos::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+  std::size_t const max = static_cast<std::size_t>(probe.scratch_size_max(0));
+  if (max_bytes) *max_bytes = max;
+  return CacheScratch<ExecutionSpace, A>::bytes(1, head_dim) <= max;
+}
+
+// `items` work items, items_per_team a team, each team with one scratch
+// slot per item. The functor reads its items_per_team member.
+template <class ExecutionSpace, class A, class Functor>
+void launch_cache_items(ExecutionSpace const& space, std::string const& label,
+                        Functor f, std::uint64_t items, int head_dim,
+                        int requested_team_size) {
+  if (items == 0) return;
+  TeamShape const s =
+      cache_team_shape<ExecutionSpace, A>(space, f, head_dim, requested_team_size);
+  f.items_per_team = s.items_per_team;
+  Kokkos::TeamPolicy<ExecutionSpace> policy(
+      space, league_for(items, s.items_per_team), s.team_size, s.lanes);
+  policy.set_scratch_size(
+      0, Kokkos::PerTeam(CacheScratch<ExecutionSpace, A>::bytes(s.items_per_team,
+                                                                 head_dim)));
+  Kokkos::parallel_for(label, policy, f);
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

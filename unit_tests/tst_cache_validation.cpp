@@ -1,0 +1,379 @@
+// Bad input to the pool cache (INDEXER.md, "Bad input"; README
+// "Validation"): KPool::PoolCache, KPool::store_pools and KPool::load_pools
+// throw KPool::InvalidArgument naming the entry point, the argument, the
+// row and the value, before anything is written: every test checks the
+// cache (and load_pools' output) byte for byte after the throw. One TEST
+// per rule. Then defence in depth: with Options::validate off, pools whose
+// blocks are bad are skipped and everything else is written as usual.
+
+#include <KPoolCacheTestUtils.hpp>
+
+#include <functional>
+#include <limits>
+
+namespace {
+
+using namespace KPoolTest;
+using namespace KPoolCacheTest;
+
+using E = Kokkos::DefaultExecutionSpace;
+using M = E::memory_space;
+using T = KPool::bfloat16;
+using F8 = KPool::float8_e4m3;
+using Out = KPool::StepOutput<T, M>;
+using Table = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+using I32 = Kokkos::View<std::int32_t*, M>;
+
+constexpr int D = 16;
+constexpr int kBlocks = 6;
+constexpr int kBlockPools = 4;
+
+// Runs f, which must throw KPool::InvalidArgument with these fields.
+::testing::AssertionResult throws(std::function<void()> const& f, std::string const& entry,
+                                  std::string const& argument, std::int64_t row,
+                                  std::string const& value) {
+  try {
+    f();
+  } catch (KPool::InvalidArgument const& ex) {
+    if (ex.entry_point() != entry || ex.argument() != argument || ex.row() != row ||
+        ex.value() != value)
+      return ::testing::AssertionFailure()
+             << "threw (" << ex.entry_point() << ", " << ex.argument() << ", row " << ex.row()
+             << ", value " << ex.value() << "): " << ex.what();
+    return ::testing::AssertionSuccess() << ex.what();
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
+// A cache full of random bytes, so "unchanged" means something.
+template <class C>
+KPool::PoolCache<C, M> random_cache(Rng& rng, KPool::CacheScale scale, bool rotate = false,
+                                    int head_dim = D) {
+  KPool::PoolCache<C, M> cache(E(), kBlocks, kBlockPools, head_dim, scale, rotate);
+  auto hv = Kokkos::create_mirror_view(cache.values());
+  auto* bytes = reinterpret_cast<unsigned char*>(hv.data());
+  for (std::size_t i = 0; i < hv.size() * sizeof(C); ++i) bytes[i] = rng.next() & 0xFF;
+  Kokkos::deep_copy(cache.values(), hv);
+  auto hs = Kokkos::create_mirror_view(cache.scales());
+  for (std::size_t i = 0; i < hs.size(); ++i) hs.data()[i] = static_cast<float>(rng.uniform(0, 1));
+  Kokkos::deep_copy(cache.scales(), hs);
+  return cache;
+}
+
+template <class C>
+struct Snapshot {
+  std::vector<std::uint8_t> values, scales;
+  explicit Snapshot(KPool::PoolCache<C, M> const& c)
+      : values(value_bytes(c)), scales(scale_bytes(c)) {}
+  ::testing::AssertionResult unchanged(KPool::PoolCache<C, M> const& c) const {
+    auto const v = same_bytes(value_bytes(c), values, sizeof(C), "values");
+    if (!v) return v;
+    return same_bytes(scale_bytes(c), scales, 4, "scales");
+  }
+};
+
+Table table_of(std::vector<std::vector<std::int32_t>> const& rows) {
+  Table t("block_table", rows.size(), rows.empty() ? 0 : rows[0].size());
+  auto h = Kokkos::create_mirror_view(t);
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    for (std::size_t c = 0; c < rows[r].size(); ++c) h(r, c) = rows[r][c];
+  Kokkos::deep_copy(t, h);
+  return t;
+}
+
+// A step output of two batch rows: row 0 pools 0..3, row 1 pools 4 and 9
+// (ids need columns 0..2 with 4 pools a block).
+template <class U>
+KPool::StepOutput<U, M> two_row_output(Rng& rng, std::vector<int> rows = {0, 0, 0, 0, 1, 1},
+                                       std::vector<int> ids = {0, 1, 2, 3, 4, 9}) {
+  KPool::StepOutput<U, M> out(E(), rows.size() + 2, 2, D);
+  std::vector<std::vector<double>> pools;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::vector<double> v(D);
+    for (double& x : v) x = rng.uniform(-2, 2);
+    pools.push_back(v);
+  }
+  fill_output(out, 2, rows, ids, pools);
+  return out;
+}
+
+Table good_table() { return table_of({{0, 1, 2}, {3, 4, 5}}); }
+
+KPool::Options validated() {
+  KPool::Options o;
+  o.validate = true;
+  return o;
+}
+
+// --- KPool::PoolCache ------------------------------------------------------
+
+TEST(CacheValidation, PoolCacheSizesMustBePositive) {
+  auto make = [](int nb, int bp, int d) {
+    return [=]() { KPool::PoolCache<T, M> c(E(), nb, bp, d); };
+  };
+  EXPECT_TRUE(throws(make(0, 4, D), "KPool::PoolCache", "num_blocks", -1, "0"));
+  EXPECT_TRUE(throws(make(4, -1, D), "KPool::PoolCache", "block_pools", -1, "-1"));
+  EXPECT_TRUE(throws(make(4, 4, 0), "KPool::PoolCache", "head_dim", -1, "0"));
+}
+
+TEST(CacheValidation, Fp8CacheNeedsAScale) {
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(E(), 2, 2, D, KPool::CacheScale::none); },
+                     "KPool::PoolCache", "scale", -1, "none"));
+}
+
+TEST(CacheValidation, NativeCacheTakesNoScale) {
+  EXPECT_TRUE(throws([] { KPool::PoolCache<T, M> c(E(), 2, 2, D, KPool::CacheScale::pow2); },
+                     "KPool::PoolCache", "scale", -1, "pow2"));
+}
+
+TEST(CacheValidation, RotationNeedsAPowerOfTwoHeadDim) {
+  EXPECT_TRUE(throws(
+      [] { KPool::PoolCache<F8, M> c(E(), 2, 2, 48, KPool::CacheScale::amax, true); },
+      "KPool::PoolCache", "head_dim", -1, "48"));
+  KPool::PoolCache<F8, M> ok(E(), 2, 2, 64, KPool::CacheScale::amax, true);
+  EXPECT_TRUE(ok.rotated());
+}
+
+// --- KPool::store_pools ------------------------------------------------------
+
+TEST(CacheValidation, StoreCacheHeadDimMustBeThePools) {
+  Rng rng(1);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, false, 2 * D);
+  Snapshot<F8> const before(cache);
+  auto const out = two_row_output<T>(rng);
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), cache, validated()); },
+                     "KPool::store_pools", "cache", -1, std::to_string(2 * D)));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+TEST(CacheValidation, StoreFp8CacheNeedsPoolsThatAreNotF64) {
+  Rng rng(2);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::pow2);
+  Snapshot<F8> const before(cache);
+  auto const out = two_row_output<double>(rng);
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), cache, validated()); },
+                     "KPool::store_pools", "cache", -1, "fp8_e4m3"));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+TEST(CacheValidation, StoreCacheMustHaveStorage) {
+  Rng rng(3);
+  KPool::PoolCache<T, M> empty;
+  auto const out = two_row_output<T>(rng);
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), empty, validated()); },
+                     "KPool::store_pools", "cache", -1, "an empty PoolCache"));
+}
+
+TEST(CacheValidation, StoreBlockTableNeedsARowPerRequest) {
+  Rng rng(4);
+  auto cache = random_cache<T>(rng, KPool::CacheScale::none);
+  Snapshot<T> const before(cache);
+  auto const out = two_row_output<T>(rng);
+  EXPECT_TRUE(throws(
+      [&] { KPool::store_pools(E(), out, 2, table_of({{0, 1, 2}}), cache, validated()); },
+      "KPool::store_pools", "block_table", -1, "1"));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+TEST(CacheValidation, StoreNumRequestsWithinTheOutput) {
+  Rng rng(5);
+  auto cache = random_cache<T>(rng, KPool::CacheScale::none);
+  Snapshot<T> const before(cache);
+  auto const out = two_row_output<T>(rng);
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, -1, good_table(), cache, validated()); },
+                     "KPool::store_pools", "num_requests", -1, "-1"));
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 3, good_table(), cache, validated()); },
+                     "KPool::store_pools", "num_requests", -1, "3"));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+// A pool of batch row 1 (its output row 5) while only row 0 is live.
+TEST(CacheValidation, StoreOutputRowsBelongToLiveRequests) {
+  Rng rng(6);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax);
+  Snapshot<F8> const before(cache);
+  auto const out = two_row_output<T>(rng, {0, 0, 0, 0, 0, 1}, {0, 1, 2, 3, 4, 5});
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 1, good_table(), cache, validated()); },
+                     "KPool::store_pools", "out", 5, "1"));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+TEST(CacheValidation, StoreBlocksMustBeAssigned) {
+  Rng rng(7);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, true);
+  Snapshot<F8> const before(cache);
+  auto const out = two_row_output<T>(rng);
+  // Row 1's pool 9 lives in column 2.
+  EXPECT_TRUE(throws(
+      [&] { KPool::store_pools(E(), out, 2, table_of({{0, 1, 2}, {3, 4, -1}}), cache, validated()); },
+      "KPool::store_pools", "block_table", 1, "-1"));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+TEST(CacheValidation, StoreBlocksMustBeBelowNumBlocks) {
+  Rng rng(8);
+  auto cache = random_cache<T>(rng, KPool::CacheScale::none);
+  Snapshot<T> const before(cache);
+  auto const out = two_row_output<T>(rng);
+  EXPECT_TRUE(throws(
+      [&] {
+        KPool::store_pools(E(), out, 2, table_of({{kBlocks, 1, 2}, {3, 4, 5}}), cache, validated());
+      },
+      "KPool::store_pools", "block_table", 0, std::to_string(kBlocks)));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+// Pool 9 needs column 9 / 4 = 2; the table has 2 columns.
+TEST(CacheValidation, StoreBlockTableWideEnoughForEveryPool) {
+  Rng rng(9);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::pow2);
+  Snapshot<F8> const before(cache);
+  auto const out = two_row_output<T>(rng);
+  EXPECT_TRUE(throws(
+      [&] { KPool::store_pools(E(), out, 2, table_of({{0, 1}, {3, 4}}), cache, validated()); },
+      "KPool::store_pools", "block_table", 1, "2"));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+// Unused columns may hold anything: only the blocks a write needs count.
+TEST(CacheValidation, StoreIgnoresBlocksNoPoolNeeds) {
+  Rng rng(10);
+  auto cache = random_cache<T>(rng, KPool::CacheScale::none);
+  auto const out = two_row_output<T>(rng, {0, 1}, {1, 5});
+  EXPECT_NO_THROW(KPool::store_pools(E(), out, 2, table_of({{0, -1, 99}, {-5, 4, 1000}}), cache,
+                                     validated()));
+}
+
+// --- KPool::load_pools -------------------------------------------------------
+
+template <class C>
+struct LoadSetup {
+  KPool::PoolCache<C, M> cache;
+  Kokkos::View<float***, Kokkos::LayoutRight, M> out;
+  std::vector<std::uint8_t> out_before;
+  explicit LoadSetup(Rng& rng, int head_dim = D)
+      : cache(random_cache<C>(rng, KPool::PoolCache<C, M>::is_fp8 ? KPool::CacheScale::amax
+                                                                  : KPool::CacheScale::none)),
+        out("out", 2, 8, head_dim) {
+    Kokkos::deep_copy(out, 3.5f);
+    out_before = bytes();
+  }
+  std::vector<std::uint8_t> bytes() const {
+    auto const h = on_host(out);
+    std::vector<std::uint8_t> b(h.size() * 4);
+    std::memcpy(b.data(), h.data(), b.size());
+    return b;
+  }
+};
+
+I32 num_pools_of(std::vector<std::int32_t> const& v) {
+  return to_index_view<I32>(v, "num_pools");
+}
+
+TEST(CacheValidation, LoadNumPoolsWithinTheOutput) {
+  Rng rng(11);
+  LoadSetup<F8> s(rng);
+  Snapshot<F8> const before(s.cache);
+  for (std::int32_t bad : {-1, 9}) {
+    EXPECT_TRUE(throws(
+        [&] {
+          KPool::load_pools(E(), s.cache, good_table(), num_pools_of({3, bad}), 2, s.out,
+                            KPool::PoolDomain::cached, validated());
+        },
+        "KPool::load_pools", "num_pools", 1, std::to_string(bad)));
+    EXPECT_TRUE(same_bytes(s.bytes(), s.out_before, 4, "out"));
+  }
+  EXPECT_TRUE(before.unchanged(s.cache));
+}
+
+TEST(CacheValidation, LoadBlocksMustBeAssignedAndInRange) {
+  Rng rng(12);
+  LoadSetup<T> s(rng);
+  Snapshot<T> const before(s.cache);
+  // Row 0 reads pools 0..4: columns 0 and 1.
+  for (std::int32_t bad : {-2, kBlocks}) {
+    EXPECT_TRUE(throws(
+        [&] {
+          KPool::load_pools(E(), s.cache, table_of({{0, bad, 2}, {3, 4, 5}}), num_pools_of({5, 1}),
+                            2, s.out, KPool::PoolDomain::original, validated());
+        },
+        "KPool::load_pools", "block_table", 0, std::to_string(bad)));
+    EXPECT_TRUE(same_bytes(s.bytes(), s.out_before, 4, "out"));
+  }
+  EXPECT_TRUE(throws(
+      [&] {
+        KPool::load_pools(E(), s.cache, table_of({{0}, {3}}), num_pools_of({5, 1}), 2, s.out,
+                          KPool::PoolDomain::cached, validated());
+      },
+      "KPool::load_pools", "block_table", 0, "1"));
+  EXPECT_TRUE(same_bytes(s.bytes(), s.out_before, 4, "out"));
+  EXPECT_TRUE(before.unchanged(s.cache));
+}
+
+TEST(CacheValidation, LoadOutputHeadDimMustBeTheCaches) {
+  Rng rng(13);
+  LoadSetup<F8> s(rng, D / 2);
+  EXPECT_TRUE(throws(
+      [&] {
+        KPool::load_pools(E(), s.cache, good_table(), num_pools_of({1, 1}), 2, s.out,
+                          KPool::PoolDomain::cached, validated());
+      },
+      "KPool::load_pools", "out", -1, std::to_string(D / 2)));
+  EXPECT_TRUE(same_bytes(s.bytes(), s.out_before, 4, "out"));
+}
+
+// --- Validation off ------------------------------------------------------------
+
+// Bad blocks (unassigned, too large, a missing column), batch rows and pool
+// ids out of range are skipped; every good pool is written exactly as with
+// validation on; nothing else changes.
+TEST(CacheValidation, StoreWithoutValidationSkipsBadPools) {
+  Rng rng(14);
+  KPool::Options off;
+  off.validate = false;
+  auto good = random_cache<F8>(rng, KPool::CacheScale::amax, true);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, true);
+  Kokkos::deep_copy(cache.values(), good.values());
+  Kokkos::deep_copy(cache.scales(), good.scales());
+  // Rows: row 0's pools 0..3 (block 0, fine) and 4 (column 1: -1), row 1's
+  // pool 9 (column 2: too large) and 100 (no column), batch rows -3 and 7,
+  // and a negative pool id.
+  auto const out = two_row_output<T>(rng, {0, 0, 0, 0, 0, 1, 1, -3, 7, 1},
+                                     {0, 1, 2, 3, 4, 9, 100, 0, 0, -8});
+  auto const table = table_of({{0, -1, 2}, {3, 4, 1 << 30}});
+  KPool::store_pools(E(), out, 2, table, cache, off);
+  // The same good pools, validated.
+  auto const only_good = two_row_output<T>(rng, {0, 0, 0, 0}, {0, 1, 2, 3});
+  Kokkos::deep_copy(Kokkos::subview(only_good.pooled(), std::make_pair(0, 4), Kokkos::ALL),
+                    Kokkos::subview(out.pooled(), std::make_pair(0, 4), Kokkos::ALL));
+  KPool::store_pools(E(), only_good, 2, table_of({{0, 1, 2}, {3, 4, 5}}), good, validated());
+  Snapshot<F8> const want(good);
+  EXPECT_TRUE(want.unchanged(cache));
+}
+
+TEST(CacheValidation, LoadWithoutValidationSkipsBadPools) {
+  Rng rng(15);
+  KPool::Options off;
+  off.validate = false;
+  LoadSetup<F8> s(rng);
+  Snapshot<F8> const before(s.cache);
+  // Row 0 asks for 20 pools (more than out holds), column 1 unassigned;
+  // row 1 asks for a negative count.
+  KPool::load_pools(E(), s.cache, table_of({{0, -1, 2}, {3, 4, 5}}), num_pools_of({20, -4}), 2,
+                    s.out, KPool::PoolDomain::original, off);
+  auto const h = on_host(s.out);
+  for (int p = 0; p < 8; ++p)
+    for (int c = 0; c < D; ++c) {
+      // Pools 0..3 (block 0) were loaded; 4..7 (column 1) skipped; row 1
+      // untouched.
+      if (p >= 4) {
+        ASSERT_EQ(h(0, p, c), 3.5f);
+      } else {
+        ASSERT_NE(h(0, p, c), 3.5f) << "pool " << p;
+      }
+      ASSERT_EQ(h(1, p, c), 3.5f);
+    }
+  EXPECT_TRUE(before.unchanged(s.cache));
+}
+
+}  // namespace

@@ -1,0 +1,446 @@
+// The pool cache (INDEXER.md, "The pool cache"): store_pools writes exactly
+// the bytes of the independent reference KPoolCacheReference.hpp (values
+// and scales, memcmp), load_pools returns s * value (rotated back on
+// request), and a cache filled step by step is byte-identical to one filled
+// from a one-shot prefill of the same sequences.
+
+#include <KPoolCacheTestUtils.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+namespace {
+
+using namespace KPoolTest;
+using namespace KPoolCacheTest;
+using KPoolCacheRef::CacheKind;
+
+template <class C>
+class PoolCacheTest : public ::testing::Test {};
+TYPED_TEST_SUITE(PoolCacheTest, Configs, ConfigName);
+
+KPoolCacheRef::Scale ref_scale(KPool::CacheScale s) {
+  return s == KPool::CacheScale::none   ? KPoolCacheRef::Scale::none
+         : s == KPool::CacheScale::amax ? KPoolCacheRef::Scale::amax
+                                        : KPoolCacheRef::Scale::pow2;
+}
+
+// The cache kinds INDEXER.md defines for storage type t and head_dim D:
+// native, fp8 amax and fp8 pow2 (not for f64), each rotated (D a power of
+// two) or not.
+struct Kind {
+  bool fp8;
+  KPool::CacheScale scale;
+  bool rotate;
+};
+
+std::vector<Kind> kinds(DType t, int D) {
+  std::vector<Kind> v;
+  bool const pow2 = (D & (D - 1)) == 0;
+  for (bool rotate : {false, true}) {
+    if (rotate && !pow2) continue;
+    v.push_back({false, KPool::CacheScale::none, rotate});
+    if (t == DType::f64) continue;
+    v.push_back({true, KPool::CacheScale::amax, rotate});
+    v.push_back({true, KPool::CacheScale::pow2, rotate});
+  }
+  return v;
+}
+
+std::string name(Kind const& k) {
+  return std::string(k.fp8 ? "fp8 " : "native ") + KPool::cache_scale_name(k.scale) +
+         (k.rotate ? " rotated" : "");
+}
+
+CacheKind ref_kind(DType t, Kind const& k) {
+  return CacheKind{t, k.fp8, ref_scale(k.scale), k.rotate};
+}
+
+// A pooled row of D values, representable in t, of one of several shapes:
+// ordinary values, all zeros (signed), a NaN and infinities among ordinary
+// values, values near the type's top, values near its bottom (subnormals),
+// and a row whose f32 amax / 448 underflows to zero.
+std::vector<double> pool_values(Rng& rng, DType t, int D, int shape) {
+  std::vector<double> v(D);
+  double big = t == DType::f16 ? 6.0e4 : t == DType::f64 ? 1e300 : 3.0e38;
+  double tiny = t == DType::f16 ? 1e-7 : t == DType::f64 ? 1e-310 : 1e-40;
+  for (int c = 0; c < D; ++c) {
+    double x = rng.uniform(-3, 3);
+    switch (shape) {
+      case 1: x = (c % 3 == 0) ? -0.0 : 0.0; break;
+      case 2:
+        if (c == D / 2) x = std::numeric_limits<double>::quiet_NaN();
+        if (c == D / 3 && D > 2) x = std::numeric_limits<double>::infinity();
+        if (c == D / 5 && D > 4) x = -std::numeric_limits<double>::infinity();
+        break;
+      case 3: x = rng.uniform(-big, big); break;
+      case 4: x = rng.uniform(-tiny, tiny); break;
+      case 5: x = (c % 2 ? -1.0 : 1.0) * 1e-44 * (1 + rng.below(4)); break;
+      case 6: x = rng.uniform(-1, 1) * std::ldexp(1.0, rng.below(40) - 20); break;
+      default: break;
+    }
+    v[c] = KPoolRef::round_to(t, x);
+  }
+  return v;
+}
+
+template <class O>
+double out_value(O x) {
+  return to_double(x);
+}
+
+// load_pools against the reference's dequantization of the expected
+// entries, in both domains, into float and (native caches) the storage
+// type.
+template <class O, class E, class C, class M, class Table>
+void check_load(KPool::PoolCache<C, M> const& cache, Table const& table, Blocks const& b,
+                CacheKind const& rk, ExpectedCache const& want, int D, KPool::Options o) {
+  int const max_pools = b.max_blocks * b.block_pools;
+  Kokkos::View<std::int32_t*, M> num_pools("num_pools", b.B);
+  Kokkos::deep_copy(num_pools, max_pools);
+  std::size_t const elem = KPoolCacheRef::element_size(rk);
+  for (auto domain : {KPool::PoolDomain::cached, KPool::PoolDomain::original}) {
+    SCOPED_TRACE(domain == KPool::PoolDomain::cached ? "cached domain" : "original domain");
+    Kokkos::View<O***, Kokkos::LayoutRight, M> out("out", b.B, max_pools + 1, D);
+    Kokkos::deep_copy(out, to_storage<O>(-7.0));
+    KPool::load_pools(E(), cache, table, num_pools, b.B, out, domain, o);
+    auto const h = on_host(out);
+    for (int r = 0; r < b.B; ++r)
+      for (int p = 0; p <= max_pools; ++p) {
+        if (p == max_pools) {  // past num_pools: untouched
+          for (int c = 0; c < D; ++c) ASSERT_EQ(out_value(h(r, p, c)), -7.0);
+          continue;
+        }
+        std::size_t const slot =
+            static_cast<std::size_t>(b.at(r, p / b.block_pools)) * b.block_pools +
+            p % b.block_pools;
+        KPoolCacheRef::Entry e;
+        e.bytes.assign(want.values.begin() + slot * D * elem,
+                       want.values.begin() + (slot + 1) * D * elem);
+        std::memcpy(&e.scale, want.scales.data() + slot * sizeof(float), sizeof(float));
+        auto const ref = KPoolCacheRef::dequantize(rk, e, D, domain == KPool::PoolDomain::original);
+        for (int c = 0; c < D; ++c) {
+          double const g = out_value(h(r, p, c));
+          double const w = out_value(to_storage<O>(ref[c]));
+          if (std::isnan(w))
+            ASSERT_TRUE(std::isnan(g)) << "row " << r << " pool " << p << " channel " << c;
+          else
+            ASSERT_EQ(g, w) << "row " << r << " pool " << p << " channel " << c;
+        }
+      }
+  }
+}
+
+// store_pools writes exactly the reference's Q(R(x)) bytes (values and
+// scales) at each pool's block and entry and nothing anywhere else, with
+// validation on (count read on the host) and off (count read on the
+// device, a launch over the whole capacity); load_pools reads them back.
+TYPED_TEST(PoolCacheTest, StorePoolsWritesTheReferenceBytes) {
+  using T = typename TypeParam::value_type;
+  using E = typename TypeParam::execution_space;
+  using M = typename TypeParam::memory_space;
+  constexpr DType t = TypeParam::dtype;
+  Rng rng(4242 + static_cast<int>(t));
+  for (int D : {1, 7, 64, 128}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    Blocks const b = make_blocks(rng, 5, 3, 3);
+    auto const table = table_view<M>(b);
+    // Pools of rows 0..3 of a batch of 5 (row 4 has none), ids in random
+    // order, each shape of pool_values several times.
+    std::vector<int> batch_row, pool_id;
+    std::vector<std::vector<double>> pools;
+    for (int r = 0; r < 4; ++r) {
+      std::vector<int> ids(b.max_blocks * b.block_pools);
+      std::iota(ids.begin(), ids.end(), 0);
+      for (int i = static_cast<int>(ids.size()) - 1; i > 0; --i)
+        std::swap(ids[i], ids[rng.below(i + 1)]);
+      for (int j = 0; j < 7; ++j) {
+        batch_row.push_back(r);
+        pool_id.push_back(ids[j]);
+        pools.push_back(pool_values(rng, t, D, static_cast<int>(pools.size()) % 7));
+      }
+    }
+    KPool::StepOutput<T, M> out(E(), pools.size() + 9, 6, D);
+    fill_output(out, 5, batch_row, pool_id, pools);
+    for (Kind const& k : kinds(t, D)) {
+      SCOPED_TRACE(name(k));
+      CacheKind const rk = ref_kind(t, k);
+      ExpectedCache want(b, D, KPoolCacheRef::element_size(rk));
+      for (std::size_t o = 0; o < pools.size(); ++o)
+        want.put(b, batch_row[o], pool_id[o], KPoolCacheRef::quantize(rk, pools[o]));
+      for (bool validate : {true, false}) {
+        SCOPED_TRACE(validate ? "validated" : "not validated");
+        KPool::Options o = test_options<E>();
+        o.validate = validate;
+        auto run = [&](auto cache) {
+          KPool::store_pools(E(), out, 4, table, cache, o);
+          ASSERT_TRUE(same_bytes(value_bytes(cache), want.values, rk.fp8 ? 1 : sizeof(T), "values"));
+          ASSERT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));
+          if (validate) {
+            check_load<float, E>(cache, table, b, rk, want, D, o);
+            if constexpr (!std::is_same<typename decltype(cache)::value_type,
+                                        KPool::float8_e4m3>::value)
+              check_load<T, E>(cache, table, b, rk, want, D, o);
+          }
+        };
+        if (k.fp8) {
+          if constexpr (!std::is_same<T, double>::value)
+            run(KPool::PoolCache<KPool::float8_e4m3, M>(E(), b.num_blocks, b.block_pools, D,
+                                                        k.scale, k.rotate));
+        } else {
+          run(KPool::PoolCache<T, M>(E(), b.num_blocks, b.block_pools, D, k.scale, k.rotate));
+        }
+      }
+    }
+  }
+}
+
+// A pool re-stored (a rewind re-emits it) overwrites its entry; other
+// entries keep their bytes.
+TYPED_TEST(PoolCacheTest, StoringAPoolAgainOverwritesItsEntry) {
+  using T = typename TypeParam::value_type;
+  using E = typename TypeParam::execution_space;
+  using M = typename TypeParam::memory_space;
+  constexpr DType t = TypeParam::dtype;
+  Rng rng(77);
+  int const D = 64;
+  Blocks const b = make_blocks(rng, 2, 2, 4);
+  auto const table = table_view<M>(b);
+  using C = std::conditional_t<std::is_same<T, double>::value, T, KPool::float8_e4m3>;
+  Kind const k{!std::is_same<T, double>::value,
+               std::is_same<T, double>::value ? KPool::CacheScale::none : KPool::CacheScale::pow2,
+               true};
+  CacheKind const rk = ref_kind(t, k);
+  KPool::PoolCache<C, M> cache(E(), b.num_blocks, b.block_pools, D, k.scale, k.rotate);
+  KPool::StepOutput<T, M> out(E(), 8, 2, D);
+  ExpectedCache want(b, D, KPoolCacheRef::element_size(rk));
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<double>> pools;
+    std::vector<int> rows, ids;
+    for (int j = 0; j < (round == 0 ? 6 : 2); ++j) {
+      rows.push_back(j % 2);
+      ids.push_back(round == 0 ? j : 2 + j);  // round 1 rewrites ids 2 and 3
+      pools.push_back(pool_values(rng, t, D, 0));
+      want.put(b, rows.back(), ids.back(), KPoolCacheRef::quantize(rk, pools.back()));
+    }
+    fill_output(out, 2, rows, ids, pools);
+    KPool::store_pools(E(), out, 2, table, cache, test_options<E>());
+  }
+  EXPECT_TRUE(same_bytes(value_bytes(cache), want.values, sizeof(C), "values"));
+  EXPECT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));
+}
+
+// Streaming invariance of the cache (INDEXER.md): sequences fed in random
+// chunks through KPool::step and KPool::decode_step, each call followed by
+// store_pools, leave caches byte-identical to those of one KPool::step
+// prefilling the whole sequences, for native and fp8 caches, rotated or
+// not.
+template <class Cfg>
+class CacheStreaming {
+  using T = typename Cfg::value_type;
+  using E = typename Cfg::execution_space;
+  using M = typename Cfg::memory_space;
+  using F8 = std::conditional_t<std::is_same<T, double>::value, T, KPool::float8_e4m3>;
+  static constexpr bool has_fp8 = !std::is_same<T, double>::value;
+
+ public:
+  CacheStreaming(int K, int D, std::uint64_t seed)
+      : K_(K), D_(D), rng_(seed), ape_(random_ape(rng_, K, D)) {
+    for (int s = 0; s < S_; ++s) length_.push_back(1 + rng_.below(10 * K));
+    max_pools_ = *std::max_element(length_.begin(), length_.end()) / K + 1;
+    blocks_ = make_blocks(rng_, S_, (max_pools_ + block_pools_ - 1) / block_pools_, block_pools_);
+  }
+
+  struct Caches {
+    KPool::PoolCache<T, M> native, native_rot;
+    KPool::PoolCache<F8, M> amax_rot, pow2;
+  };
+
+  Caches make_caches() {
+    Caches c;
+    int const nb = blocks_.num_blocks, bp = block_pools_;
+    c.native = KPool::PoolCache<T, M>(E(), nb, bp, D_);
+    c.native_rot = KPool::PoolCache<T, M>(E(), nb, bp, D_, KPool::CacheScale::none, true);
+    if constexpr (has_fp8) {
+      c.amax_rot = KPool::PoolCache<F8, M>(E(), nb, bp, D_, KPool::CacheScale::amax, true);
+      c.pow2 = KPool::PoolCache<F8, M>(E(), nb, bp, D_, KPool::CacheScale::pow2, false);
+    }
+    return c;
+  }
+
+  // One KPool::step with every whole sequence, rows in order.
+  Caches one_shot() {
+    Caches c = make_caches();
+    std::vector<int> seqs(S_);
+    std::iota(seqs.begin(), seqs.end(), 0);
+    std::vector<int> take(length_), from(S_, 0);
+    KPool::Ring<T, M> ring(E(), S_, K_, D_);
+    step(ring, seqs, from, take, c);
+    return c;
+  }
+
+  // Random chunks and decode runs, rows shuffled every call.
+  Caches streamed() {
+    Caches c = make_caches();
+    KPool::Ring<T, M> ring(E(), S_, K_, D_);
+    std::vector<int> fed(S_, 0);
+    for (int call = 0; call < 400; ++call) {
+      std::vector<int> seqs;
+      for (int s = 0; s < S_; ++s)
+        if (fed[s] < length_[s] && rng_.below(4) != 0) seqs.push_back(s);
+      bool done = true;
+      for (int s = 0; s < S_; ++s) done = done && fed[s] == length_[s];
+      if (done) break;
+      if (seqs.empty()) continue;
+      for (int i = static_cast<int>(seqs.size()) - 1; i > 0; --i)
+        std::swap(seqs[i], seqs[rng_.below(i + 1)]);
+      std::vector<int> take;
+      for (int s : seqs) take.push_back(std::min(length_[s] - fed[s], rng_.below(2 * K_ + 2)));
+      if (rng_.below(3) == 0)
+        decode(ring, seqs, fed, take, c);
+      else
+        step(ring, seqs, fed, take, c);
+      for (std::size_t i = 0; i < seqs.size(); ++i) fed[seqs[i]] += take[i];
+    }
+    for (int s = 0; s < S_; ++s) EXPECT_EQ(fed[s], length_[s]) << "sequence " << s;
+    return c;
+  }
+
+  int pools() const {
+    int n = 0;
+    for (int l : length_) n += l / K_;
+    return n;
+  }
+
+ private:
+  double input(int seq, int pos, int c, int which) const {
+    Rng r((seq * 0x9E3779B97F4A7C15ull) ^ (pos * 0xC2B2AE3D27D4EB4Full) ^
+          (static_cast<std::uint64_t>(c) * 0x165667B19E3779F9ull + which));
+    // Keys spread over magnitudes so fp8 scales differ between pools.
+    double const mag = which ? 4.0 : std::ldexp(1.0, static_cast<int>(r.next() % 9) - 4);
+    return KPoolRef::round_to(Cfg::dtype, r.uniform(-mag, mag));
+  }
+
+  // The block table of a call: row i is sequence seqs[i]'s blocks; one
+  // extra row of unassigned blocks past num_requests.
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> table_for(std::vector<int> const& seqs) {
+    int const n = static_cast<int>(seqs.size());
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> v("block_table", n + 1,
+                                                           blocks_.max_blocks);
+    auto h = Kokkos::create_mirror_view(v);
+    for (int i = 0; i <= n; ++i)
+      for (int c = 0; c < blocks_.max_blocks; ++c)
+        h(i, c) = i < n ? blocks_.at(seqs[i], c) : -1;
+    Kokkos::deep_copy(v, h);
+    return v;
+  }
+
+  void store(KPool::StepOutput<T, M> const& out, std::vector<int> const& seqs, Caches& c) {
+    auto const table = table_for(seqs);
+    int const n = static_cast<int>(seqs.size());
+    KPool::Options o = test_options<E>();
+    o.validate = rng_.below(2) == 0;
+    KPool::store_pools(E(), out, n, table, c.native, o);
+    KPool::store_pools(E(), out, n, table, c.native_rot, o);
+    if constexpr (has_fp8) {
+      KPool::store_pools(E(), out, n, table, c.amax_rot, o);
+      KPool::store_pools(E(), out, n, table, c.pow2, o);
+    }
+  }
+
+  void step(KPool::Ring<T, M>& ring, std::vector<int> const& seqs, std::vector<int> const& from,
+            std::vector<int> const& take, Caches& c) {
+    int const n = static_cast<int>(seqs.size());
+    std::vector<std::uint32_t> offsets{0}, cache, slot;
+    for (int i = 0; i < n; ++i) {
+      offsets.push_back(offsets.back() + take[i]);
+      cache.push_back(from[seqs[i]]);
+      slot.push_back(seqs[i]);
+    }
+    int const rows = std::max<int>(offsets.back(), 1);
+    Matrix key(rows, D_), gate(rows, D_);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < take[i]; ++j)
+        for (int ch = 0; ch < D_; ++ch) {
+          key.at(offsets[i] + j, ch) = input(seqs[i], from[seqs[i]] + j, ch, 0);
+          gate.at(offsets[i] + j, ch) = input(seqs[i], from[seqs[i]] + j, ch, 1);
+        }
+    using U32 = Kokkos::View<std::uint32_t*, M>;
+    KPool::StepOutput<T, M> out(
+        E(), KPool::StepOutput<T, M>::capacity_for(rows, n, K_), n, D_);
+    KPool::Options o = test_options<E>();
+    o.fused = rng_.below(2) == 0;
+    KPool::step(E(), ring, to_view<T, M>(key, "key"), to_view<T, M>(gate, "gate"),
+                ape_view<M>(ape_), to_index_view<U32>(offsets, "row_offsets"),
+                to_index_view<U32>(cache, "cache_lengths"), to_index_view<U32>(slot, "slot_idx"),
+                n, out, o);
+    store(out, seqs, c);
+  }
+
+  void decode(KPool::Ring<T, M>& ring, std::vector<int> const& seqs, std::vector<int> const& from,
+              std::vector<int> const& take, Caches& c) {
+    int const n = static_cast<int>(seqs.size());
+    int const next_n = std::max(1, *std::max_element(take.begin(), take.end()));
+    Kokkos::View<T***, Kokkos::LayoutRight, M> key("key", n, next_n, D_), gate("gate", n, next_n, D_);
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> pos("positions", n, next_n);
+    auto hk = Kokkos::create_mirror_view(key);
+    auto hg = Kokkos::create_mirror_view(gate);
+    auto hp = Kokkos::create_mirror_view(pos);
+    std::vector<std::uint32_t> slot;
+    for (int i = 0; i < n; ++i) {
+      slot.push_back(seqs[i]);
+      for (int j = 0; j < next_n; ++j) {
+        bool const real = j < take[i];
+        int const p = from[seqs[i]] + j;
+        hp(i, j) = real ? p : -1;
+        for (int ch = 0; ch < D_; ++ch) {
+          hk(i, j, ch) = to_storage<T>(real ? input(seqs[i], p, ch, 0) : 0.0);
+          hg(i, j, ch) = to_storage<T>(real ? input(seqs[i], p, ch, 1) : 0.0);
+        }
+      }
+    }
+    Kokkos::deep_copy(key, hk);
+    Kokkos::deep_copy(gate, hg);
+    Kokkos::deep_copy(pos, hp);
+    KPool::StepOutput<T, M> out(E(), n * ((next_n + K_ - 1) / K_), n, D_);
+    KPool::decode_step(E(), ring, key, gate, ape_view<M>(ape_), pos,
+                       to_index_view<Kokkos::View<std::uint32_t*, M>>(slot, "slot_idx"), n, out,
+                       test_options<E>());
+    store(out, seqs, c);
+  }
+
+  static constexpr int S_ = 5, block_pools_ = 3;
+  int K_, D_;
+  Rng rng_;
+  Matrix ape_;
+  std::vector<int> length_;
+  int max_pools_;
+  Blocks blocks_;
+};
+
+TYPED_TEST(PoolCacheTest, StreamedCachesEqualOneShotCaches) {
+  for (int K : {1, 3, 4})
+    for (int D : {8, 64}) {
+      SCOPED_TRACE(shape(K, D));
+      CacheStreaming<TypeParam> sim(K, D, 31 * K + D);
+      auto const once = sim.one_shot();
+      auto const streamed = sim.streamed();
+      EXPECT_GT(sim.pools(), 5);
+      auto same = [](auto const& a, auto const& b, char const* what) {
+        SCOPED_TRACE(what);
+        using C = typename std::decay_t<decltype(a)>::value_type;
+        EXPECT_TRUE(same_bytes(value_bytes(a), value_bytes(b), sizeof(C), "values"));
+        EXPECT_TRUE(same_bytes(scale_bytes(a), scale_bytes(b), 4, "scales"));
+      };
+      same(streamed.native, once.native, "native");
+      same(streamed.native_rot, once.native_rot, "native rotated");
+      if constexpr (!std::is_same<typename TypeParam::value_type, double>::value) {
+        same(streamed.amax_rot, once.amax_rot, "fp8 amax rotated");
+        same(streamed.pow2, once.pow2, "fp8 pow2");
+      }
+    }
+}
+
+}  // namespace
