@@ -124,8 +124,8 @@ class SelectWorkspace {
 /// score first, ties to the lower id, NaN below every number, in ascending
 /// id order, then -1. Rows outside the live requests are not touched.
 ///
-/// row_offsets [B + 1], cache_lengths [B] uint32; block_table [B,
-/// max_blocks] int32; q [T, H, D] of storage type T (the cache's type, or
+/// row_offsets [B + 1], cache_lengths [B] uint32; block_table
+/// [>= num_requests, max_blocks] int32 (as store_pools); q [T, H, D] of storage type T (the cache's type, or
 /// any but f64 for an fp8 cache); weights [T, H] float; pool_ids [T, topk]
 /// int32, written. The workspace holds at least T rows of max_visible
 /// pools, H heads, D channels.

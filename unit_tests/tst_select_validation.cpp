@@ -273,14 +273,13 @@ TEST(SelectValidation, OutputMustBeRowsByWidth) {
   }
 }
 
-TEST(SelectValidation, BlockTableMustHaveBatchRows) {
+TEST(SelectValidation, BlockTableMustHaveARowPerLiveRequest) {
   World w;
-  int const B = 4;
   for (Entry e : kBoth)
-    EXPECT_TRUE(rejects(w, e, at_extent("block_table", 0, B + 1), [&] {
+    EXPECT_TRUE(rejects(w, e, at_extent("block_table", 0, 2), [&] {
       U32 const ro = to_index_view<U32>(w.row_offsets, "row_offsets");
       U32 const cl = to_index_view<U32>(w.cache_lengths, "cache_lengths");
-      I2 const bt("block_table", B + 1, w.max_blocks);
+      I2 const bt("block_table", 2, w.max_blocks);  // 3 live requests
       Workspace ws(w.space, w.ws_rows, w.ws_visible, w.H, w.D);
       if (e == Entry::score_select)
         KPool::score_select(w.space, ro, cl, bt, w.num_requests, w.K, w.q, w.weights,

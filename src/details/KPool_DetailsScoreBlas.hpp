@@ -64,7 +64,7 @@ struct BlasStageFunctor {
       int const h = ih % heads;
       A* x = queries_out + static_cast<std::size_t>(ih) * D;
       for (int c = 0; c < D; ++c) x[c] = to_accumulator(q(t, h, c));
-      if (rotated) rotate_wht(x, D, norm);
+      if (rotated) rotate_query(x, D, norm);
     }
   }
 };

@@ -116,7 +116,7 @@ struct ScoreRegisterFunctor {
         for (int h = 0; h < HP; ++h) {
           if (h < H) {
             for (int c = 0; c < D; ++c) rot[c] = to_accumulator(q(t0 + i, h, c));
-            if (rotated) rotate_wht(rot, D, norm);
+            if (rotated) rotate_query(rot, D, norm);
             w[i * H + h] = static_cast<A>(weights(t0 + i, h));
           } else {
             for (int c = 0; c < D; ++c) rot[c] = A(0);

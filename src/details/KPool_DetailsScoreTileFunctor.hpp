@@ -118,7 +118,7 @@ struct ScoreTileFunctor {
       int const h = ih % H;
       A* row = &qs(ih, 0);
       for (int c = 0; c < D; ++c) row[c] = to_accumulator(q(t0 + i, h, c));
-      if (rotated) rotate_wht(row, D, norm);
+      if (rotated) rotate_query(row, D, norm);
       ws(i, h) = static_cast<A>(weights(t0 + i, h));
     });
     member.team_barrier();

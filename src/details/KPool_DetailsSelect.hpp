@@ -9,6 +9,7 @@
 #include <KPool_Float8.hpp>
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsCacheWrite.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
 #include <details/KPool_DetailsRequest.hpp>
 
@@ -72,21 +73,14 @@ KOKKOS_FORCEINLINE_FUNCTION A cache_value(C v) {
   return static_cast<A>(to_accumulator(v));
 }
 
-// R (INDEXER.md): the orthonormal Walsh-Hadamard transform of x[0, D) in
-// place, in the arithmetic type: butterflies for h = 1, 2, ..., D/2 in that
-// order, then every value times the type's nearest 1/sqrt(D) (`norm`).
+// R (INDEXER.md) of a query row x[0, D) in place: the same butterflies,
+// in the same order, as the pool cache's writers apply to keys
+// (rotate_row_serial), then every value times the arithmetic type's
+// nearest 1/sqrt(D) (`norm`, nearest_rsqrt), so that a rotated query meets
+// its keys in the same basis, bit for bit.
 template <class A>
-KOKKOS_INLINE_FUNCTION void rotate_wht(A* x, int D, A norm) {
-  for (int h = 1; h < D; h <<= 1)
-    for (int base = 0; base < D; base += 2 * h) {
-      KPOOL_IMPL_IVDEP
-      for (int i = base; i < base + h; ++i) {
-        A const a = x[i];
-        A const b = x[i + h];
-        x[i] = a + b;
-        x[i + h] = a - b;
-      }
-    }
+KOKKOS_INLINE_FUNCTION void rotate_query(A* x, int D, A norm) {
+  rotate_row_serial(x, D);
   KPOOL_IMPL_IVDEP
   for (int i = 0; i < D; ++i) x[i] *= norm;
 }

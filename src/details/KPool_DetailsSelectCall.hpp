@@ -9,6 +9,7 @@
 #include <KPool_Options.hpp>
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsCacheFunctors.hpp>
 #include <details/KPool_DetailsLaunch.hpp>
 #include <details/KPool_DetailsScoreBlas.hpp>
 #include <details/KPool_DetailsScoreRegisterFunctor.hpp>
@@ -59,11 +60,7 @@ void check_select_batch(Checker const& chk, ExecutionSpace const& space,
       chk, space, row_offsets, cache_lengths,
       static_cast<Offsets const*>(nullptr), num_requests, rows, kpool, 0, "q");
   std::size_t const n = static_cast<std::size_t>(num_requests);
-  if (n == 0) return;
-  auto const sub = Kokkos::subview(block_table, std::make_pair(std::size_t(0), n),
-                                   Kokkos::ALL);
-  auto const table = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sub);
-  std::size_t const max_blocks = block_table.extent(1);
+  HostBlockTable const table = host_block_table(space, block_table, n);
   for (std::size_t r = 0; r < n; ++r) {
     std::uint64_t const count = hb.row_offsets[r + 1] - hb.row_offsets[r];
     if (count == 0) continue;
@@ -76,28 +73,8 @@ void check_select_batch(Checker const& chk, ExecutionSpace const& space,
                        " query rows makes " + std::to_string(visible) +
                        " visible pools, more than the workspace's max_visible = " +
                        std::to_string(max_visible));
-    std::uint64_t const blocks =
-        (visible + static_cast<std::uint64_t>(block_pools) - 1) /
-        static_cast<std::uint64_t>(block_pools);
-    if (blocks > max_blocks)
-      chk.fail("block_table", "row " + std::to_string(r), row,
-               std::to_string(max_blocks),
-               "(its column count) is less than the " + std::to_string(blocks) +
-                   " blocks the request's " + std::to_string(visible) +
-                   " visible pools need");
-    for (std::uint64_t j = 0; j < blocks; ++j) {
-      std::int32_t const b = table(r, j);
-      if (b >= 0 && b < num_blocks) continue;
-      std::string const pools =
-          "pools " + std::to_string(j * block_pools) + ".." +
-          std::to_string(std::min<std::uint64_t>((j + 1) * block_pools, visible) - 1);
-      chk.fail("block_table",
-               "row " + std::to_string(r) + ", column " + std::to_string(j), row,
-               std::to_string(b),
-               b < 0 ? "is not assigned, but the request sees " + pools
-                     : "is not below num_blocks = " + std::to_string(num_blocks) +
-                           " (the request sees " + pools + ")");
-    }
+    check_pool_blocks(chk, table, row, 0, static_cast<std::int64_t>(visible), num_blocks,
+                      block_pools, "visible");
   }
 }
 
@@ -166,6 +143,9 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
                         int heads, int head_dim, bool rotated,
                         accumulator_t<T> norm, Options const& options) {
   using F = ScoreTileFunctor<ExecutionSpace, T, C>;
+  static_assert(sizeof(F) < 512,
+                "KPool: a CUDA functor of 512 bytes or more launches through "
+                "constant memory and waits on the host");
   TileShape const shape =
       tile_shape<ExecutionSpace, F>(batch.total_rows, batch.num_requests, heads, head_dim);
   if (shape.bytes > static_cast<std::size_t>(
@@ -266,6 +246,9 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
                    View2<std::int32_t, typename ExecutionSpace::memory_space> const& out,
                    int topk, Options const& options) {
   using F = SelectFunctor<ExecutionSpace, Key, Expand>;
+  static_assert(sizeof(F) < 512,
+                "KPool: a CUDA functor of 512 bytes or more launches through "
+                "constant memory and waits on the host");
   F f;
   f.batch = batch;
   f.keys = keys;
@@ -351,8 +334,10 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
   chk.extent_is(out_name, 1, out.extent(1), width,
                 Expand ? "topk * K + K - 1" : "topk");
   std::size_t const B = chk.batch_shape(row_offsets, cache_lengths, num_requests);
-  chk.extent_is("block_table", 0, block_table.extent(0), B,
-                "the batch size B (row_offsets has B + 1 entries)");
+  (void)B;
+  // As store_pools: a row for every live request.
+  chk.extent_at_least("block_table", 0, block_table.extent(0),
+                      static_cast<std::size_t>(num_requests), "rows of the live requests");
   if (!workspace.is_allocated())
     chk.fail("workspace", "", -1, "an empty SelectWorkspace",
              "has no storage (construct it with a size)");
@@ -389,7 +374,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
   View2<const float, M> const ws = weights;
   Kokkos::View<const C***, Kokkos::LayoutRight, M> const values = cache.values();
   Kokkos::View<const float**, Kokkos::LayoutRight, M> const scales = cache.scales();
-  A const norm = static_cast<A>(1.0L / std::sqrt(static_cast<long double>(D)));
+  A const norm = nearest_rsqrt<A>(D);
   bool const rotated = cache.rotated();
   if (engine == ScoreEngine::blas) {
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
