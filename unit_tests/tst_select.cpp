@@ -536,6 +536,135 @@ TYPED_TEST(Select, LongRows) {
   }
 }
 
+// A chunked prefill: an earlier call caches a request's first 16 tokens;
+// this call's step closes the pools of its own rows, store_pools caches
+// them, and the selection, queued after them on the same instance, lets the
+// call's later queries see them. The cache starts with stale keys, so a
+// selection that read before the writes could not match the reference
+// built from the cache afterwards. Both step paths store the same bytes,
+// so they give the same selections.
+template <class E, class T, class C>
+void prefill_in_one_call(DType t) {
+  using M = typename E::memory_space;
+  int const K = 4, H = 4, D = 64, topk = 6, bp = 4;
+  E space;
+  Rng rng(71);
+  // Request 0: fresh, 37 rows (9 pools); request 1: 16 tokens cached
+  // earlier, 11 rows now (pools 4 and 5 close here, 6 pools in all).
+  TestBatch const earlier = make_batch({{0, 16}}, 1, rng, 2);
+  TestBatch now = make_batch({{0, 37}, {16, 11}}, 2, rng, 2);
+  now.device.slot_idx = {0, 1};
+  now.reference.slot_idx = {0, 1};
+  int const num_blocks = 6;
+  std::vector<std::int32_t> const table = {5, 0, 3, 2, 4, -1};  // 2 x 3
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> bt("block_table", 2, 3);
+  {
+    auto h = Kokkos::create_mirror_view(bt);
+    for (int i = 0; i < 6; ++i) h.data()[i] = table[i];
+    Kokkos::deep_copy(bt, h);
+  }
+  // The earlier call's batch row 0 is request 1 now: its own table row.
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> bt_earlier("block_table", 1, 3);
+  Kokkos::deep_copy(bt_earlier, Kokkos::subview(bt, std::make_pair(1, 2), Kokkos::ALL));
+
+  std::vector<std::int32_t> first;
+  for (bool fused : {true, false}) {
+    KPool::Options o = test_options<E>();
+    o.fused = fused;
+    KPool::PoolCache<C, M> cache(space, num_blocks, bp, D,
+                                 std::is_same<C, KPool::float8_e4m3>::value
+                                     ? KPool::CacheScale::amax
+                                     : KPool::CacheScale::none,
+                                 true);
+    {
+      SR::Cache stale(num_blocks, bp, D, std::is_same<C, KPool::float8_e4m3>::value, true);
+      for (int b = 0; b < num_blocks; ++b)
+        for (int e = 0; e < bp; ++e)
+          stale.store(b, e, random_vector(rng, DType::f32, D, -50, 50), t);
+      KPool::PoolCache<C, M> const loaded = load_cache<T, C, M>(space, stale);
+      Kokkos::deep_copy(cache.values(), loaded.values());
+      Kokkos::deep_copy(cache.scales(), loaded.scales());
+    }
+    KPool::Ring<T, M> ring(space, 2, K, D);
+    Rng data(72);  // the same tokens for both step paths
+    {
+      auto const in = ragged_inputs(data, t, earlier, K, D);
+      BatchViews<M> const bv(earlier.device);
+      KPool::StepOutput<T, M> out(space, KPool::StepOutput<T, M>::capacity_for(16, 1, K), 1, D);
+      auto const key = to_view<T, M>(in.key, "key"), gate = to_view<T, M>(in.gate, "gate");
+      // Request 1 sits in ring slot 1 in both calls.
+      Kokkos::View<std::uint32_t*, M> slot("slot_idx", 1);
+      Kokkos::deep_copy(slot, 1u);
+      KPool::step(space, ring, key, gate, ape_view<M>(in.ape), bv.row_offsets,
+                  bv.cache_lengths, slot, 1, out, o);
+      KPool::store_pools(space, out, 1, bt_earlier, cache, o);
+    }
+    auto const in = ragged_inputs(data, t, now, K, D);
+    BatchViews<M> const bv(now.device);
+    KPool::StepOutput<T, M> out(space, KPool::StepOutput<T, M>::capacity_for(48, 2, K), 2, D);
+    auto const key = to_view<T, M>(in.key, "key"), gate = to_view<T, M>(in.gate, "gate");
+    KPool::step(space, ring, key, gate, ape_view<M>(in.ape), bv.row_offsets, bv.cache_lengths,
+                bv.slot_idx, 2, out, o);
+    KPool::store_pools(space, out, 2, bt, cache, o);
+    Kokkos::View<T***, Kokkos::LayoutRight, M> q("q", 48, H, D);
+    Kokkos::View<float**, Kokkos::LayoutRight, M> w("weights", 48, H);
+    std::vector<double> const qh = random_vector(data, t, 48 * H * D, -1, 1);
+    std::vector<double> wh(48 * H);
+    for (double& x : wh) x = static_cast<float>(data.uniform(-0.5, 1.0));
+    {
+      auto hq = Kokkos::create_mirror_view(q);
+      auto hw = Kokkos::create_mirror_view(w);
+      for (std::size_t i = 0; i < qh.size(); ++i) hq.data()[i] = to_storage<T>(qh[i]);
+      for (std::size_t i = 0; i < wh.size(); ++i) hw.data()[i] = static_cast<float>(wh[i]);
+      Kokkos::deep_copy(q, hq);
+      Kokkos::deep_copy(w, hw);
+    }
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> ids("pool_ids", 48, topk);
+    KPool::SelectWorkspace<T, M> ws(space, 48, 9, H, D);
+    KPool::score_select(space, bv.row_offsets, bv.cache_lengths, bt, 2, K, q, w, cache, topk,
+                        ids, ws, o);
+    auto const got_view = on_host(ids);
+    std::vector<std::int32_t> const got(got_view.data(), got_view.data() + got_view.size());
+
+    // The reference reads the cache as it is after the call.
+    Scenario sc;
+    sc.s = Shape{K, H, D, topk, std::is_same<C, KPool::float8_e4m3>::value, true, bp};
+    sc.t = t;
+    sc.batch = now;
+    sc.rows = 48;
+    sc.max_blocks = 3;
+    sc.table = table;
+    sc.cache = SR::Cache(num_blocks, bp, D, sc.s.fp8, true);
+    auto const hv = on_host(cache.values());
+    auto const hs = on_host(cache.scales());
+    for (int b = 0; b < num_blocks; ++b)
+      for (int e = 0; e < bp; ++e) {
+        sc.cache.scale[sc.cache.entry(b, e)] = hs(b, e);
+        for (int c = 0; c < D; ++c) {
+          if constexpr (std::is_same<C, KPool::float8_e4m3>::value)
+            sc.cache.set_code(b, e, c, hv(b, e, c).bits);
+          else
+            sc.cache.set_value(b, e, c, to_double(hv(b, e, c)));
+        }
+      }
+    sc.q = qh;
+    sc.w = wh;
+    EXPECT_TRUE(conforms(sc, got)) << (fused ? "fused step" : "three-launch step");
+    if (first.empty())
+      first = got;
+    else
+      EXPECT_EQ(got, first) << "the step paths disagree";
+  }
+}
+
+TYPED_TEST(Select, QueriesSeePoolsClosedInTheSameCall) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  if constexpr (!std::is_same<T, double>::value)
+    prefill_in_one_call<E, T, KPool::float8_e4m3>(TypeParam::dtype);
+  prefill_in_one_call<E, T, T>(TypeParam::dtype);
+}
+
 // With validation off a bad block is skipped: its pools are not candidates,
 // the rest of the row is selected as usual.
 TYPED_TEST(Select, BadBlocksAreNotVisibleWithValidationOff) {
