@@ -143,6 +143,11 @@ kokkos_version() {  # $1: a Kokkos install prefix
   f=$(find "$1" -name KokkosConfigVersion.cmake -print -quit 2>/dev/null || true)
   [ -n "$f" ] && sed -n 's/^set(PACKAGE_VERSION "\([0-9.]*\)").*/\1/p' "$f" | head -n 1
 }
+has_device() {  # $1: a Kokkos install prefix
+  local cfg
+  cfg=$(find "$1" -name KokkosCore_config.h -print -quit 2>/dev/null || true)
+  [ -n "$cfg" ] && grep -qE '^#define KOKKOS_ENABLE_(CUDA|HIP|SYCL)' "$cfg"
+}
 has_kernels() {  # $1: an install prefix
   [ -n "$(find "$1" -name KokkosKernelsConfig.cmake -print -quit 2>/dev/null || true)" ]
 }
@@ -162,8 +167,11 @@ else
     say "reusing Kokkos Kernels in $kernels"
   else
     version=$(kokkos_version "$kokkos")
+    # A device Kokkos needs its own compiler wrapper for Kokkos Kernels too:
+    # that build is the user's (KokkosKernels_ROOT).
+    if has_device "$kokkos"; then version="$version (a device build)"; fi
     case "$version" in
-      3.4.*)
+      3.4.[0-9][0-9] | 3.4.[0-9])
         say "building Kokkos Kernels (ETI off, OpenBLAS) from Debian's trilinos source package"
         trilinos_source
         # The Fortran name mangling of Debian's OpenBLAS is given, so no

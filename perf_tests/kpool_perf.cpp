@@ -831,6 +831,23 @@ struct SelectDesc {
       for (std::uint32_t i = 0; i < rows[r]; ++i) n += (cache_lengths[r] + i + 1) / kK;
     return n;
   }
+  // Launches of the BLAS engine (a staging launch, a gemm and a reduction
+  // per request, pool chunk and query chunk, then the selection), with the
+  // workspace's chunk sizes.
+  int blas_launches() const {
+    auto const chunks = KPool::Details::BlasChunks::for_shape(tokens(), max_visible(), heads);
+    std::uint64_t n = 1;
+    for (int r = 0; r < batch(); ++r) {
+      std::uint64_t const c = cache_lengths[r], rows_r = rows[r];
+      std::uint64_t const vis = (c + rows_r) / kK;
+      for (std::uint64_t p0 = 0; p0 < vis; p0 += chunks.pools) {
+        std::uint64_t const need = (p0 + 1) * kK;
+        std::uint64_t const i0 = need > c + 1 ? need - c - 1 : 0;
+        if (i0 < rows_r) n += 3 * ((rows_r - i0 + chunks.rows - 1) / chunks.rows);
+      }
+    }
+    return static_cast<int>(n);
+  }
   std::uint64_t max_visible() const {
     std::uint64_t m = 1;
     for (int r = 0; r < batch(); ++r)
@@ -925,10 +942,13 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
   SelectData data(run.space(), d, rng);
   Space const space = run.space();
   double const flops = 2.0 * d.heads * kD * static_cast<double>(d.scored());
+  bool const device = KPool::Details::KokkosExt::is_device_space<Space>::value;
   for (auto const& e : engines) {
     KPool::ScoreEngine const engine = e.second;
+    bool const blas = engine == KPool::ScoreEngine::blas;
     run.measure_flops(
-        scenario, "bf16", e.first, d.tokens(), d.batch(), flops, 2,
+        scenario, "bf16", e.first, d.tokens(), d.batch(), flops,
+        blas && !device ? d.blas_launches() : 2,
         [&, engine](KPool::Options const& o) {
           KPool::Options p = o;
           p.score_engine = engine;
