@@ -144,7 +144,7 @@ struct SelectFunctor {
             if (alone)
               ++hist(d);
             else
-              Kokkos::atomic_increment(&hist(d));
+              Kokkos::atomic_add(&hist(d), 1u);
           });
       member.team_barrier();
       Kokkos::single(Kokkos::PerTeam(member), [&]() {
