@@ -142,7 +142,7 @@ struct BlasChunks {
 // The BLAS engine over a whole call. `queries`, `pool_keys` and `products`
 // are the workspace buffers sized by BlasChunks.
 template <class ExecutionSpace, class T, class C, class Key>
-void score_blas(ExecutionSpace const& space, SelectBatch<typename ExecutionSpace::memory_space> const& batch,
+void score_blas(std::string const& entry, ExecutionSpace const& space, SelectBatch<typename ExecutionSpace::memory_space> const& batch,
                 View3<const T, typename ExecutionSpace::memory_space> const& q,
                 View2<const float, typename ExecutionSpace::memory_space> const& weights,
                 Kokkos::View<const C***, Kokkos::LayoutRight, typename ExecutionSpace::memory_space> const& values,
@@ -194,7 +194,7 @@ void score_blas(ExecutionSpace const& space, SelectBatch<typename ExecutionSpace
         stage.head_dim = D;
         stage.norm = norm;
         stage.rotated = rotated;
-        Kokkos::parallel_for("KPool::score_select::blas_stage",
+        Kokkos::parallel_for(entry + "::blas_stage",
                              Kokkos::RangePolicy<ExecutionSpace>(
                                  space, 0, stage.pools + rows * heads),
                              stage);
@@ -218,7 +218,7 @@ void score_blas(ExecutionSpace const& space, SelectBatch<typename ExecutionSpace
         reduce.pools = np;
         reduce.runs = (np + blas_reduce_pools - 1) / blas_reduce_pools;
         reduce.heads = heads;
-        Kokkos::parallel_for("KPool::score_select::blas_reduce",
+        Kokkos::parallel_for(entry + "::blas_reduce",
                              Kokkos::RangePolicy<ExecutionSpace>(
                                  space, 0, rows * reduce.runs),
                              reduce);

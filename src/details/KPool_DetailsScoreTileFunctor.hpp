@@ -55,6 +55,7 @@ struct ScoreTileFunctor {
   int rows_per_team;
   int tile_pools;
   int splits;
+  int scratch_level;
   A norm;        // the arithmetic type's nearest 1 / sqrt(D)
   bool rotated;
 
@@ -69,12 +70,12 @@ struct ScoreTileFunctor {
     int const D = head_dim;
     int const TQ = rows_per_team;
     int const TP = tile_pools;
-    Tile qs(member.team_scratch(scratch_level()), TQ * H, D);
-    Tile ws(member.team_scratch(scratch_level()), TQ, H);
-    Tile ks(member.team_scratch(scratch_level()), TP, D);
-    Tile cs(member.team_scratch(scratch_level()), TQ * H, TP);
-    Column sc(member.team_scratch(scratch_level()), TP);
-    Flags ok(member.team_scratch(scratch_level()), TP);
+    Tile qs(member.team_scratch(scratch_level), TQ * H, D);
+    Tile ws(member.team_scratch(scratch_level), TQ, H);
+    Tile ks(member.team_scratch(scratch_level), TP, D);
+    Tile cs(member.team_scratch(scratch_level), TQ * H, TP);
+    Column sc(member.team_scratch(scratch_level), TP);
+    Flags ok(member.team_scratch(scratch_level), TP);
 
     std::uint64_t const group = member.league_rank() / splits;
     int const split = member.league_rank() % splits;
@@ -93,9 +94,6 @@ struct ScoreTileFunctor {
       t = sub_end;
     }
   }
-
-  int scratch_level_ = 0;
-  KOKKOS_INLINE_FUNCTION int scratch_level() const { return scratch_level_; }
 
   // Rows [t0, t1) of request r, every splits-th tile from `split`.
   KOKKOS_INLINE_FUNCTION void score_rows(member_type const& member,

@@ -167,7 +167,7 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
   f.tile_pools = shape.pools;
   f.norm = norm;
   f.rotated = rotated;
-  f.scratch_level_ = shape.level;
+  f.scratch_level = shape.level;
   std::size_t const groups = (batch.total_rows + shape.rows - 1) / shape.rows;
   f.splits = tile_splits(space, groups, batch.max_visible, shape.pools);
   int const team_size = team_size_for(space, f, 1, options.team_size);
@@ -333,8 +333,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
   chk.extent_is(out_name, 0, out.extent(0), rows, "the rows of q");
   chk.extent_is(out_name, 1, out.extent(1), width,
                 Expand ? "topk * K + K - 1" : "topk");
-  std::size_t const B = chk.batch_shape(row_offsets, cache_lengths, num_requests);
-  (void)B;
+  chk.batch_shape(row_offsets, cache_lengths, num_requests);
   // As store_pools: a row for every live request.
   chk.extent_at_least("block_table", 0, block_table.extent(0),
                       static_cast<std::size_t>(num_requests), "rows of the live requests");
@@ -379,7 +378,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
   if (engine == ScoreEngine::blas) {
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
       score_blas<ExecutionSpace, T, C>(
-          space, batch, qs, ws, values, scales, workspace.keys().data(),
+          chk.entry_point(), space, batch, qs, ws, values, scales, workspace.keys().data(),
           workspace.blas_queries(), workspace.blas_keys(),
           workspace.blas_products(), workspace.blas_chunks(), H, D, rotated, norm);
     }
