@@ -696,6 +696,70 @@ TYPED_TEST(Select, BadBlocksAreNotVisibleWithValidationOff) {
   }
 }
 
+// ------------------------------------------------------------ host sync
+
+// Kokkos Tools events while armed: fences and deep copies.
+struct HostEvents {
+  bool armed = false;
+  std::vector<std::string> fences;
+  int deep_copies = 0;
+};
+HostEvents host_events;
+
+void on_fence(char const* name, std::uint32_t, std::uint64_t*) {
+  if (host_events.armed) host_events.fences.emplace_back(name);
+}
+void on_deep_copy(Kokkos::Tools::SpaceHandle, char const*, void const*,
+                  Kokkos::Tools::SpaceHandle, char const*, void const*, std::uint64_t) {
+  if (host_events.armed) ++host_events.deep_copies;
+}
+
+// With validation off, score_select and select_tokens queue their launches
+// on the caller's instance and wait for nothing (no fence, no copy), so a
+// serving step and its selection overlap other streams and can be captured
+// in a CUDA graph: the engines that run on every space (team_gemm, and
+// register_tiles on hosts). The BLAS engine fences by design.
+TEST(SelectHostSync, WithoutValidationNothingWaitsForTheHost) {
+  using E = Kokkos::DefaultExecutionSpace;
+  using M = E::memory_space;
+  using T = float;
+  Shape const s{4, 4, 64, 8, true, true, 8};
+  Scenario const sc = make_scenario(s, DType::f32, mixed_batch(), 6, 2, 21);
+  Inputs<E, T, KPool::float8_e4m3> in(sc);
+  int const n = sc.batch.device.num_requests;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> ids("ids", sc.rows, s.topk);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> tokens(
+      "tokens", sc.rows, KPool::select_tokens_width(s.topk, s.K));
+  KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, sc.max_visible, s.H, s.D);
+  std::vector<KPool::ScoreEngine> engines = {KPool::ScoreEngine::team_gemm};
+  if (!KPool::Details::KokkosExt::is_device_backend<E>::value)
+    engines.push_back(KPool::ScoreEngine::register_tiles);
+  Kokkos::deep_copy(ids, kSentinel);
+  Kokkos::fence();
+  Kokkos::Tools::Experimental::set_begin_fence_callback(on_fence);
+  Kokkos::Tools::Experimental::set_begin_deep_copy_callback(on_deep_copy);
+  for (KPool::ScoreEngine engine : engines) {
+    KPool::Options o = options_for<E>(engine);
+    o.validate = false;
+    host_events = HostEvents();
+    host_events.armed = true;
+    KPool::score_select(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n, s.K,
+                        in.q, in.w, in.cache, s.topk, ids, ws, o);
+    KPool::select_tokens(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
+                         s.K, in.q, in.w, in.cache, s.topk, tokens, ws, o);
+    host_events.armed = false;
+    Kokkos::fence();
+    EXPECT_TRUE(host_events.fences.empty())
+        << KPool::Details::engine_name(engine) << " fenced: " << host_events.fences.front();
+    EXPECT_EQ(host_events.deep_copies, 0) << KPool::Details::engine_name(engine);
+  }
+  Kokkos::Tools::Experimental::set_begin_fence_callback(nullptr);
+  Kokkos::Tools::Experimental::set_begin_deep_copy_callback(nullptr);
+  // The same calls did select: the rows conform.
+  auto const h = on_host(ids);
+  EXPECT_TRUE(conforms(sc, std::vector<std::int32_t>(h.data(), h.data() + h.size())));
+}
+
 // ------------------------------------------------- implementation details
 
 TEST(SelectDetails, Fp8DecodeMatchesTheCacheType) {
