@@ -1,6 +1,8 @@
 // kpool_replay: runs a serving trace (docs/trace.md, versions 1 and 2)
 // through KPool::step and KPool::decode_step and prints the pools it
 // produced, so that two builds or backends can be compared pool by pool.
+// A version 2 trace's steps also write the pool cache its header asks for,
+// and an fp8 cache's entries are printed as read from it ('cache' lines).
 //
 //   kpool_replay [--fused | --unfused] [TRACE | -]
 
@@ -21,6 +23,8 @@
 #include <map>
 #include <new>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -37,8 +41,9 @@ char const usage_text[] =
     "KPool::decode_step on Kokkos' default execution space and prints the\n"
     "pools produced, sorted by sequence then pool id, then 'pools N'. A\n"
     "version 1 trace prints every pool produced; a version 2 trace (rings\n"
-    "longer than kpool, rewinds) the pools complete within each sequence's\n"
-    "final length as last emitted, then 'emitted E' and 'selects M'.\n"
+    "longer than kpool, rewinds, the pool cache) the pools complete within\n"
+    "each sequence's final length as last emitted, then 'emitted E', the\n"
+    "fp8 pool cache's entries ('cache' lines) and 'selects M'.\n"
     "Reads standard input when TRACE is '-' or absent.\n"
     "\n"
     "  --fused     one launch per step for ring_close, compress, seed_tail\n"
@@ -56,10 +61,23 @@ struct Pool {
   std::vector<float> values;
 };
 
+using PoolKey = std::pair<std::uint32_t, std::int32_t>;  // seq, pool id
+
+// A pool's entry in an fp8 pool cache: its scale and its E4M3 values, as
+// numbers.
+struct CacheEntry {
+  float scale = 0;
+  std::vector<float> values;
+};
+
 // What a replay produced, for the output. Every emission in call order
-// (a version 2 trace prints the last one of each pool).
+// (a version 2 trace prints the last one of each pool), and, for an fp8
+// pool cache, the entry of every pool emitted, read from the cache after
+// the last call.
 struct ReplayResult {
   std::vector<Pool> emitted;
+  bool has_cache_lines = false;
+  std::map<PoolKey, CacheEntry> cache;
 };
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
@@ -121,11 +139,108 @@ void collect(ExecSpace const& space, KPool::StepOutput<T, MemSpace> const& out,
   }
 }
 
-template <class T>
+// The calls of a replay without a pool cache (version 1).
+struct NoCache {
+  template <class Call>
+  void with(ExecSpace const&, KPoolTrace::Block const&, Call const& call) {
+    call();
+  }
+  void read(ExecSpace const&, ReplayResult&) const {}
+};
+
+// The pool cache a version 2 replay passes to every step and decode step
+// (docs/trace.md, "Header"), of element type C. Its block size is this
+// program's choice (docs/trace.md: it never changes the output): 16 pools
+// a block, each sequence's blocks taken in order as its pools appear, none
+// shared, so an ended sequence's entries stay as its calls left them.
+template <class C>
+class Cache {
+ public:
+  static constexpr int block_pools = 16;
+
+  Cache(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::CacheScale scale)
+      : kpool_(t.kpool) {
+    // Every block any row will need: one per 16 pools of the highest pool
+    // a sequence's rows reach.
+    std::map<std::uint32_t, std::uint64_t> reach;
+    for (auto const& b : t.blocks) {
+      if (b.kind == KPoolTrace::BlockKind::select) continue;
+      for (auto const& r : b.rows) {
+        std::uint64_t& e = reach[r.seq];
+        e = std::max(e, (r.cache_len + r.n_new) / t.kpool);
+      }
+    }
+    std::uint64_t total = 0;
+    for (auto const& e : reach) total += (e.second + block_pools - 1) / block_pools;
+    if (total > 0x7FFFFFFFull)
+      throw std::runtime_error("the trace's pools need more cache blocks than a "
+                               "block number holds");
+    cache_ = KPool::PoolCache<C, MemSpace>(
+        space, static_cast<int>(std::max<std::uint64_t>(total, 1)), block_pools,
+        t.head_dim, scale, t.rotate);
+  }
+
+  // call(cache, block_table) with the block's block table: row r holds its
+  // sequence's blocks (new ones for pools seen the first time), -1 past
+  // them.
+  template <class Call>
+  void with(ExecSpace const& space, KPoolTrace::Block const& b, Call const& call) {
+    std::size_t width = 1;
+    for (auto const& r : b.rows) {
+      std::vector<std::int32_t>& have = blocks_[r.seq];
+      std::uint64_t const end = (r.cache_len + r.n_new) / kpool_;
+      while (have.size() * block_pools < end) have.push_back(next_++);
+      width = std::max(width, have.size());
+    }
+    ViewT<std::int32_t, 2> table("block_table", b.rows.size(), width);
+    auto h = Kokkos::create_mirror_view(table);
+    for (std::size_t r = 0; r < b.rows.size(); ++r) {
+      std::vector<std::int32_t> const& have = blocks_[b.rows[r].seq];
+      for (std::size_t c = 0; c < width; ++c) h(r, c) = c < have.size() ? have[c] : -1;
+    }
+    Kokkos::deep_copy(space, table, h);
+    call(cache_, table);
+  }
+
+  // The entries of every pool emitted (an fp8 cache's; a native cache is
+  // written but printed nowhere).
+  void read(ExecSpace const& space, ReplayResult& result) const {
+    if constexpr (std::is_same<C, KPool::float8_e4m3>::value) {
+      space.fence();
+      auto const values =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache_.values());
+      auto const scales =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache_.scales());
+      result.has_cache_lines = true;
+      for (auto const& p : result.emitted) {
+        std::vector<std::int32_t> const& have = blocks_.at(p.seq);
+        std::int32_t const block = have.at(static_cast<std::size_t>(p.id / block_pools));
+        int const entry = p.id % block_pools;
+        CacheEntry e;
+        e.scale = scales(block, entry);
+        e.values.resize(cache_.head_dim());
+        for (int c = 0; c < cache_.head_dim(); ++c)
+          e.values[c] = static_cast<float>(values(block, entry, c));
+        result.cache[PoolKey(p.seq, p.id)] = std::move(e);
+      }
+    } else {
+      (void)space;
+      (void)result;
+    }
+  }
+
+ private:
+  int kpool_;
+  KPool::PoolCache<C, MemSpace> cache_;
+  std::map<std::uint32_t, std::vector<std::int32_t>> blocks_;
+  std::int32_t next_ = 0;
+};
+
+template <class T, class ReplayCache>
 void run_step(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
               ViewT<float, 2> const& ape, KPoolTrace::Trace const& t,
               KPoolTrace::Block const& block,
-              KPool::StepOutput<T, MemSpace>& out,
+              KPool::StepOutput<T, MemSpace>& out, ReplayCache& cache,
               KPool::Options const& options) {
   int const D = t.head_dim;
   std::size_t const B = block.rows.size();
@@ -163,15 +278,17 @@ void run_step(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
   Kokkos::deep_copy(space, row_offsets, ho);
   Kokkos::deep_copy(space, cache_lengths, hc);
   Kokkos::deep_copy(space, slot_idx, hs);
-  KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
-              slot_idx, static_cast<int>(B), out, options);
+  cache.with(space, block, [&](auto&... pool_cache) {
+    KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
+                slot_idx, static_cast<int>(B), out, pool_cache..., options);
+  });
 }
 
-template <class T>
+template <class T, class ReplayCache>
 void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
                 ViewT<float, 2> const& ape, KPoolTrace::Trace const& t,
                 KPoolTrace::Block const& block,
-                KPool::StepOutput<T, MemSpace>& out,
+                KPool::StepOutput<T, MemSpace>& out, ReplayCache& cache,
                 KPool::Options const& options) {
   int const D = t.head_dim;
   int const N = block.next_n;
@@ -205,15 +322,17 @@ void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
   Kokkos::deep_copy(space, gate, hg);
   Kokkos::deep_copy(space, positions, hp);
   Kokkos::deep_copy(space, slot_idx, hs);
-  KPool::decode_step(space, ring, key, gate, ape, positions, slot_idx,
-                     static_cast<int>(B), out, options);
+  cache.with(space, block, [&](auto&... pool_cache) {
+    KPool::decode_step(space, ring, key, gate, ape, positions, slot_idx,
+                       static_cast<int>(B), out, pool_cache..., options);
+  });
 }
 
-// Replays the whole trace in storage type T; `line` follows the block being
-// run so a failure can name it.
-template <class T>
-ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
-                    int& line) {
+// Replays the whole trace in storage type T, writing `cache`; `line`
+// follows the block being run so a failure can name it.
+template <class T, class ReplayCache>
+ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& options,
+                         ReplayCache& cache, int& line) {
   ExecSpace const space;
   int const K = t.kpool;
   int const D = t.head_dim;
@@ -245,10 +364,10 @@ ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
     line = b.line;
     switch (b.kind) {
       case KPoolTrace::BlockKind::decode:
-        run_decode<T>(space, ring, ape, t, b, out, options);
+        run_decode<T>(space, ring, ape, t, b, out, cache, options);
         break;
       case KPoolTrace::BlockKind::step:
-        run_step<T>(space, ring, ape, t, b, out, options);
+        run_step<T>(space, ring, ape, t, b, out, cache, options);
         break;
       case KPoolTrace::BlockKind::select:
         // Selection has not landed in KPool yet: the parser has checked
@@ -259,9 +378,34 @@ ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
     }
     collect<T>(space, out, b, D, result.emitted);
   }
-  space.fence();
   line = 0;
+  cache.read(space, result);
+  space.fence();
   return result;
+}
+
+// A version 1 trace runs without a pool cache; a version 2 trace writes
+// the one its header names (native: a cache of T, printed nowhere).
+template <class T>
+ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
+                    int& line) {
+  ExecSpace const space;
+  if (t.version < 2) {
+    NoCache none;
+    return replay_with<T>(t, options, none, line);
+  }
+  if constexpr (!std::is_same<T, double>::value) {
+    // The parser refuses an fp8 cache of f64 pools.
+    if (t.pool_cache != KPoolTrace::PoolCache::native) {
+      Cache<KPool::float8_e4m3> fp8(space, t,
+                                    t.pool_cache == KPoolTrace::PoolCache::fp8
+                                        ? KPool::CacheScale::amax
+                                        : KPool::CacheScale::pow2);
+      return replay_with<T>(t, options, fp8, line);
+    }
+  }
+  Cache<T> native(space, t, KPool::CacheScale::none);
+  return replay_with<T>(t, options, native, line);
 }
 
 void append_pool_line(std::string& s, Pool const& p) {
@@ -297,23 +441,40 @@ std::string format_v1(ReplayResult& r) {
   return s;
 }
 
-// Everything version 2 prints after 'pools N', in docs/trace.md's order. The
-// pool cache's 'cache' lines and the selection's 'select' lines go here,
-// between 'emitted E' and 'selects M', once they are replayed.
+// cache SEQ POOL SCALE v_0 ... v_{D-1}: an fp8 cache entry, the scale and
+// the E4M3 values as numbers.
+void append_cache_line(std::string& s, PoolKey const& key, CacheEntry const& e) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "cache %u %d %.9g", static_cast<unsigned>(key.first),
+                static_cast<int>(key.second), static_cast<double>(e.scale));
+  s += buf;
+  for (float v : e.values) {
+    std::snprintf(buf, sizeof buf, " %.9g", static_cast<double>(v));
+    s += buf;
+  }
+  s += '\n';
+}
+
+// Everything version 2 prints after 'pools N', in docs/trace.md's order:
+// 'emitted E', the fp8 cache's entries of the printed pools (`printed`, in
+// their order), the selection's 'select' lines (once selection is
+// replayed), 'selects M'.
 void append_v2_tail(std::string& s, KPoolTrace::Trace const& /*t*/,
-                    ReplayResult const& r) {
+                    ReplayResult const& r, std::vector<PoolKey> const& printed) {
   append_count(s, "emitted", r.emitted.size());
-  std::size_t const selects = 0;  // no select lines yet (see replay())
+  if (r.has_cache_lines)
+    for (PoolKey const& key : printed) append_cache_line(s, key, r.cache.at(key));
+  std::size_t const selects = 0;  // no select lines yet (see replay_with())
   append_count(s, "selects", selects);
 }
 
 // Version 2: the pools complete within each sequence's final length, each
 // with the value it was last emitted with, then the v2 tail.
 std::string format_v2(KPoolTrace::Trace const& t, ReplayResult const& r) {
-  std::map<std::pair<std::uint32_t, std::int32_t>, Pool const*> last;
-  for (auto const& p : r.emitted) last[std::make_pair(p.seq, p.id)] = &p;
+  std::map<PoolKey, Pool const*> last;
+  for (auto const& p : r.emitted) last[PoolKey(p.seq, p.id)] = &p;
   std::string s;
-  std::size_t n = 0;
+  std::vector<PoolKey> printed;
   for (auto const& e : last) {
     auto const seq = t.sequences.find(e.first.first);
     std::uint64_t const complete =
@@ -321,10 +482,10 @@ std::string format_v2(KPoolTrace::Trace const& t, ReplayResult const& r) {
     if (e.first.second < 0 || static_cast<std::uint64_t>(e.first.second) >= complete)
       continue;
     append_pool_line(s, *e.second);
-    ++n;
+    printed.push_back(e.first);
   }
-  append_count(s, "pools", n);
-  append_v2_tail(s, t, r);
+  append_count(s, "pools", printed.size());
+  append_v2_tail(s, t, r, printed);
   return s;
 }
 

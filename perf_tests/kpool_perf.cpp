@@ -23,6 +23,15 @@
 // shape (decode_b*_n4_r8: next_n = 4, the next token and three drafts, on
 // the serving ring of R = 8 entries); each case reports its `ring`.
 //
+// The pool cache ops (step_fused_cache_fp8 beside step_fused,
+// decode_step_cache_fp8 beside decode_step) write every emitted pool into
+// an fp8 (E4M3, amax scale) cache rotated by the Walsh-Hadamard transform,
+// 16 pools a block. Their timed loop also runs the same step without the
+// cache (kernel, uncached kernel, copy, ...), and the entry reports
+// `baseline_op`, `baseline_seconds` and `overhead`: the median over runs of
+// (cached time / uncached time) - 1, so both sides see the same machine
+// state. Their `bytes` add the cache entries written (D + 4 bytes a pool).
+//
 // The selection stage (op `select`, when KPool has Kokkos Kernels) is
 // compute-bound and measured in FLOPs instead: `flops` = 2 * H * D per
 // scored (query, visible pool), `gflops` its rate, next to a same-run
@@ -53,6 +62,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -100,6 +110,10 @@ struct Result {
   double flops = 0;
   double gemm_flops = 0;
   double gemm_seconds = 0;
+  // Cache ops: the same step without the cache, timed in the same loop.
+  std::string baseline_op;
+  double baseline_seconds = 0;
+  double overhead = 0;  // median of cached / uncached per run, minus 1
 };
 
 // ------------------------------------------------------------ device work
@@ -337,6 +351,37 @@ std::uint64_t decode_step_bytes(DecodeDesc const& d, std::uint64_t S) {
          (std::uint64_t(d.batch()) + 1) * 4;  // offsets written
 }
 
+// The pool cache of the *_cache_fp8 ops: pools a block, and the bytes a
+// pool's entry takes (D fp8 values and an f32 scale).
+constexpr int kBlockPools = 16;
+constexpr std::uint64_t kCacheEntryBytes = kD + 4;
+
+// Pools each ragged request emits: [c / K, (c + n) / K).
+std::vector<std::pair<std::int64_t, std::int64_t>> ragged_pools(RaggedDesc const& d) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> v;
+  for (int r = 0; r < d.batch(); ++r) {
+    std::int64_t const c = d.cache_lengths[r];
+    v.emplace_back(c / kK, (c + d.rows[r]) / kK);
+  }
+  return v;
+}
+
+// Pools each decode row closes.
+std::vector<std::pair<std::int64_t, std::int64_t>> decode_pools(DecodeDesc const& d) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> v;
+  for (int r = 0; r < d.batch(); ++r) {
+    std::int64_t const first = d.start[r];
+    v.emplace_back(first / kK, (first + d.next_n) / kK);
+  }
+  return v;
+}
+
+std::uint64_t cache_bytes(std::vector<std::pair<std::int64_t, std::int64_t>> const& pools) {
+  std::uint64_t n = 0;
+  for (auto const& p : pools) n += static_cast<std::uint64_t>(p.second - p.first);
+  return n * kCacheEntryBytes;
+}
+
 // ------------------------------------------------------------- device data
 
 View1<std::uint32_t> upload(Space const& space, std::string const& label,
@@ -359,6 +404,37 @@ View2<float> make_ape(Space const& space) {
   space.fence();
   return ape;
 }
+
+// An fp8 amax cache, rotated, with a block table giving every block
+// column a call writes a block of its own (the rest unassigned, -1).
+struct CacheData {
+  KPool::PoolCache<KPool::float8_e4m3, Mem> cache;
+  View2<std::int32_t> block_table;
+
+  CacheData(Space const& space,
+            std::vector<std::pair<std::int64_t, std::int64_t>> const& pools) {
+    std::size_t const B = pools.size();
+    std::int64_t cols = 1;
+    for (auto const& p : pools)
+      if (p.second > p.first) cols = std::max(cols, (p.second - 1) / kBlockPools + 1);
+    block_table = View2<std::int32_t>(
+        Kokkos::view_alloc(space, "kpool_perf::block_table"), B, cols);
+    auto h = Kokkos::create_mirror_view(block_table);
+    Kokkos::deep_copy(h, -1);
+    int blocks = 0;
+    for (std::size_t r = 0; r < B; ++r) {
+      if (pools[r].second <= pools[r].first) continue;
+      for (std::int64_t c = pools[r].first / kBlockPools;
+           c <= (pools[r].second - 1) / kBlockPools; ++c)
+        h(r, c) = blocks++;
+    }
+    Kokkos::deep_copy(space, block_table, h);
+    cache = KPool::PoolCache<KPool::float8_e4m3, Mem>(
+        space, std::max(blocks, 1), kBlockPools, kD, KPool::CacheScale::amax,
+        /*rotate=*/true);
+    space.fence();
+  }
+};
 
 template <class T>
 struct RaggedData {
@@ -472,11 +548,15 @@ class Runner {
     return s_.filter.empty() || name.find(s_.filter) != std::string::npos;
   }
 
-  // Runs `call(options)` once validated, then timed next to the copy.
+  using Call = std::function<void(KPool::Options const&)>;
+
+  // Runs `call(options)` once validated, then timed next to the copy (and,
+  // given a baseline, next to the baseline op, timed in the same loop).
   void measure(std::string const& scenario, std::string const& dtype,
                std::string const& op, std::uint64_t tokens, int batch,
-               std::uint64_t bytes, int launches, int ring,
-               std::function<void(KPool::Options const&)> const& call) {
+               std::uint64_t bytes, int launches, int ring, Call const& call,
+               std::string const& baseline_op = "",
+               Call const& baseline = Call()) {
     std::string const name = scenario + "/" + dtype + "/" + op;
     if (!selected(name)) return;
     KPool::Options checked;
@@ -484,6 +564,7 @@ class Runner {
     KPool::Options fast;
     fast.validate = false;
     call(checked);
+    if (baseline) baseline(checked);
     space_.fence();
 
     std::size_t const words = CopyBaseline::words_for(bytes);
@@ -493,6 +574,10 @@ class Runner {
     for (int i = 0;; ++i) {
       call(fast);
       space_.fence();
+      if (baseline) {
+        baseline(fast);
+        space_.fence();
+      }
       copy_.run(words);
       space_.fence();
       if (i >= 1 && seconds_between(w0, Clock::now()) >= 0.05 * s_.min_time)
@@ -500,7 +585,7 @@ class Runner {
       if (i >= 20) break;
     }
 
-    std::vector<double> kt, ct;
+    std::vector<double> kt, ct, bt, ratio;
     Clock::time_point const start = Clock::now();
     for (;;) {
       space_.fence();
@@ -513,6 +598,13 @@ class Runner {
       Clock::time_point const t2 = Clock::now();
       kt.push_back(seconds_between(t0, t1));
       ct.push_back(seconds_between(t1, t2));
+      if (baseline) {
+        Clock::time_point const b0 = Clock::now();
+        baseline(fast);
+        space_.fence();
+        bt.push_back(seconds_between(b0, Clock::now()));
+        ratio.push_back(kt.back() / bt.back());
+      }
       int const runs = static_cast<int>(kt.size());
       if (runs >= s_.max_runs) break;
       if (runs >= s_.min_runs &&
@@ -535,12 +627,21 @@ class Runner {
     r.runs = static_cast<int>(kt.size());
     r.launches = launches;
     r.ring = ring;
+    if (baseline) {
+      r.baseline_op = baseline_op;
+      r.baseline_seconds = median(bt);
+      r.overhead = median(ratio) - 1.0;
+    }
     double const gbps = r.bytes / r.seconds * 1e-9;
     double const cgbps = r.copy_bytes / r.copy_seconds * 1e-9;
     std::printf("%-44s %8.2f GB/s  copy %8.2f GB/s  ratio %5.2f  %10.4f ms  "
-                "(%d runs)\n",
+                "(%d runs)",
                 name.c_str(), gbps, cgbps, gbps / cgbps, r.seconds * 1e3,
                 r.runs);
+    if (baseline)
+      std::printf("  overhead %+.1f%% over %s (%.4f ms)", 100.0 * r.overhead,
+                  baseline_op.c_str(), r.baseline_seconds * 1e3);
+    std::printf("\n");
     std::fflush(stdout);
     results_.push_back(r);
   }
@@ -625,6 +726,10 @@ class Runner {
 // -------------------------------------------------------------- scenarios
 
 template <class T>
+void run_step_cache(Runner& run, std::string const& scenario,
+                    RaggedDesc const& d, RaggedData<T>& data);
+
+template <class T>
 void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
                 bool writers_on_ring) {
   std::string const dtype = KPool::storage_name<T>();
@@ -632,7 +737,7 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
   // Build nothing when the filter skips every op of this scenario.
   std::string const prefix = scenario + "/" + dtype + "/";
   char const* ops[] = {"compress", "ring_close", "seed_tail", "step3",
-                       "step_fused"};
+                       "step_fused", "step_fused_cache_fp8"};
   bool any = false;
   for (char const* op : ops) any = any || run.selected(prefix + op);
   if (!any) return;
@@ -673,6 +778,37 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
                               data.slot_idx, B, data.out, p);
                 });
   }
+  run_step_cache<T>(run, scenario, d, data);
+}
+
+// step_fused_cache_fp8: the fused step writing an fp8 amax rotated cache,
+// timed beside the same step without it.
+template <class T>
+void run_step_cache(Runner& run, std::string const& scenario,
+                    RaggedDesc const& d, RaggedData<T>& data) {
+  std::string const dtype = KPool::storage_name<T>();
+  if (!run.selected(scenario + "/" + dtype + "/step_fused_cache_fp8")) return;
+  Space const space = run.space();
+  auto const pools = ragged_pools(d);
+  CacheData cd(space, pools);
+  int const B = d.batch();
+  auto const step = [&](KPool::Options const& o, bool cached) {
+    KPool::Options p = o;
+    p.fused = true;
+    if (cached)
+      KPool::step(space, data.ring, data.key, data.gate, data.ape,
+                  data.row_offsets, data.cache_lengths, data.slot_idx, B,
+                  data.out, cd.cache, cd.block_table, p);
+    else
+      KPool::step(space, data.ring, data.key, data.gate, data.ape,
+                  data.row_offsets, data.cache_lengths, data.slot_idx, B,
+                  data.out, p);
+  };
+  run.measure(
+      scenario, dtype, "step_fused_cache_fp8", d.tokens(), B,
+      step_bytes(d, sizeof(T)) + cache_bytes(pools), 2, d.ring,
+      [&](KPool::Options const& o) { step(o, true); }, "step_fused",
+      [&](KPool::Options const& o) { step(o, false); });
 }
 
 template <class T>
@@ -682,6 +818,7 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
   std::string const prefix = scenario + "/" + dtype + "/";
   if (!run.selected(prefix + "tail_update") &&
       !run.selected(prefix + "decode_step") &&
+      !run.selected(prefix + "decode_step_cache_fp8") &&
       !run.selected(prefix + "step_fused"))
     return;
 
@@ -701,6 +838,25 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
                                    data.ape, data.positions, data.slot_idx, B,
                                    data.out, o);
               });
+  // decode_step_cache_fp8: the same call writing an fp8 amax rotated
+  // cache, timed beside it.
+  if (run.selected(prefix + "decode_step_cache_fp8")) {
+    auto const pools = decode_pools(d);
+    CacheData cd(space, pools);
+    run.measure(
+        scenario, dtype, "decode_step_cache_fp8", tokens, B,
+        decode_step_bytes(d, S) + cache_bytes(pools), 2, d.ring,
+        [&](KPool::Options const& o) {
+          KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
+                             data.positions, data.slot_idx, B, data.out,
+                             cd.cache, cd.block_table, o);
+        },
+        "decode_step",
+        [&](KPool::Options const& o) {
+          KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
+                             data.positions, data.slot_idx, B, data.out, o);
+        });
+  }
   // The same tokens through the general (fused) step, for comparison.
   if (run.selected(prefix + "step_fused")) {
     RaggedDesc const rd = d.ragged();
@@ -1084,7 +1240,13 @@ bool write_report(std::string const& path, std::vector<Result> const& results) {
     f << ", \"copy_seconds_min\": " << json_number(r.copy_seconds_min);
     f << ", \"runs\": " << r.runs;
     f << ", \"launches\": " << r.launches;
-    f << ", \"ring\": " << r.ring << "}";
+    f << ", \"ring\": " << r.ring;
+    if (!r.baseline_op.empty()) {
+      f << ", \"baseline_op\": " << json_string(r.baseline_op);
+      f << ", \"baseline_seconds\": " << json_number(r.baseline_seconds);
+      f << ", \"overhead\": " << json_number(r.overhead);
+    }
+    f << "}";
   }
   f << (results.empty() ? "]\n" : "\n  ]\n") << "}\n";
   return static_cast<bool>(f);

@@ -1,10 +1,14 @@
 #ifndef KPOOL_STEP_HPP
 #define KPOOL_STEP_HPP
 
+#include <KPool_Float8.hpp>
 #include <KPool_Options.hpp>
+#include <KPool_PoolCache.hpp>
 #include <KPool_Ring.hpp>
 #include <KPool_TailUpdate.hpp>
 #include <KPool_Types.hpp>
+#include <details/KPool_DetailsCacheFunctors.hpp>
+#include <details/KPool_DetailsCacheWrite.hpp>
 #include <details/KPool_DetailsCall.hpp>
 #include <details/KPool_DetailsCompressFunctor.hpp>
 #include <details/KPool_DetailsFusedStepFunctor.hpp>
@@ -16,6 +20,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace KPool {
 
@@ -181,6 +188,270 @@ void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
   chk.extent_at_least("out", 0, out.capacity(), needed, why);
 }
 
+// The cache a step writes: none (NoCacheArg), or a PoolCache and the
+// call's block table.
+struct NoCacheArg {
+  static constexpr bool enabled = false;
+};
+template <class C, class M, class BlockTable>
+struct CacheArg {
+  static constexpr bool enabled = true;
+  PoolCache<C, M> const* cache;
+  BlockTable const* block_table;
+};
+
+// Shapes of a step's cache, checked always: the cache has storage, D the
+// call's, fp8 only for pools that are not f64, rotation only for D a
+// power of two, the block table one row per batch row, and `slots` pools
+// (what one work item may stage) fit a team's scratch.
+template <class ExecutionSpace, class T, class Arg>
+void check_step_cache(Checker const& chk, ExecutionSpace const& space,
+                      Arg const& arg, int head_dim, std::size_t batch,
+                      int slots) {
+  if constexpr (Arg::enabled) {
+    chk.extent_is("block_table", 0, arg.block_table->extent(0), batch,
+                  "the batch size B");
+    check_cache_shapes<ExecutionSpace, T>(chk, space, *arg.cache,
+                                          *arg.block_table, head_dim, batch);
+    std::size_t max_bytes = 0;
+    if (!cache_scratch_fits<ExecutionSpace, accumulator_t<T>>(
+            space, head_dim, slots, &max_bytes))
+      chk.fail("cache", "extent 2", -1, std::to_string(head_dim),
+               "is a head_dim whose " + std::to_string(slots) +
+                   " pools a row does not fit the " + std::to_string(max_bytes) +
+                   " bytes of team scratch this execution space offers");
+  } else {
+    (void)chk, (void)space, (void)arg, (void)head_dim, (void)batch, (void)slots;
+  }
+}
+
+// With validation: every pool [first, end) row r writes has its block
+// (INDEXER.md, "Bad input"), read from the block table on the host.
+template <class ExecutionSpace, class Arg>
+void check_step_blocks(
+    Checker const& chk, ExecutionSpace const& space, Arg const& arg,
+    std::vector<std::pair<std::int64_t, std::int64_t>> const& pools) {
+  if constexpr (Arg::enabled) {
+    HostBlockTable const table =
+        host_block_table(space, *arg.block_table, pools.size());
+    for (std::size_t r = 0; r < pools.size(); ++r)
+      check_pool_blocks(chk, table, static_cast<std::int64_t>(r),
+                        pools[r].first, pools[r].second,
+                        arg.cache->num_blocks(), arg.cache->block_pools());
+  } else {
+    (void)chk, (void)space, (void)arg, (void)pools;
+  }
+}
+
+// What a functor carries of the cache: NoCache, or the CacheTarget.
+template <class T, class Arg>
+auto step_cache_target(Arg const& arg) {
+  if constexpr (Arg::enabled)
+    return cache_target<typename std::remove_cv_t<
+                            std::remove_pointer_t<decltype(arg.cache)>>::value_type,
+                        accumulator_t<T>>(*arg.cache, *arg.block_table);
+  else
+    return NoCache();
+}
+
+// A step functor's launch: `items` work items, with `per_item` scratch
+// slots each when it writes a cache.
+template <class ExecutionSpace, class T, class Cache, class Functor>
+LaunchShape step_items_shape(Checker const& chk, std::string const& argument,
+                             ExecutionSpace const& space, Functor const& f,
+                             std::uint64_t items, int head_dim, int width,
+                             int per_item, int team_size) {
+  if constexpr (Cache::enabled)
+    return cache_items_shape<ExecutionSpace, accumulator_t<T>>(
+        chk, argument, space, f, items, head_dim, width, per_item, team_size);
+  else
+    return items_shape(chk, argument, space, f, items, head_dim, width,
+                       team_size);
+}
+
+template <class ExecutionSpace, class T, class M, class KeyView,
+          class GateView, class ApeView, class RowOffsetsView,
+          class CacheLengthsView, class SlotView, class Arg>
+void step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
+               KeyView const& key, GateView const& gate, ApeView const& ape,
+               RowOffsetsView const& row_offsets,
+               CacheLengthsView const& cache_lengths, SlotView const& slot_idx,
+               int num_requests, StepOutput<T, M>& out, Arg const& arg,
+               Options const& options) {
+  KokkosExt::ScopedProfileRegion region("KPool::step");
+  Checker const chk("KPool::step");
+  int const K = static_cast<int>(ape.extent(0));
+  int const D = static_cast<int>(ape.extent(1));
+  auto call = ragged_call<ExecutionSpace, T>(
+      chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
+  check_ring(chk, ring, K, D);
+  attach_slots(chk, call, slot_idx, ring.tail());
+  std::size_t const bound =
+      StepOutput<T, M>::capacity_for(key.extent(0), num_requests, K);
+  check_step_output(
+      chk, out, static_cast<std::size_t>(call.batch_size), D, bound,
+      "rows this step may need (floor(key rows / K) + num_requests)");
+  check_step_cache<ExecutionSpace, T>(
+      chk, space, arg, D, static_cast<std::size_t>(call.batch_size), 1);
+  if (options.validate) {
+    HostBatch const hb = check_ragged_batch(
+        chk, space, row_offsets, cache_lengths, &slot_idx, num_requests,
+        key.extent(0), K, ring.max_slots());
+    if constexpr (Arg::enabled) {
+      // A request emits the pools whose last member it sends:
+      // [floor(c / K), floor((c + n) / K)).
+      std::vector<std::pair<std::int64_t, std::int64_t>> pools;
+      for (RequestGeometry const& g : hb.geometry)
+        pools.emplace_back(static_cast<std::int64_t>(g.cache_length / K),
+                           static_cast<std::int64_t>(g.end / K));
+      check_step_blocks(chk, space, arg, pools);
+    }
+  }
+
+  View1<const std::uint32_t, M> const offsets =
+      out.begin_call(call.batch_size);
+  auto const sink = step_sink(out, offsets);
+  View4<T, M> const tail = ring.tail();
+  bool const contiguous = call.contiguous();
+  bool const aligned = call.aligned() &&
+                       rows_aligned(out.pooled().data(), D, 16) &&
+                       ring_aligned(tail);
+  std::uint64_t const requests = static_cast<std::uint64_t>(num_requests);
+  std::uint64_t const rows = std::min<std::uint64_t>(bound, out.capacity());
+  auto const cache = step_cache_target<T>(arg);
+  using Cache = std::remove_const_t<decltype(cache)>;
+  dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned, [&](auto path) {
+    using P = decltype(path);
+    using Writer = RaggedWriter<ExecutionSpace, T, P, true>;
+    Writer writer = ragged_writer<Writer>(call);
+    writer.tail = tail;
+    writer.out = sink;
+    // Every launch is planned (and its size checked) before the first is
+    // queued, so a call that throws has written nothing.
+    if (options.fused) {
+      FusedStepFunctor<Writer, Cache> f{writer, cache};
+      // Both kinds of team share one shape: request teams and pool teams
+      // each take items_per_team items (and as many scratch slots).
+      LaunchShape shape = step_items_shape<ExecutionSpace, T, Cache>(
+          chk, "num_requests", space, f, requests, D, P::width, 1,
+          options.team_size);
+      f.items_per_team = shape.items_per_team;
+      f.request_teams = shape.league;
+      std::uint64_t const league =
+          static_cast<std::uint64_t>(f.request_teams) +
+          static_cast<std::uint64_t>(
+              league_for(chk, "out", rows, shape.items_per_team));
+      if (league > 0x7FFFFFFFull)
+        chk.fail("out", "", -1, std::to_string(rows),
+                 "rows and num_requests = " + std::to_string(num_requests) +
+                     " are more teams together than one launch takes "
+                     "(2^31 - 1)");
+      shape.league = static_cast<int>(league);
+      launch_ragged_offsets<true>(space, "KPool::step::offsets", call,
+                                  View1<std::uint32_t, M>(out.offsets()));
+      launch(space, "KPool::step::fused", shape, f);
+    } else {
+      RingCloseFunctor<Writer, Cache> close{writer, cache};
+      CompressFunctor<Writer, Cache> pools{writer, cache};
+      SeedTailFunctor<Writer> seed{writer};
+      LaunchShape const close_shape = step_items_shape<ExecutionSpace, T, Cache>(
+          chk, "num_requests", space, close, requests, D, P::width, 1,
+          options.team_size);
+      LaunchShape const pools_shape = step_items_shape<ExecutionSpace, T, Cache>(
+          chk, "out", space, pools, rows, D, P::width, 1, options.team_size);
+      LaunchShape const seed_shape = items_shape(
+          chk, "num_requests", space, seed, requests, D, P::width,
+          options.team_size);
+      launch_ragged_offsets<true>(space, "KPool::step::offsets", call,
+                                  View1<std::uint32_t, M>(out.offsets()));
+      // ring_close reads ring entries seed_tail overwrites; launches on one
+      // execution space instance run in order.
+      launch_items(space, "KPool::step::ring_close", close_shape, close);
+      launch_items(space, "KPool::step::compress", pools_shape, pools);
+      launch_items(space, "KPool::step::seed_tail", seed_shape, seed);
+    }
+  });
+}
+
+template <class ExecutionSpace, class T, class M, class KeyView,
+          class GateView, class ApeView, class PositionsView, class SlotView,
+          class Arg>
+void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
+                      KeyView const& key, GateView const& gate,
+                      ApeView const& ape, PositionsView const& positions,
+                      SlotView const& slot_idx, int num_requests,
+                      StepOutput<T, M>& out, Arg const& arg,
+                      Options const& options) {
+  KokkosExt::ScopedProfileRegion region("KPool::decode_step");
+  Checker const chk("KPool::decode_step");
+  check_decode_shapes(chk, key, gate, ape, positions, ring.tail(),
+                      num_requests);
+  int const K = static_cast<int>(ape.extent(0));
+  int const D = static_cast<int>(ape.extent(1));
+  check_ring(chk, ring, K, D);
+  std::size_t const B = positions.extent(0);
+  std::size_t const next_n = positions.extent(1);
+  chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,
+                "the batch size B (positions is [B, next_n])");
+  check_step_output(
+      chk, out, B, D,
+      static_cast<std::size_t>(num_requests) * ((next_n + K - 1) / K),
+      "rows this step may need (num_requests * ceil(next_n / K))");
+  // A row of consecutive positions closes at most ceil(next_n / K) pools.
+  int const per_row = static_cast<int>(std::min<std::size_t>(
+      (next_n + static_cast<std::size_t>(K) - 1) / static_cast<std::size_t>(K),
+      0x7FFFFFFF));
+  check_step_cache<ExecutionSpace, T>(chk, space, arg, D, B, per_row);
+  if (options.validate) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> pools;
+    check_decode_batch(chk, space, positions, slot_idx, num_requests, K,
+                       ring.max_slots(), Arg::enabled ? &pools : nullptr);
+    check_step_blocks(chk, space, arg, pools);
+  }
+
+  View1<const std::uint32_t, M> const offsets =
+      out.begin_call(static_cast<int>(B));
+  View4<T, M> const tail = ring.tail();
+  View3<const T, M> const k = key;
+  View3<const T, M> const g = gate;
+  View2<const float, M> const a = ape;
+  bool const contiguous =
+      k.stride(2) == 1 && g.stride(2) == 1 && a.stride(1) == 1;
+  bool const aligned = decode_aligned<ExecutionSpace, T, M>(k, g, a, tail) &&
+                       rows_aligned(out.pooled().data(), D, 16);
+  auto const cache = step_cache_target<T>(arg);
+  using Cache = std::remove_const_t<decltype(cache)>;
+  dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned, [&](auto path) {
+    using P = decltype(path);
+    TailUpdateFunctor<ExecutionSpace, T, P, true, Cache> f;
+    f.tail = tail;
+    f.key = k;
+    f.gate = g;
+    f.ape = ape_source(a);
+    f.positions = positions;
+    f.slot_idx = slot_idx;
+    f.out = step_sink(out, offsets);
+    f.num_requests = num_requests;
+    f.next_n = static_cast<int>(next_n);
+    f.kpool = K;
+    f.head_dim = D;
+    f.max_slots = ring.max_slots();
+    f.ring_length = ring.ring_length();
+    f.cache = cache;
+    f.cache_slots = per_row;
+    LaunchShape const shape = step_items_shape<ExecutionSpace, T, Cache>(
+        chk, "num_requests", space, f,
+        static_cast<std::uint64_t>(num_requests), D, P::width, per_row,
+        options.team_size);
+    launch_offsets_scan(space, "KPool::decode_step::offsets",
+                        DecodePoolCount<M>{positions, slot_idx, num_requests,
+                                           K, ring.max_slots()},
+                        View1<std::uint32_t, M>(out.offsets()),
+                        static_cast<int>(B));
+    launch_items(space, "KPool::decode_step::tail_update", shape, f);
+  });
+}
+
 }  // namespace Details
 
 /// The general serving step (docs/writers.md, "The steps"): per request
@@ -257,92 +528,75 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                         "cache_lengths");
   KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
                         "slot_idx");
-  using M = MemorySpace;
+  Details::step_impl(space, ring, key, gate, ape, row_offsets, cache_lengths,
+                     slot_idx, num_requests, out, Details::NoCacheArg(),
+                     options);
+}
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::step");
-  Details::Checker const chk("KPool::step");
-  int const K = static_cast<int>(ape.extent(0));
-  int const D = static_cast<int>(ape.extent(1));
-  auto call = Details::ragged_call<ExecutionSpace, T>(
-      chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
-  Details::check_ring(chk, ring, K, D);
-  Details::attach_slots(chk, call, slot_idx, ring.tail());
-  std::size_t const bound =
-      StepOutput<T, M>::capacity_for(key.extent(0), num_requests, K);
-  Details::check_step_output(
-      chk, out, static_cast<std::size_t>(call.batch_size), D, bound,
-      "rows this step may need (floor(key rows / K) + num_requests)");
-  if (options.validate)
-    Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
-                                &slot_idx, num_requests, key.extent(0), K,
-                                ring.max_slots());
-
-  Details::View1<const std::uint32_t, M> const offsets =
-      out.begin_call(call.batch_size);
-  auto const sink = Details::step_sink(out, offsets);
-  Details::View4<T, M> const tail = ring.tail();
-  bool const contiguous = call.contiguous();
-  bool const aligned = call.aligned() &&
-                       Details::rows_aligned(out.pooled().data(), D, 16) &&
-                       Details::ring_aligned(tail);
-  std::uint64_t const requests = static_cast<std::uint64_t>(num_requests);
-  std::uint64_t const rows = std::min<std::uint64_t>(bound, out.capacity());
-  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
-                                            [&](auto path) {
-    using P = decltype(path);
-    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, true>;
-    Writer writer = Details::ragged_writer<Writer>(call);
-    writer.tail = tail;
-    writer.out = sink;
-    // Every launch is planned (and its size checked) before the first is
-    // queued, so a call that throws has written nothing.
-    if (options.fused) {
-      Details::FusedStepFunctor<Writer> f{writer};
-      Details::TeamShape const s =
-          Details::team_shape(space, f, D, P::width, options.team_size);
-      f.items_per_team = s.items_per_team;
-      f.request_teams =
-          Details::league_for(chk, "num_requests", requests, s.items_per_team);
-      std::uint64_t const league =
-          static_cast<std::uint64_t>(f.request_teams) +
-          static_cast<std::uint64_t>(
-              Details::league_for(chk, "out", rows, s.items_per_team));
-      if (league > 0x7FFFFFFFull)
-        chk.fail("out", "", -1, std::to_string(rows),
-                 "rows and num_requests = " + std::to_string(num_requests) +
-                     " are more teams together than one launch takes "
-                     "(2^31 - 1)");
-      Details::LaunchShape shape;
-      shape.league = static_cast<int>(league);
-      shape.team_size = s.team_size;
-      shape.lanes = s.lanes;
-      shape.items_per_team = s.items_per_team;
-      Details::launch_ragged_offsets<true>(
-          space, "KPool::step::offsets", call,
-          Details::View1<std::uint32_t, M>(out.offsets()));
-      Details::launch(space, "KPool::step::fused", shape, f);
-    } else {
-      Details::RingCloseFunctor<Writer> close{writer};
-      Details::CompressFunctor<Writer> pools{writer};
-      Details::SeedTailFunctor<Writer> seed{writer};
-      Details::LaunchShape const close_shape = Details::items_shape(
-          chk, "num_requests", space, close, requests, D, P::width,
-          options.team_size);
-      Details::LaunchShape const pools_shape = Details::items_shape(
-          chk, "out", space, pools, rows, D, P::width, options.team_size);
-      Details::LaunchShape const seed_shape = Details::items_shape(
-          chk, "num_requests", space, seed, requests, D, P::width,
-          options.team_size);
-      Details::launch_ragged_offsets<true>(
-          space, "KPool::step::offsets", call,
-          Details::View1<std::uint32_t, M>(out.offsets()));
-      // ring_close reads ring entries seed_tail overwrites; launches on one
-      // execution space instance run in order.
-      Details::launch_items(space, "KPool::step::ring_close", close_shape, close);
-      Details::launch_items(space, "KPool::step::compress", pools_shape, pools);
-      Details::launch_items(space, "KPool::step::seed_tail", seed_shape, seed);
-    }
-  });
+/// KPool::step writing every pool it emits into a pool cache as well
+/// (docs/indexer.md, "The pool cache"), in the same launches: each pool
+/// goes from the registers that made it into team scratch, is rotated
+/// and quantized there (cached = Q(R(x))) and written to block
+/// block_table(r, p / block_pools), entry p % block_pools, for pool p of
+/// batch row r. A pool re-emitted after a rewind overwrites its entry.
+/// Everything else is KPool::step's.
+///
+/// @tparam C the cache element type: T (a native cache) or
+/// KPool::float8_e4m3 (T not f64).
+/// @param cache the layer's cache, head_dim D; written.
+/// @param block_table [B, max_blocks] int32, any layout: row r's blocks.
+/// @throws KPool::InvalidArgument as KPool::step, and for a cache without
+/// storage, of another head_dim, fp8 for f64 pools, or a block table
+/// without B rows (always); with options.validate, a pool this call
+/// emits whose block table column is missing, negative (unassigned) or
+/// not below num_blocks. Nothing has been written then (the ring, the
+/// output and the cache are unchanged). With validation off such a pool
+/// still reaches `out` and is left out of the cache.
+/// @par Launches and synchronization
+/// As KPool::step; with options.validate the block table's B rows are
+/// copied to the host too.
+template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
+          class GateView, class ApeView, class RowOffsetsView,
+          class CacheLengthsView, class SlotView, class C,
+          class BlockTableView>
+void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
+          KeyView const& key, GateView const& gate, ApeView const& ape,
+          RowOffsetsView const& row_offsets,
+          CacheLengthsView const& cache_lengths, SlotView const& slot_idx,
+          int num_requests, StepOutput<T, MemorySpace>& out,
+          PoolCache<C, MemorySpace>& cache, BlockTableView const& block_table,
+          Options const& options = Options()) {
+  static_assert(std::is_same<MemorySpace,
+                             typename ExecutionSpace::memory_space>::value,
+                "KPool::step: the ring, the output and the cache must live "
+                "in the execution space's memory space");
+  static_assert(std::is_same<C, T>::value ||
+                    std::is_same<C, float8_e4m3>::value,
+                "KPool::step: a cache holds the pools' own storage type "
+                "(native) or KPool::float8_e4m3");
+  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
+  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                        "row_offsets");
+  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                        "cache_lengths");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
+                        "block_table");
+  if constexpr (is_cache_type<C, T>::value) {
+    Details::step_impl(
+        space, ring, key, gate, ape, row_offsets, cache_lengths, slot_idx,
+        num_requests, out,
+        Details::CacheArg<C, MemorySpace, BlockTableView>{&cache, &block_table},
+        options);
+  } else {
+    // fp8 of f64 pools: refused, before anything runs.
+    Details::check_cache_shapes<ExecutionSpace, T>(
+        Details::Checker("KPool::step"), space, cache, block_table,
+        static_cast<int>(ape.extent(1)), block_table.extent(0));
+  }
 }
 
 /// The decode step (docs/writers.md, "The steps"): tail_update for every
@@ -403,65 +657,57 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                         "positions");
   KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
                         "slot_idx");
-  using M = MemorySpace;
+  Details::decode_step_impl(space, ring, key, gate, ape, positions, slot_idx,
+                            num_requests, out, Details::NoCacheArg(), options);
+}
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::decode_step");
-  Details::Checker const chk("KPool::decode_step");
-  Details::check_decode_shapes(chk, key, gate, ape, positions, ring.tail(),
-                               num_requests);
-  int const K = static_cast<int>(ape.extent(0));
-  int const D = static_cast<int>(ape.extent(1));
-  Details::check_ring(chk, ring, K, D);
-  std::size_t const B = positions.extent(0);
-  std::size_t const next_n = positions.extent(1);
-  chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,
-                "the batch size B (positions is [B, next_n])");
-  Details::check_step_output(
-      chk, out, B, D,
-      static_cast<std::size_t>(num_requests) * ((next_n + K - 1) / K),
-      "rows this step may need (num_requests * ceil(next_n / K))");
-  if (options.validate)
-    Details::check_decode_batch(chk, space, positions, slot_idx, num_requests,
-                                K, ring.max_slots());
-
-  Details::View1<const std::uint32_t, M> const offsets =
-      out.begin_call(static_cast<int>(B));
-  Details::View4<T, M> const tail = ring.tail();
-  Details::View3<const T, M> const k = key;
-  Details::View3<const T, M> const g = gate;
-  Details::View2<const float, M> const a = ape;
-  bool const contiguous =
-      k.stride(2) == 1 && g.stride(2) == 1 && a.stride(1) == 1;
-  bool const aligned =
-      Details::decode_aligned<ExecutionSpace, T, M>(k, g, a, tail) &&
-      Details::rows_aligned(out.pooled().data(), D, 16);
-  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
-                                            [&](auto path) {
-    using P = decltype(path);
-    Details::TailUpdateFunctor<ExecutionSpace, T, P, true> f;
-    f.tail = tail;
-    f.key = k;
-    f.gate = g;
-    f.ape = Details::ape_source(a);
-    f.positions = positions;
-    f.slot_idx = slot_idx;
-    f.out = Details::step_sink(out, offsets);
-    f.num_requests = num_requests;
-    f.next_n = static_cast<int>(next_n);
-    f.kpool = K;
-    f.head_dim = D;
-    f.max_slots = ring.max_slots();
-    f.ring_length = ring.ring_length();
-    Details::LaunchShape const shape = Details::items_shape(
-        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
-        D, P::width, options.team_size);
-    Details::launch_offsets_scan(
-        space, "KPool::decode_step::offsets",
-        Details::DecodePoolCount<M>{positions, slot_idx, num_requests, K,
-                                    ring.max_slots()},
-        Details::View1<std::uint32_t, M>(out.offsets()), static_cast<int>(B));
-    Details::launch_items(space, "KPool::decode_step::tail_update", shape, f);
-  });
+/// KPool::decode_step writing every pool it closes into a pool cache as
+/// well, in the same launch, as the cache overload of KPool::step does
+/// (docs/indexer.md, "The pool cache"). Everything else is
+/// KPool::decode_step's.
+///
+/// @param cache the layer's cache, head_dim D; written.
+/// @param block_table [B, max_blocks] int32, any layout: row r's blocks.
+/// @throws KPool::InvalidArgument as KPool::decode_step, and as the cache
+/// overload of KPool::step for the cache and the block table. Nothing has
+/// been written then.
+template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
+          class GateView, class ApeView, class PositionsView, class SlotView,
+          class C, class BlockTableView>
+void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
+                 KeyView const& key, GateView const& gate, ApeView const& ape,
+                 PositionsView const& positions, SlotView const& slot_idx,
+                 int num_requests, StepOutput<T, MemorySpace>& out,
+                 PoolCache<C, MemorySpace>& cache,
+                 BlockTableView const& block_table,
+                 Options const& options = Options()) {
+  static_assert(std::is_same<MemorySpace,
+                             typename ExecutionSpace::memory_space>::value,
+                "KPool::decode_step: the ring, the output and the cache must "
+                "live in the execution space's memory space");
+  static_assert(std::is_same<C, T>::value ||
+                    std::is_same<C, float8_e4m3>::value,
+                "KPool::decode_step: a cache holds the pools' own storage "
+                "type (native) or KPool::float8_e4m3");
+  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 3, ExecutionSpace, "key");
+  KPOOL_IMPL_CHECK_VIEW(GateView, T, 3, ExecutionSpace, "gate");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_VIEW(PositionsView, std::int32_t, 2, ExecutionSpace,
+                        "positions");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
+                        "block_table");
+  if constexpr (is_cache_type<C, T>::value) {
+    Details::decode_step_impl(
+        space, ring, key, gate, ape, positions, slot_idx, num_requests, out,
+        Details::CacheArg<C, MemorySpace, BlockTableView>{&cache, &block_table},
+        options);
+  } else {
+    Details::check_cache_shapes<ExecutionSpace, T>(
+        Details::Checker("KPool::decode_step"), space, cache, block_table,
+        static_cast<int>(ape.extent(1)), block_table.extent(0));
+  }
 }
 
 }  // namespace KPool

@@ -78,6 +78,26 @@ kpool_trace_replay(trace_spec_bf16_k4_d16_headers_selects check
 kpool_trace_replay(trace_v2_no_rewinds_f32_k4_d7 check
   --dtype f32 --seed 38 --kpool 4 --head-dim 7 --version 2 --sequences 16 --calls 60)
 
+# (a3) version 2 with a pool cache: every step and decode step writes it,
+# and an fp8 cache's 'cache' lines must be bit for bit the reference's
+# Q(R(x)) of the printed pools; amax and pow2 scales, rotated and not,
+# with and without rewinds (a native cache is written but prints nothing).
+kpool_trace_replay(trace_cache_fp8_rot_bf16_k4_d128_s3 check
+  --dtype bf16 --seed 41 --kpool 4 --head-dim 128 --drafts 3 --pool-cache fp8
+  --rotate 1 --sequences 12 --calls 40)
+kpool_trace_replay(trace_cache_fp8_f32_k3_d7 check
+  --dtype f32 --seed 42 --kpool 3 --head-dim 7 --version 2 --pool-cache fp8
+  --sequences 30 --calls 100)
+kpool_trace_replay(trace_cache_fp8_pow2_f16_k4_d16_s3 check
+  --dtype f16 --seed 43 --kpool 4 --head-dim 16 --drafts 3 --pool-cache fp8_pow2
+  --sequences 16 --calls 60)
+kpool_trace_replay(trace_cache_fp8_pow2_rot_bf16_k1_d8_s7 check
+  --dtype bf16 --seed 44 --kpool 1 --head-dim 8 --drafts 7 --pool-cache fp8_pow2
+  --rotate 1 --sequences 20 --calls 80)
+kpool_trace_replay(trace_cache_native_rot_f64_k4_d16_s3 check
+  --dtype f64 --seed 45 --kpool 4 --head-dim 16 --drafts 3 --pool-cache native
+  --rotate 1 --sequences 16 --calls 60)
+
 # Hand-written traces in trace/good/ (edge cases the generator may miss).
 file(GLOB _kpool_good_traces CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/trace/good/*.trace)
@@ -101,14 +121,22 @@ kpool_trace_replay(trace_fused_unfused_identical_bf16_k3_d7 identical
   --dtype bf16 --seed 22 --kpool 3 --head-dim 7 --sequences 40 --calls 120)
 kpool_trace_replay(trace_fused_unfused_identical_spec_bf16_k4_d128_s3 identical
   --dtype bf16 --seed 24 --kpool 4 --head-dim 128 --drafts 3 --sequences 12 --calls 40)
+kpool_trace_replay(trace_fused_unfused_identical_cache_fp8_rot_bf16_k4_d128 identical
+  --dtype bf16 --seed 26 --kpool 4 --head-dim 128 --drafts 3 --pool-cache fp8
+  --rotate 1 --sequences 12 --calls 40)
 
 # The checker is not vacuous: a changed value, a lost pool, a duplicated
 # pool are each caught (and, in version 2, a wrong 'emitted E' or
-# 'selects M', a missing tail line, and a stale emission of a re-sent pool).
+# 'selects M', a missing tail line, and a stale emission of a re-sent pool;
+# with an fp8 pool cache, changed or missing 'cache' lines).
 kpool_trace_replay(trace_check_detects_tampering tamper
   --dtype bf16 --seed 23 --kpool 4 --head-dim 7 --calls 30)
 kpool_trace_replay(trace_check_detects_tampering_v2 tamper
   --dtype bf16 --seed 25 --kpool 4 --head-dim 7 --drafts 3 --calls 30)
+# ... and a changed scale or cache value, a lost or reordered cache line.
+kpool_trace_replay(trace_check_detects_tampering_cache tamper
+  --dtype bf16 --seed 27 --kpool 4 --head-dim 8 --drafts 3 --pool-cache fp8
+  --rotate 1 --calls 30)
 
 # (c) one broken rule per file; the expected line is in the file's first
 # line, '# expect trace:LINE:'.

@@ -7,10 +7,19 @@
 // tolerance of a one-shot compress of the whole sequence as it stands: the
 // values last sent for each position (streaming invariance and rewinds,
 // docs/ring.md). Version 2 also: 'emitted E' counts one emission each time
-// a pool's last member was sent, and 'selects M' ends the output. Exit 0
-// with a summary on success, 1 at the first mismatch, 2 when an input
-// cannot be read.
+// a pool's last member was sent, 'selects M' ends the output, and with an
+// fp8 pool cache ('pool_cache fp8 | fp8_pow2') one 'cache' line follows
+// 'emitted E' per printed pool, in the same order, holding exactly the
+// independent cache reference's Q(R(x)) (KPoolCacheReference.hpp, bit for
+// bit: scale and every E4M3 value) of the pool as printed. The printed pool
+// values are the stored ones exactly (storage types other than f64 are
+// exact in f32's %.9g), and they are checked against the f64 reference
+// within tolerance above; Q(R(x)) of the f64 reference itself would not be
+// a sound target, since a pool one ulp off in T may quantize differently.
+// Exit 0 with a summary on success, 1 at the first mismatch, 2 when an
+// input cannot be read.
 
+#include "KPoolCacheReference.hpp"
 #include "KPoolReference.hpp"
 #include "KPoolTrace.hpp"
 
@@ -79,18 +88,37 @@ std::vector<std::string> split(std::string const& line) {
   return f;
 }
 
+// A 'cache SEQ POOL SCALE v...' line.
+struct PrintedCache {
+  std::uint32_t seq;
+  std::int64_t pool;
+  float scale;
+  std::vector<float> values;
+  int line;
+};
+
 // What follows the pool lines in a version 2 output.
 struct Tail {
   std::int64_t emitted = -1;
+  std::vector<PrintedCache> cache;
   std::int64_t selects = -1;
 };
 
+// An E4M3 value or a scale as printed (%.9g of an f32): the f32 itself.
+bool to_float(std::string const& s, float& v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  v = std::strtof(s.c_str(), &end);
+  return *end == '\0';
+}
+
 // Reads kpool_replay's output: pool lines then 'pools N', nothing else in
-// version 1; in version 2 then 'emitted E' and 'selects M'. (The pool
-// cache's 'cache' lines and the selection's 'select' lines, which come
-// between them, are not produced yet and not accepted.)
+// version 1; in version 2 then 'emitted E', 'cache' lines when the trace
+// has an fp8 pool cache (`cache_lines`), and 'selects M'. (The
+// selection's 'select' lines, which come before 'selects M', are not
+// produced yet and not accepted.)
 std::vector<Printed> read_output(std::istream& in, int D, int version,
-                                 Tail& tail) {
+                                 bool cache_lines, Tail& tail) {
   std::vector<Printed> out;
   std::string line;
   int ln = 0;
@@ -104,6 +132,28 @@ std::vector<Printed> read_output(std::istream& in, int D, int version,
                std::string(version == 1 ? "pools N" : "selects M") + "' line");
     auto const f = split(line);
     std::int64_t a = 0, b = 0;
+    if (stage == 2 && !f.empty() && f[0] == "cache") {
+      if (!cache_lines)
+        mismatch(at + "a 'cache' line, but the trace's pool cache is not fp8");
+      if (f.size() != static_cast<std::size_t>(4 + D))
+        mismatch(at + "a cache line has " + std::to_string(3 + D) +
+                 " fields (seq, pool, scale, " + std::to_string(D) +
+                 " values), got " + std::to_string(f.size() - 1));
+      if (!to_int(f[1], a) || a < 0 || a > 0xFFFFFFFFll)
+        mismatch(at + "malformed seq '" + f[1] + "'");
+      if (!to_int(f[2], b)) mismatch(at + "malformed pool id '" + f[2] + "'");
+      PrintedCache c;
+      c.seq = static_cast<std::uint32_t>(a);
+      c.pool = b;
+      c.line = ln;
+      if (!to_float(f[3], c.scale)) mismatch(at + "malformed scale '" + f[3] + "'");
+      c.values.resize(D);
+      for (int i = 0; i < D; ++i)
+        if (!to_float(f[4 + i], c.values[i]))
+          mismatch(at + "malformed value '" + f[4 + i] + "'");
+      tail.cache.push_back(std::move(c));
+      continue;
+    }
     if (stage == 1 || stage == 2) {
       char const* want = stage == 1 ? "emitted" : "selects";
       if (f.size() != 2 || f[0] != want)
@@ -205,6 +255,8 @@ int main(int argc, char* argv[]) {
   int const K = trace.kpool;
   int const D = trace.head_dim;
   KPoolRef::DType const dt = ref_type(trace.dtype);
+  bool const cache_lines =
+      trace.version >= 2 && trace.pool_cache != KPoolTrace::PoolCache::native;
 
   std::vector<Printed> printed;
   Tail tail;
@@ -215,7 +267,7 @@ int main(int argc, char* argv[]) {
                 << "': " << std::strerror(errno) << '\n';
       return 2;
     }
-    printed = read_output(in, D, trace.version, tail);
+    printed = read_output(in, D, trace.version, cache_lines, tail);
   }
   if (trace.version >= 2) {
     // One emission per sent position that ends a pool, counted here from
@@ -351,15 +403,65 @@ int main(int argc, char* argv[]) {
     }
   }
 
+  // The fp8 cache's entries: one per printed pool, in the same order, each
+  // bit for bit the reference's Q(R(x)) of the pool's printed values.
+  if (cache_lines) {
+    if (tail.cache.size() != printed.size())
+      mismatch(std::to_string(tail.cache.size()) + " cache lines for " +
+               std::to_string(printed.size()) + " pools");
+    KPoolCacheRef::CacheKind const kind{
+        dt, true,
+        trace.pool_cache == KPoolTrace::PoolCache::fp8 ? KPoolCacheRef::Scale::amax
+                                                       : KPoolCacheRef::Scale::pow2,
+        trace.rotate};
+    auto same = [](float a, float b) {
+      return (std::isnan(a) && std::isnan(b)) ||
+             std::memcmp(&a, &b, sizeof(float)) == 0;
+    };
+    for (std::size_t i = 0; i < printed.size(); ++i) {
+      Printed const& p = printed[i];
+      PrintedCache const& c = tail.cache[i];
+      std::string const at = "output line " + std::to_string(c.line) + ": ";
+      if (c.seq != p.seq || c.pool != p.pool)
+        mismatch(at + "cache seq " + std::to_string(c.seq) + " pool " +
+                 std::to_string(c.pool) + " where the pool lines have seq " +
+                 std::to_string(p.seq) + " pool " + std::to_string(p.pool));
+      KPoolCacheRef::Entry const want = KPoolCacheRef::quantize(kind, p.values);
+      if (!same(c.scale, want.scale)) {
+        char buf[200];
+        std::snprintf(buf, sizeof buf,
+                      "seq %u pool %lld: scale %.9g, Q(R(x)) of the printed pool "
+                      "has %.9g",
+                      static_cast<unsigned>(c.seq), static_cast<long long>(c.pool),
+                      static_cast<double>(c.scale), static_cast<double>(want.scale));
+        mismatch(at + buf);
+      }
+      for (int ch = 0; ch < D; ++ch) {
+        float const w = static_cast<float>(KPoolCacheRef::e4m3_value(want.bytes[ch]));
+        if (!same(c.values[ch], w)) {
+          char buf[200];
+          std::snprintf(buf, sizeof buf,
+                        "seq %u pool %lld channel %d: cached %.9g, Q(R(x)) of the "
+                        "printed pool has %.9g",
+                        static_cast<unsigned>(c.seq), static_cast<long long>(c.pool), ch,
+                        static_cast<double>(c.values[ch]), static_cast<double>(w));
+          mismatch(at + buf);
+        }
+      }
+    }
+  }
+
   std::uint64_t rewinds = 0;
   for (auto const& b : trace.blocks)
     for (auto const& r : b.rows) rewinds += r.rewinds ? 1 : 0;
   std::printf(
       "kpool_trace_check: OK: %zu pools of %zu sequences (%zu blocks, dtype "
-      "%s, K %d, D %d, version %d, ring %d, %llu rewinds); worst error %.3g "
-      "of tolerance\n",
+      "%s, K %d, D %d, version %d, ring %d, %llu rewinds, pool cache %s%s, "
+      "%zu cache lines exact); worst error %.3g of tolerance\n",
       printed.size(), trace.sequences.size(), trace.blocks.size(),
       KPoolTrace::dtype_name(trace.dtype), K, D, trace.version, trace.ring,
-      static_cast<unsigned long long>(rewinds), worst);
+      static_cast<unsigned long long>(rewinds),
+      KPoolTrace::pool_cache_name(trace.pool_cache), trace.rotate ? " rotated" : "",
+      tail.cache.size(), worst);
   return 0;
 }

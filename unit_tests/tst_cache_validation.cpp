@@ -5,6 +5,9 @@
 // cache (and load_pools' output) byte for byte after the throw. One TEST
 // per rule. Then defence in depth: with Options::validate off, pools whose
 // blocks are bad are skipped and everything else is written as usual.
+// The cache overloads of KPool::step (fused and three-launch) and
+// KPool::decode_step follow the same rules, and after a throw their ring,
+// output and cache are all unchanged.
 
 #include <KPoolCacheTestUtils.hpp>
 
@@ -374,6 +377,256 @@ TEST(CacheValidation, LoadWithoutValidationSkipsBadPools) {
       ASSERT_EQ(h(1, p, c), 3.5f);
     }
   EXPECT_TRUE(before.unchanged(s.cache));
+}
+
+
+// --- The steps' cache writes -------------------------------------------------
+
+// Two requests, K = 4: row 0 (slot 1) sends positions 14..20, emitting pool
+// 3 (its ring_close pool, block column 0) and pool 4 (column 1); row 1
+// (slot 0) sends 0..9, emitting pools 0 and 1. The decode call: row 0
+// sends 18..20 (pool 4), row 1 sends 1..3 (pool 0).
+struct StepSetup {
+  static constexpr int K = 4, B = 2, next_n = 3;
+  using U32 = Kokkos::View<std::uint32_t*, M>;
+  enum class Path { fused, unfused, decode };
+
+  KPool::Ring<T, M> ring{E(), 2, K, D};
+  Kokkos::View<T**, Kokkos::LayoutRight, M> key{"key", 17, D}, gate{"gate", 17, D};
+  Kokkos::View<float**, Kokkos::LayoutRight, M> ape{"ape", K, D};
+  U32 row_offsets = to_index_view<U32>(std::vector<std::uint32_t>{0, 7, 17}, "ro");
+  U32 cache_lengths = to_index_view<U32>(std::vector<std::uint32_t>{14, 0}, "cl");
+  U32 slot_idx = to_index_view<U32>(std::vector<std::uint32_t>{1, 0}, "slots");
+  Kokkos::View<T***, Kokkos::LayoutRight, M> dkey{"dkey", B, next_n, D},
+      dgate{"dgate", B, next_n, D};
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> positions =
+      positions_view<M>({18, 19, 20, 1, 2, 3}, next_n);
+  Out out{E(), Out::capacity_for(17, B, K), B, D};
+
+  explicit StepSetup(Rng& rng) {
+    randomize(rng, key);
+    randomize(rng, gate);
+    randomize(rng, dkey);
+    randomize(rng, dgate);
+    randomize(rng, ring.tail());
+    randomize(rng, ape);
+    randomize(rng, out.pooled());
+    // Allocated uninitialized: give the rows a step leaves alone known values.
+    Kokkos::deep_copy(out.batch_row(), -7);
+    Kokkos::deep_copy(out.pool_id(), -7);
+  }
+
+  template <class V>
+  static V random_view(Rng& rng, V const& v) {
+    auto h = Kokkos::create_mirror_view(v);
+    for (std::size_t i = 0; i < h.size(); ++i)
+      h.data()[i] = to_storage<typename V::value_type>(rng.uniform(-2, 2));
+    V copy("copy", v.layout());
+    Kokkos::deep_copy(copy, h);
+    return copy;
+  }
+  template <class V>
+  static void randomize(Rng& rng, V const& v) {
+    Kokkos::deep_copy(v, random_view(rng, v));
+  }
+
+  template <class C, class Table>
+  void run(Path path, KPool::PoolCache<C, M>& cache, Table const& table,
+           KPool::Options o) {
+    if (path == Path::decode) {
+      KPool::decode_step(E(), ring, dkey, dgate, ape, positions, slot_idx, B, out, cache,
+                         table, o);
+    } else {
+      o.fused = path == Path::fused;
+      KPool::step(E(), ring, key, gate, ape, row_offsets, cache_lengths, slot_idx, B, out,
+                  cache, table, o);
+    }
+  }
+
+  // Everything a step writes besides the cache.
+  std::vector<std::uint8_t> state() const {
+    std::vector<std::uint8_t> b;
+    auto add = [&](auto const& v) {
+      auto const h = on_host(v);
+      auto const* p = reinterpret_cast<std::uint8_t const*>(h.data());
+      b.insert(b.end(), p, p + h.size() * sizeof(typename decltype(h)::value_type));
+    };
+    add(ring.tail());
+    add(out.pooled());
+    add(out.batch_row());
+    add(out.pool_id());
+    add(out.offsets());
+    return b;
+  }
+};
+
+char const* path_name(StepSetup::Path p) {
+  return p == StepSetup::Path::fused     ? "fused step"
+         : p == StepSetup::Path::unfused ? "three-launch step"
+                                         : "decode_step";
+}
+
+std::string step_entry(StepSetup::Path p) {
+  return p == StepSetup::Path::decode ? "KPool::decode_step" : "KPool::step";
+}
+
+constexpr StepSetup::Path kPaths[] = {StepSetup::Path::fused, StepSetup::Path::unfused,
+                                      StepSetup::Path::decode};
+
+// A step that must throw (row, value as given) with nothing written: not
+// the ring, not the output, not the cache.
+template <class C, class Table>
+void expect_step_throws(StepSetup::Path path, KPool::PoolCache<C, M>& cache,
+                        Table const& table, KPool::Options o, std::string const& argument,
+                        std::int64_t row, std::string const& value) {
+  SCOPED_TRACE(path_name(path));
+  Rng rng(99);
+  StepSetup s(rng);
+  Snapshot<C> const before(cache);
+  std::vector<std::uint8_t> const state = s.state();
+  EXPECT_TRUE(throws([&] { s.run(path, cache, table, o); }, step_entry(path), argument, row,
+                     value));
+  EXPECT_TRUE(before.unchanged(cache));
+  EXPECT_TRUE(same_bytes(s.state(), state, 1, "ring and output"));
+}
+
+TEST(CacheValidation, StepBlocksMustBeAssigned) {
+  Rng rng(20);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, true);
+  // Row 0's pool 4 lives in column 1.
+  for (auto path : kPaths)
+    expect_step_throws(path, cache, table_of({{0, -1}, {3, 4}}), validated(), "block_table",
+                       0, "-1");
+}
+
+TEST(CacheValidation, StepBlocksMustBeBelowNumBlocks) {
+  Rng rng(21);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::pow2);
+  for (auto path : kPaths) {
+    expect_step_throws(path, cache, table_of({{0, 1}, {kBlocks, 4}}), validated(),
+                       "block_table", 1, std::to_string(kBlocks));
+  }
+}
+
+TEST(CacheValidation, StepBlockTableWideEnoughForEveryPool) {
+  Rng rng(22);
+  auto cache = random_cache<T>(rng, KPool::CacheScale::none);
+  // One column: row 0's pool 4 has none.
+  for (auto path : kPaths)
+    expect_step_throws(path, cache, table_of({{0}, {3}}), validated(), "block_table", 0, "1");
+}
+
+// Shapes, with validation off too.
+TEST(CacheValidation, StepBlockTableHasARowPerBatchRow) {
+  Rng rng(23);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax);
+  KPool::Options off;
+  off.validate = false;
+  for (auto path : kPaths) {
+    expect_step_throws(path, cache, table_of({{0, 1}}), off, "block_table", -1, "1");
+    expect_step_throws(path, cache, table_of({{0, 1}, {2, 3}, {4, 5}}), off, "block_table",
+                       -1, "3");
+  }
+}
+
+TEST(CacheValidation, StepCacheHeadDimMustBeThePools) {
+  Rng rng(24);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, true, D / 2);
+  KPool::Options off;
+  off.validate = false;
+  for (auto path : kPaths)
+    expect_step_throws(path, cache, good_table(), off, "cache", -1, std::to_string(D / 2));
+}
+
+TEST(CacheValidation, StepCacheMustHaveStorage) {
+  KPool::PoolCache<F8, M> cache;
+  for (auto path : kPaths) {
+    SCOPED_TRACE(path_name(path));
+    Rng rng(25);
+    StepSetup s(rng);
+    std::vector<std::uint8_t> const state = s.state();
+    EXPECT_TRUE(throws([&] { s.run(path, cache, good_table(), validated()); },
+                       step_entry(path), "cache", -1, "an empty PoolCache"));
+    EXPECT_TRUE(same_bytes(s.state(), state, 1, "ring and output"));
+  }
+}
+
+TEST(CacheValidation, StepFp8CacheNeedsPoolsThatAreNotF64) {
+  using Out64 = KPool::StepOutput<double, M>;
+  KPool::Ring<double, M> ring(E(), 2, 4, D);
+  Kokkos::View<double**, Kokkos::LayoutRight, M> key("key", 8, D), gate("gate", 8, D);
+  Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", 4, D);
+  using U32 = Kokkos::View<std::uint32_t*, M>;
+  Out64 out(E(), 8, 2, D);
+  KPool::PoolCache<F8, M> cache(E(), kBlocks, kBlockPools, D, KPool::CacheScale::amax);
+  EXPECT_TRUE(throws(
+      [&] {
+        KPool::step(E(), ring, key, gate, ape,
+                    to_index_view<U32>(std::vector<std::uint32_t>{0, 8, 8}, "ro"),
+                    to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cl"),
+                    to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slots"), 2, out,
+                    cache, good_table());
+      },
+      "KPool::step", "cache", -1, "fp8_e4m3"));
+  Kokkos::View<double***, Kokkos::LayoutRight, M> dkey("dkey", 2, 1, D), dgate("dgate", 2, 1, D);
+  EXPECT_TRUE(throws(
+      [&] {
+        KPool::decode_step(E(), ring, dkey, dgate, ape, positions_view<M>({3, 3}, 1),
+                           to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slots"), 2,
+                           out, cache, good_table());
+      },
+      "KPool::decode_step", "cache", -1, "fp8_e4m3"));
+}
+
+// Columns no emitted pool needs may hold anything: row 1 emits pools 0 and
+// 1 (column 0) only, row 0 nothing in column 2.
+TEST(CacheValidation, StepIgnoresBlocksNoPoolNeeds) {
+  Rng rng(26);
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax);
+  for (auto path : kPaths) {
+    SCOPED_TRACE(path_name(path));
+    StepSetup s(rng);
+    EXPECT_NO_THROW(s.run(path, cache, table_of({{0, 1, -5}, {3, -1, 1 << 30}}), validated()));
+  }
+}
+
+// With validation off a pool whose block is unassigned or too large is
+// left out of the cache, and everything else is as with a good table: the
+// ring, the output (which still holds the pool) and every other entry.
+TEST(CacheValidation, StepWithoutValidationSkipsBadBlocks) {
+  KPool::Options off;
+  off.validate = false;
+  for (auto path : kPaths)
+    for (std::int32_t bad : {-1, kBlocks, 1 << 30}) {
+      SCOPED_TRACE(std::string(path_name(path)) + ", block " + std::to_string(bad));
+      Rng rng(27);
+      auto const start = random_cache<F8>(rng, KPool::CacheScale::amax, true);
+      auto clone = [&] {
+        KPool::PoolCache<F8, M> c(E(), kBlocks, kBlockPools, D, KPool::CacheScale::amax, true);
+        Kokkos::deep_copy(c.values(), start.values());
+        Kokkos::deep_copy(c.scales(), start.scales());
+        return c;
+      };
+      auto skipped = clone();
+      auto good = clone();
+      Rng r1(28), r2(28);
+      StepSetup a(r1), b(r2);
+      // Row 0's column 1 (pool 4 at block 5, entry 0) is bad in a.
+      a.run(path, skipped, table_of({{0, bad}, {3, 4}}), off);
+      b.run(path, good, table_of({{0, 5}, {3, 4}}), validated());
+      EXPECT_TRUE(same_bytes(a.state(), b.state(), 1, "ring and output"));
+      // good, with block 5's entry 0 put back as it was.
+      auto const hs = on_host(start.values());
+      auto const hss = on_host(start.scales());
+      auto hg = on_host(good.values());
+      auto hgs = on_host(good.scales());
+      for (int c = 0; c < D; ++c) hg(5, 0, c) = hs(5, 0, c);
+      hgs(5, 0) = hss(5, 0);
+      Kokkos::deep_copy(good.values(), hg);
+      Kokkos::deep_copy(good.scales(), hgs);
+      EXPECT_TRUE(Snapshot<F8>(good).unchanged(skipped));
+      EXPECT_FALSE(Snapshot<F8>(start).unchanged(skipped)) << "the good pools were not written";
+    }
 }
 
 }  // namespace

@@ -10,11 +10,22 @@
 // values (a rewind), through decode_step and through step, fused and
 // unfused, with the serving ring length. Every pool as last emitted equals,
 // bit for bit, a one-shot compress of the values last sent.
+//
+// With a pool cache (docs/indexer.md, "The pool cache"), passed to every
+// step and decode step, each sequence's cache entries (values and scales)
+// as the steps wrote them are byte-identical to those store_pools writes
+// from a one-shot compress of the whole final sequence, and to the
+// independent reference's Q(R(x)) of its pools (KPoolCacheReference.hpp),
+// for native and fp8 (amax, pow2) caches, rotated and not.
 
+#include <KPoolCacheReference.hpp>
 #include <KPoolTestUtils.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <numeric>
+#include <type_traits>
 
 namespace {
 
@@ -35,6 +46,34 @@ double input(std::uint64_t seq, std::uint64_t pos, int c, int which, DType t,
   return KPoolRef::round_to(t, r.uniform(which ? -5 : -2, which ? 5 : 2));
 }
 
+// The cache a simulation's steps write (on = false: none).
+struct CacheKind {
+  bool on = false;
+  bool fp8 = false;
+  KPool::CacheScale scale = KPool::CacheScale::none;
+  bool rotate = false;
+};
+
+std::string cache_name(CacheKind const& k) {
+  if (!k.on) return "no cache";
+  return std::string(k.fp8 ? "fp8 " : "native ") + KPool::cache_scale_name(k.scale) +
+         (k.rotate ? " rotated" : "");
+}
+
+// Every cache kind for storage type t and head_dim D, "none" first.
+std::vector<CacheKind> cache_kinds(DType t, int D) {
+  std::vector<CacheKind> v{CacheKind{}};
+  bool const pow2 = (D & (D - 1)) == 0;
+  for (bool rotate : {false, true}) {
+    if (rotate && !pow2) continue;
+    v.push_back({true, false, KPool::CacheScale::none, rotate});
+    if (t == DType::f64) continue;
+    v.push_back({true, true, KPool::CacheScale::amax, rotate});
+    v.push_back({true, true, KPool::CacheScale::pow2, rotate});
+  }
+  return v;
+}
+
 struct Sequence {
   int id;
   int slot;
@@ -48,15 +87,21 @@ class Simulation {
   using T = typename C::value_type;
   using E = typename C::execution_space;
   using Mem = typename C::memory_space;
+  // The fp8 cache type; f64 pools have none (their kinds are native only).
+  using F8 = std::conditional_t<std::is_same<T, double>::value, T, KPool::float8_e4m3>;
+  using Table = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, Mem>;
 
  public:
   // drafts = S > 0 adds verify rounds, with the serving ring length.
-  Simulation(int K, int D, std::uint64_t seed, int drafts = 0)
+  // cache.on: every call writes that pool cache too.
+  Simulation(int K, int D, std::uint64_t seed, int drafts = 0, CacheKind cache = {})
       : K_(K), D_(D), drafts_(drafts), rng_(seed), ape_(random_ape(rng_, K, D)),
         ring_(E(), slots_, K, D, KPool::Ring<T, Mem>::serving_length(K, drafts)),
         out_(E(), KPool::StepOutput<T, Mem>::capacity_for(max_tokens_, max_batch_, K),
-             max_batch_, D) {
+             max_batch_, D),
+        kind_(cache) {
     for (int s = 0; s < slots_; ++s) free_.push_back(s);
+    if (kind_.on) grow_cache();
   }
 
   void run(int calls) {
@@ -127,7 +172,16 @@ class Simulation {
         ASSERT_TRUE(pool_matches(C::dtype, it->second.data(), 1, ref.row(p), scale.row(p), D_))
             << "pool " << p;
       }
+      for (int p = 0; p < pools; ++p) {
+        std::vector<T> v(D_);
+        for (int c = 0; c < D_; ++c) v[c] = h(p, c);
+        once_.push_back(OneShotPool{id, p, std::move(v)});
+      }
     }
+    if (kind_.fp8)
+      verify_cache(fp8_);
+    else if (kind_.on)
+      verify_cache(native_);
   }
 
   int pools_seen() const { return static_cast<int>(produced_.size()); }
@@ -142,6 +196,9 @@ class Simulation {
   // member is sent).
   int expected_emissions() const { return expected_emitted_; }
   bool used_both_step_paths() const { return fused_calls_ > 0 && unfused_calls_ > 0; }
+  bool used_every_path() const { return used_both_step_paths() && decode_calls_ > 0; }
+  // Pools whose cache entries were checked.
+  int cache_entries_checked() const { return cache_checked_; }
 
  private:
   void admit() {
@@ -153,6 +210,7 @@ class Simulation {
       live_.push_back(Sequence{next_id_++, slot, 0, 1 + rng_.below(12 * K_ + 9)});
       fed_[live_.back().id] = 0;
       sends_[live_.back().id].clear();
+      if (kind_.on) assign_blocks(live_.back());
     }
   }
 
@@ -203,10 +261,13 @@ class Simulation {
     KPool::Options o = test_options<E>();
     o.fused = rng_.below(2) == 0;
     ++(o.fused ? fused_calls_ : unfused_calls_);
-    KPool::step(E(), ring_, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
-                ape_view<Mem>(ape_), to_index_view<U32>(offsets, "row_offsets"),
-                to_index_view<U32>(cache, "cache_lengths"), to_index_view<U32>(slot, "slot_idx"),
-                n, out_, o);
+    auto const run_step = [&](auto&... pool_cache) {
+      KPool::step(E(), ring_, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
+                  ape_view<Mem>(ape_), to_index_view<U32>(offsets, "row_offsets"),
+                  to_index_view<U32>(cache, "cache_lengths"),
+                  to_index_view<U32>(slot, "slot_idx"), n, out_, pool_cache..., o);
+    };
+    with_cache(rows, B, run_step);
     collect(rows);
     for (auto& f : fed) advance(*f.first, f.second);
   }
@@ -249,9 +310,13 @@ class Simulation {
     for (int r = 0; r < B; ++r)
       for (int i = 0; i < next_n; ++i) hp(r, i) = positions[r * next_n + i];
     Kokkos::deep_copy(pos_v, hp);
-    KPool::decode_step(E(), ring_, key, gate, ape_view<Mem>(ape_), pos_v,
-                       to_index_view<Kokkos::View<std::uint32_t*, Mem>>(slot, "slot_idx"), n,
-                       out_, test_options<E>());
+    auto const run_decode = [&](auto&... pool_cache) {
+      KPool::decode_step(E(), ring_, key, gate, ape_view<Mem>(ape_), pos_v,
+                         to_index_view<Kokkos::View<std::uint32_t*, Mem>>(slot, "slot_idx"), n,
+                         out_, pool_cache..., test_options<E>());
+    };
+    with_cache(rows, B, run_decode);
+    ++decode_calls_;
     collect(rows);
     for (int r = 0; r < n; ++r) advance(*rows[r], taken[r]);
   }
@@ -294,10 +359,159 @@ class Simulation {
     }
   }
 
+  // Runs call() without a cache, or call(cache, block_table) with the
+  // simulation's, the table's row r holding rows[r]'s blocks (-1 past
+  // them) and garbage in the rows past num_requests.
+  template <class Call>
+  void with_cache(std::vector<Sequence*> const& rows, int B, Call const& call) {
+    if (!kind_.on) {
+      call();
+      return;
+    }
+    int width = 1;
+    for (Sequence* s : rows) width = std::max(width, static_cast<int>(blocks_[s->id].size()));
+    Table table("block_table", B, width);
+    auto h = Kokkos::create_mirror_view(table);
+    for (int r = 0; r < B; ++r)
+      for (int c = 0; c < width; ++c) {
+        std::vector<std::int32_t> const* b =
+            r < static_cast<int>(rows.size()) ? &blocks_[rows[r]->id] : nullptr;
+        h(r, c) = b ? (c < static_cast<int>(b->size()) ? (*b)[c] : -1)
+                    : static_cast<std::int32_t>(rng_.next());
+      }
+    Kokkos::deep_copy(table, h);
+    if (kind_.fp8)
+      call(fp8_, table);
+    else
+      call(native_, table);
+  }
+
+  // Enough blocks for every pool a sequence can complete, drafts past its
+  // length included, in a random order of the cache's free blocks.
+  void assign_blocks(Sequence const& s) {
+    int const pools = (s.length + drafts_) / K_ + 1;
+    int const n = (pools + block_pools_ - 1) / block_pools_;
+    while (static_cast<int>(free_blocks_.size()) < n) grow_cache();
+    std::vector<std::int32_t>& b = blocks_[s.id];
+    b.assign(free_blocks_.end() - n, free_blocks_.end());
+    free_blocks_.resize(free_blocks_.size() - n);
+  }
+
+  // Doubles the cache (at least 32 blocks), keeping what it holds.
+  void grow_cache() {
+    int const old = kind_.fp8 ? fp8_.num_blocks() : native_.num_blocks();
+    int const n = std::max(32, 2 * old);
+    if (kind_.fp8)
+      fp8_ = grown(fp8_, n);
+    else
+      native_ = grown(native_, n);
+    std::vector<std::int32_t> fresh(n - old);
+    std::iota(fresh.begin(), fresh.end(), old);
+    for (int i = static_cast<int>(fresh.size()); i > 1; --i)
+      std::swap(fresh[i - 1], fresh[rng_.below(i)]);
+    free_blocks_.insert(free_blocks_.begin(), fresh.begin(), fresh.end());
+  }
+
+  template <class Cc>
+  KPool::PoolCache<Cc, Mem> grown(KPool::PoolCache<Cc, Mem> const& c, int blocks) const {
+    KPool::PoolCache<Cc, Mem> g(E(), blocks, block_pools_, D_, kind_.scale, kind_.rotate);
+    if (c.is_allocated()) {
+      auto const head = std::make_pair(0, c.num_blocks());
+      Kokkos::deep_copy(Kokkos::subview(g.values(), head, Kokkos::ALL, Kokkos::ALL), c.values());
+      Kokkos::deep_copy(Kokkos::subview(g.scales(), head, Kokkos::ALL), c.scales());
+    }
+    return g;
+  }
+
+  // The entries of every sequence's pools [0, pools): equal, byte for byte,
+  // to the reference's Q(R(x)) of the pools as last emitted, and to what
+  // store_pools writes from the one-shot compress of each whole sequence.
+  template <class Cc>
+  void verify_cache(KPool::PoolCache<Cc, Mem> const& streamed) {
+    SCOPED_TRACE(cache_name(kind_));
+    KPoolCacheRef::CacheKind const ref{
+        C::dtype, kind_.fp8,
+        kind_.scale == KPool::CacheScale::amax   ? KPoolCacheRef::Scale::amax
+        : kind_.scale == KPool::CacheScale::pow2 ? KPoolCacheRef::Scale::pow2
+                                                 : KPoolCacheRef::Scale::none,
+        kind_.rotate};
+    // The one-shot pools through store_pools, batch row i = sequence
+    // seqs[i], into a fresh cache with the same blocks.
+    std::vector<int> seqs;
+    for (auto const& o : once_)
+      if (seqs.empty() || seqs.back() != o.seq) seqs.push_back(o.seq);
+    int const B = std::max<int>(1, static_cast<int>(seqs.size()));
+    int width = 1;
+    for (int id : seqs) width = std::max(width, static_cast<int>(blocks_[id].size()));
+    Table table("one_shot_table", B, width);
+    auto ht = Kokkos::create_mirror_view(table);
+    Kokkos::deep_copy(ht, -1);
+    std::map<int, int> row_of;
+    for (int i = 0; i < static_cast<int>(seqs.size()); ++i) {
+      row_of[seqs[i]] = i;
+      for (std::size_t c = 0; c < blocks_[seqs[i]].size(); ++c) ht(i, c) = blocks_[seqs[i]][c];
+    }
+    Kokkos::deep_copy(table, ht);
+    std::size_t const n = once_.size();
+    KPool::StepOutput<T, Mem> out(E(), std::max<std::size_t>(n, 1), B, D_);
+    {
+      out.begin_call(B);
+      auto ho = Kokkos::create_mirror_view(out.offsets());
+      Kokkos::deep_copy(ho, 0u);
+      ho(B) = static_cast<std::uint32_t>(n);
+      auto hp = Kokkos::create_mirror_view(out.pooled());
+      auto hb = Kokkos::create_mirror_view(out.batch_row());
+      auto hi = Kokkos::create_mirror_view(out.pool_id());
+      for (std::size_t o = 0; o < n; ++o) {
+        hb(o) = row_of[once_[o].seq];
+        hi(o) = once_[o].pool;
+        for (int c = 0; c < D_; ++c) hp(o, c) = once_[o].values[c];
+      }
+      Kokkos::deep_copy(out.offsets(), ho);
+      Kokkos::deep_copy(out.pooled(), hp);
+      Kokkos::deep_copy(out.batch_row(), hb);
+      Kokkos::deep_copy(out.pool_id(), hi);
+    }
+    KPool::PoolCache<Cc, Mem> one_shot(E(), streamed.num_blocks(), block_pools_, D_,
+                                       kind_.scale, kind_.rotate);
+    KPool::store_pools(E(), out, B, table, one_shot, test_options<E>());
+
+    auto const sv = on_host(streamed.values());
+    auto const ss = on_host(streamed.scales());
+    auto const ov = on_host(one_shot.values());
+    auto const os = on_host(one_shot.scales());
+    for (auto const& o : once_) {
+      SCOPED_TRACE("sequence " + std::to_string(o.seq) + " pool " + std::to_string(o.pool));
+      int const block = blocks_[o.seq][o.pool / block_pools_];
+      int const entry = o.pool % block_pools_;
+      Cc const* const got = &sv(block, entry, 0);
+      ASSERT_EQ(std::memcmp(got, &ov(block, entry, 0), D_ * sizeof(Cc)), 0)
+          << "streamed cache values differ from store_pools of the one-shot pools";
+      ASSERT_EQ(std::memcmp(&ss(block, entry), &os(block, entry), sizeof(float)), 0)
+          << "scale: streamed " << ss(block, entry) << ", one-shot " << os(block, entry);
+      std::vector<double> x(D_);
+      for (int c = 0; c < D_; ++c) x[c] = to_double(o.values[c]);
+      KPoolCacheRef::Entry const want = KPoolCacheRef::quantize(ref, x);
+      ASSERT_EQ(want.bytes.size(), D_ * sizeof(Cc));
+      ASSERT_EQ(std::memcmp(got, want.bytes.data(), want.bytes.size()), 0)
+          << "streamed cache values differ from the reference's Q(R(x))";
+      ASSERT_EQ(std::memcmp(&ss(block, entry), &want.scale, sizeof(float)), 0)
+          << "scale: streamed " << ss(block, entry) << ", reference " << want.scale;
+      ++cache_checked_;
+    }
+  }
+
+  struct OneShotPool {
+    int seq;
+    int pool;
+    std::vector<T> values;
+  };
+
   int K_, D_, drafts_;
   Rng rng_;
   Matrix ape_;
   static constexpr int slots_ = 6, max_batch_ = 12, max_tokens_ = 12 * (4 * 16 + 3);
+  static constexpr int block_pools_ = 4;
   KPool::Ring<T, Mem> ring_;
   KPool::StepOutput<T, Mem> out_;
   std::vector<int> free_;
@@ -311,32 +525,58 @@ class Simulation {
   int rewinds_ = 0;
   int emitted_ = 0;
   int expected_emitted_ = 0;
-  int fused_calls_ = 0, unfused_calls_ = 0;
+  int fused_calls_ = 0, unfused_calls_ = 0, decode_calls_ = 0;
+  CacheKind kind_;
+  KPool::PoolCache<T, Mem> native_;
+  KPool::PoolCache<F8, Mem> fp8_;
+  std::map<int, std::vector<std::int32_t>> blocks_;  // per sequence
+  std::vector<std::int32_t> free_blocks_;
+  std::vector<OneShotPool> once_;  // verify()'s one-shot pools, by sequence
+  int cache_checked_ = 0;
 };
 
+// Each simulation writes one cache kind (or none), the kinds taken in turn
+// so that every kind of the storage type runs at each head_dim.
 TYPED_TEST(Streaming, ChunkedAndDecodedSequencesGiveOneShotPools) {
-  for (int K : k_grid())
+  std::vector<int> const ks = k_grid();
+  for (std::size_t i = 0; i < ks.size(); ++i)
     for (int D : {7, 128}) {
-      SCOPED_TRACE(shape(K, D));
-      Simulation<TypeParam> sim(K, D, 7919 * K + D);
+      int const K = ks[i];
+      std::vector<CacheKind> const kinds = cache_kinds(TypeParam::dtype, D);
+      CacheKind const kind = kinds[i % kinds.size()];
+      SCOPED_TRACE(shape(K, D) + ", " + cache_name(kind));
+      Simulation<TypeParam> sim(K, D, 7919 * K + D, 0, kind);
       sim.run(60);
       sim.verify();
       // The run exercised what it claims to.
       EXPECT_GT(sim.pools_seen(), 10);
       EXPECT_GT(sim.slot_reuses(), 0);
+      if (kind.on) {
+        EXPECT_TRUE(sim.used_every_path());
+        EXPECT_GT(sim.cache_entries_checked(), 10);
+      }
     }
 }
 
 // Verify rounds with S drafts and the serving ring length R = K *
 // next_pow2(ceil((K + S) / K)), on both step paths and every storage type.
+// Cache kinds in turn as above; rewinds re-emit pools, whose entries the
+// re-emission overwrites.
 TYPED_TEST(Streaming, RejectedDraftsReSentGiveOneShotPools) {
+  int i = 0;
   for (int S : {1, 3, 7})
     for (int K : {1, 3, 4}) {
-      int const D = K == 4 && S == 3 ? 128 : 7;  // K = 4, D = 128: the fast path
-      SCOPED_TRACE(shape(K, D) + " S=" + std::to_string(S));
-      Simulation<TypeParam> sim(K, D, 6007 * K + 31 * S + D, S);
+      // K = 4, D = 128: the fast path; D = 8: small rotated caches.
+      int const D = K == 4 && S == 3 ? 128 : S == 7 ? 8 : 7;
+      std::vector<CacheKind> const kinds = cache_kinds(TypeParam::dtype, D);
+      CacheKind const kind = kinds[(i++ + 1) % kinds.size()];
+      SCOPED_TRACE(shape(K, D) + " S=" + std::to_string(S) + ", " + cache_name(kind));
+      Simulation<TypeParam> sim(K, D, 6007 * K + 31 * S + D, S, kind);
       sim.run(40);
       sim.verify();
+      if (kind.on) {
+        EXPECT_GT(sim.cache_entries_checked(), 10);
+      }
       EXPECT_EQ(sim.emitted(), sim.expected_emissions())
           << "a pool is emitted each time its last member is sent";
       EXPECT_GT(sim.rewinds(), 5);

@@ -121,6 +121,9 @@ struct CacheSlot {
 // have any layout.
 template <class C, class A, class MemorySpace>
 struct CacheTarget {
+  static constexpr bool enabled = true;
+  using arithmetic_type = A;
+
   C* values;                        // [num_blocks][block_pools][head_dim]
   float* scales;                    // [num_blocks][block_pools]
   std::int32_t const* block_table;  // [table_rows][table_cols], strided
@@ -442,6 +445,90 @@ KOKKOS_INLINE_FUNCTION void cache_team_write(
     if (where.block < 0) return;
     cache_quantize_row<ExecutionSpace>(member, s.row(slot), t, where);
   });
+}
+
+// --- The steps' cache writes --------------------------------------------
+
+// A step without a cache: its functors compile to what they were before
+// caches existed (no scratch, no barrier, nothing staged).
+struct NoCache {
+  static constexpr bool enabled = false;
+};
+
+// thread_vector_pool's stage for a cache write: channel c of the pool, as
+// rounded into T, converted to A, into the slot's scratch row.
+template <class A>
+struct CacheStage {
+  A* row;
+  template <class T>
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(int c, T const& v) const {
+    row[c] = to_accumulator(v);
+  }
+};
+
+// What a writer's item function gets to route the pools it makes into the
+// cache. open(member, r, pool, k) records where the item's k-th pool goes
+// (pool `pool` of batch row r) and returns the stage to pool it with;
+// holds(k) says whether the item has a k-th slot. NoCacheHook: no cache.
+struct NoCacheHook {
+  static constexpr bool enabled = false;
+  KOKKOS_FORCEINLINE_FUNCTION bool holds(int) const { return false; }
+  template <class Member>
+  KOKKOS_FORCEINLINE_FUNCTION NoStage open(Member const&, int, std::int64_t,
+                                           int = 0) const {
+    return NoStage();
+  }
+};
+
+template <class ExecutionSpace, class Target>
+struct TeamCacheHook {
+  static constexpr bool enabled = true;
+  using A = typename Target::arithmetic_type;
+
+  CacheScratch<ExecutionSpace, A> const* scratch;
+  Target const* target;
+  int first;  // the item's first slot
+  int slots;  // slots an item has
+
+  KOKKOS_FORCEINLINE_FUNCTION bool holds(int k) const { return k < slots; }
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION CacheStage<A> open(Member const& member, int r,
+                                            std::int64_t pool, int k = 0) const {
+    cache_stage_target(member, *scratch, first + k, target->locate(r, pool));
+    return CacheStage<A>{scratch->row(first + k)};
+  }
+};
+
+/// The team loop of every step functor: body(i, hook) for each item i in
+/// [0, items), over the team's threads. With a cache each item owns
+/// `per_item` scratch slots, marked empty before its body runs; after the
+/// loop the team writes every staged pool (cache_team_write). The loop
+/// body holds no barrier and the write phase is team-uniform, so every
+/// team thread reaches every barrier however many pools its items made.
+/// Without a cache it is the plain TeamThreadRange.
+template <class ExecutionSpace, class Cache, class Member, class Body>
+KOKKOS_INLINE_FUNCTION void team_items(Member const& member,
+                                       Cache const& cache, int items,
+                                       int per_item, Body const& body) {
+  if constexpr (Cache::enabled) {
+    using A = typename Cache::arithmetic_type;
+    CacheScratch<ExecutionSpace, A> const s(member, items * per_item,
+                                            cache.head_dim());
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items), [&](int i) {
+      TeamCacheHook<ExecutionSpace, Cache> const hook{&s, &cache,
+                                                      i * per_item, per_item};
+      KokkosExt::single_per_thread(member, [&]() {
+        for (int k = 0; k < per_item; ++k) s.dest(i * per_item + k, 0) = -1;
+      });
+      body(i, hook);
+    });
+    cache_team_write<ExecutionSpace>(member, s, cache);
+  } else {
+    (void)cache;
+    (void)per_item;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items),
+                         [&](int i) { body(i, NoCacheHook()); });
+  }
 }
 
 // --- Launch ---------------------------------------------------------------

@@ -1,6 +1,7 @@
 #ifndef KPOOL_DETAILS_COMPRESS_FUNCTOR_HPP
 #define KPOOL_DETAILS_COMPRESS_FUNCTOR_HPP
 
+#include <details/KPool_DetailsCacheWrite.hpp>
 #include <details/KPool_DetailsRaggedWriter.hpp>
 
 #include <cstdint>
@@ -9,19 +10,24 @@ namespace KPool {
 namespace Details {
 
 // compress on its own (the writer, or the step's middle launch). One work
-// item is one output row.
-template <class Writer>
+// item is one output row. A step's launch with a cache writes the pools
+// into it too (team_items).
+template <class Writer, class Cache = NoCache>
 struct CompressFunctor {
   using member_type = typename Writer::member_type;
+  using execution_space = typename Writer::execution_space;
 
   Writer writer;
+  Cache cache{};
   int items_per_team = 1;
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     std::uint64_t const begin =
         static_cast<std::uint64_t>(member.league_rank()) * items_per_team;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
-                         [&](int i) { writer.pool_row(member, begin + i); });
+    team_items<execution_space>(
+        member, cache, items_per_team, 1, [&](int i, auto const& hook) {
+          writer.pool_row(member, begin + i, hook);
+        });
   }
 };
 

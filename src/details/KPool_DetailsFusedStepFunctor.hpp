@@ -1,6 +1,7 @@
 #ifndef KPOOL_DETAILS_FUSED_STEP_FUNCTOR_HPP
 #define KPOOL_DETAILS_FUSED_STEP_FUNCTOR_HPP
 
+#include <details/KPool_DetailsCacheWrite.hpp>
 #include <details/KPool_DetailsRaggedWriter.hpp>
 
 #include <cstdint>
@@ -17,11 +18,15 @@ namespace Details {
 // other request touches that slot. The remaining teams build the compress
 // pools, which never touch the ring. It calls the same device functions as
 // the three-launch path, so both produce the same bits.
-template <class Writer>
+// With a cache (Cache a CacheTarget), every team then writes the pools its
+// items made into the cache from team scratch (team_items).
+template <class Writer, class Cache = NoCache>
 struct FusedStepFunctor {
   using member_type = typename Writer::member_type;
+  using execution_space = typename Writer::execution_space;
 
   Writer writer;
+  Cache cache{};
   int request_teams = 0;
   int items_per_team = 1;
 
@@ -29,16 +34,18 @@ struct FusedStepFunctor {
     int const team = member.league_rank();
     if (team < request_teams) {
       int const begin = team * items_per_team;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
-                           [&](int i) {
-                             writer.close(member, begin + i);
-                             writer.seed(member, begin + i);
-                           });
+      team_items<execution_space>(
+          member, cache, items_per_team, 1, [&](int i, auto const& hook) {
+            writer.close(member, begin + i, hook);
+            writer.seed(member, begin + i);
+          });
     } else {
       std::uint64_t const begin =
           static_cast<std::uint64_t>(team - request_teams) * items_per_team;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
-                           [&](int i) { writer.pool_row(member, begin + i); });
+      team_items<execution_space>(
+          member, cache, items_per_team, 1, [&](int i, auto const& hook) {
+            writer.pool_row(member, begin + i, hook);
+          });
     }
   }
 };

@@ -153,15 +153,27 @@ KOKKOS_FORCEINLINE_FUNCTION A softmax_pool(A const (&logit)[KS],
   return acc / sum;
 }
 
+// Where a pool's values go besides the output row. NoStage: nowhere. A
+// cache write passes its team-scratch stage (KPool_DetailsCacheWrite.hpp),
+// which receives each channel's value from the registers that just rounded
+// it into T, so the pool never makes a second trip through memory.
+struct NoStage {
+  template <class T>
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(int, T const&) const {}
+};
+
 /// One pool, computed by the calling team thread's vector lanes, written
-/// to out[c * out_c] for c in [0, D). Lanes own channel packets
-/// [p * Width, (p + 1) * Width), the same mapping thread_vector_copy uses,
-/// so a lane only ever reads ring entries it wrote itself.
-template <class ExecutionSpace, class P, class T, class Member>
+/// to out[c * out_c] for c in [0, D), and each value handed to stage(c, v).
+/// Lanes own channel packets [p * Width, (p + 1) * Width), the same mapping
+/// thread_vector_copy uses, so a lane only ever reads ring entries it wrote
+/// itself.
+template <class ExecutionSpace, class P, class T, class Member,
+          class Stage = NoStage>
 KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
                                                int D, ApeSource const& ape,
                                                PoolSource<T> const& src,
-                                               T* out, std::ptrdiff_t out_c) {
+                                               T* out, std::ptrdiff_t out_c,
+                                               Stage const& stage = Stage()) {
   using A = accumulator_t<T>;
   constexpr int W = P::width;
   int const head_dim = P::head_dim > 0 ? P::head_dim : D;
@@ -191,8 +203,10 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
       }
       Packet<T, W> o;
       KPOOL_IMPL_UNROLL
-      for (int w = 0; w < W; ++w)
+      for (int w = 0; w < W; ++w) {
         o.v[w] = from_accumulator<T>(softmax_pool<KS>(logit[w], key[w]));
+        stage(c0 + w, o.v[w]);
+      }
       store_packet<W>(out + c0, o);
     });
   } else if constexpr (P::contiguous) {
@@ -213,7 +227,9 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
           sum = m == 0 ? e : sum + e;
           acc = m == 0 ? e * k : KokkosExt::fmadd(e, k, acc);
         }
-        out[c] = from_accumulator<T>(acc / sum);
+        T const v = from_accumulator<T>(acc / sum);
+        out[c] = v;
+        stage(c, v);
       }
     });
   } else {
@@ -234,7 +250,9 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
         sum = m == 0 ? e : sum + e;
         acc = m == 0 ? e * k : KokkosExt::fmadd(e, k, acc);
       }
-      out[c * out_c] = from_accumulator<T>(acc / sum);
+      T const v = from_accumulator<T>(acc / sum);
+      out[c * out_c] = v;
+      stage(c, v);
     });
   }
 }

@@ -58,6 +58,7 @@ struct PoolSink {
 template <class ExecutionSpace, class T, class P, bool StepMode,
           class RingValue = T>
 struct RaggedWriter {
+  using execution_space = ExecutionSpace;
   using member_type =
       typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
 
@@ -71,8 +72,11 @@ struct RaggedWriter {
   int head_dim;
 
   // ring_close: the pending pool whose first `have` members the ring holds.
-  // The ring is only read.
-  KOKKOS_INLINE_FUNCTION void close(member_type const& member, int r) const {
+  // The ring is only read. `hook` routes the pool into a step's cache
+  // (KPool_DetailsCacheWrite.hpp, NoCacheHook without one).
+  template <class Hook>
+  KOKKOS_INLINE_FUNCTION void close(member_type const& member, int r,
+                                    Hook const& hook) const {
     if (r >= batch.num_requests) return;
     Request const q = batch.request(r);
     std::uint64_t const o =
@@ -85,11 +89,12 @@ struct RaggedWriter {
     PoolSource<T> src = rows_source(key, gate, q.row_begin);
     attach_ring(src, tail, q.slot, q.g.have, q.g.cache_length - q.g.have,
                 batch.ring_length);
-    thread_vector_pool<ExecutionSpace, P>(member, batch.kpool, head_dim, ape,
-                                          src, out.row(o),
-                                          out.channel_stride());
     std::int64_t const pool =
         static_cast<std::int64_t>(q.g.cache_length / batch.kpool);
+    thread_vector_pool<ExecutionSpace, P>(member, batch.kpool, head_dim, ape,
+                                          src, out.row(o),
+                                          out.channel_stride(),
+                                          hook.open(member, r, pool));
     if constexpr (StepMode) {
       out.label(member, o, r, pool);
     } else {
@@ -101,8 +106,9 @@ struct RaggedWriter {
   // compress: output row o, one pool made entirely of this call's rows. Its
   // request is found by binary search over the offsets. In a step a
   // request's first row belongs to its ring_close pool when it has one.
+  template <class Hook>
   KOKKOS_INLINE_FUNCTION void pool_row(member_type const& member,
-                                       std::uint64_t o) const {
+                                       std::uint64_t o, Hook const& hook) const {
     int const n = batch.num_requests;
     if (o >= out.offsets(n) || !out.holds(o)) return;
     int const r = owner_of(out.offsets, n, o);
@@ -113,9 +119,11 @@ struct RaggedWriter {
     int const K = batch.kpool;
     PoolSource<T> const src = rows_source(
         key, gate, q.row_begin + q.g.align + static_cast<std::uint64_t>(j) * K);
+    std::int64_t const pool = static_cast<std::int64_t>(q.g.first) + j;
     thread_vector_pool<ExecutionSpace, P>(member, K, head_dim, ape, src,
-                                          out.row(o), out.channel_stride());
-    if constexpr (StepMode) out.label(member, o, r, q.g.first + j);
+                                          out.row(o), out.channel_stride(),
+                                          hook.open(member, r, pool));
+    if constexpr (StepMode) out.label(member, o, r, pool);
   }
 
   // seed_tail: stash the call's last R positions, [seed_start, end), at

@@ -2,6 +2,7 @@
 #define KPOOL_DETAILS_TAIL_UPDATE_FUNCTOR_HPP
 
 #include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsCacheWrite.hpp>
 #include <details/KPool_DetailsPool.hpp>
 #include <details/KPool_DetailsRaggedWriter.hpp>
 #include <details/KPool_DetailsRequest.hpp>
@@ -34,7 +35,13 @@ struct TailUpdateOutput {
 // Writer mode: closed pools go to out.pooled(r, j) / out.closed_pool(r, j),
 // the rest of out.closed_pool(r) is -1. StepMode: to rows offsets(r) + j of
 // the step's output.
-template <class ExecutionSpace, class T, class P, bool StepMode>
+// With a cache (StepMode only; Cache a CacheTarget) each row has
+// cache_slots scratch slots, ceil(next_n / K), as many pools as a row of
+// consecutive positions closes; its pools go to the cache from there
+// (team_items). A row with more (positions not consecutive, possible only
+// with validation off) writes the rest to the output only.
+template <class ExecutionSpace, class T, class P, bool StepMode,
+          class Cache = NoCache>
 struct TailUpdateFunctor {
   using member_type =
       typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
@@ -53,14 +60,19 @@ struct TailUpdateFunctor {
   int max_slots;
   int ring_length;  // R, the tail's extent 2
   int items_per_team = 1;
+  Cache cache{};
+  int cache_slots = 1;  // scratch slots a row, with a cache
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     int const begin = member.league_rank() * items_per_team;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team),
-                         [&](int i) { update(member, begin + i); });
+    team_items<ExecutionSpace>(
+        member, cache, items_per_team, cache_slots,
+        [&](int i, auto const& hook) { update(member, begin + i, hook); });
   }
 
-  KOKKOS_INLINE_FUNCTION void update(member_type const& member, int r) const {
+  template <class Hook>
+  KOKKOS_INLINE_FUNCTION void update(member_type const& member, int r,
+                                     Hook const& hook) const {
     if (r >= num_requests) return;
     std::uint32_t const slot = slot_idx(r);
     int closed = 0;
@@ -87,10 +99,14 @@ struct TailUpdateFunctor {
         if constexpr (StepMode) {
           std::uint64_t const o = out.offsets(r) + closed;
           if (o < out.offsets(r + 1) && out.holds(o)) {
-            thread_vector_pool<ExecutionSpace, P>(member, kpool, head_dim,
-                                                  ape, src,
-                                                  out.row(o),
-                                                  out.channel_stride());
+            if (Hook::enabled && hook.holds(closed))
+              thread_vector_pool<ExecutionSpace, P>(
+                  member, kpool, head_dim, ape, src, out.row(o),
+                  out.channel_stride(), hook.open(member, r, pool, closed));
+            else
+              thread_vector_pool<ExecutionSpace, P>(member, kpool, head_dim,
+                                                    ape, src, out.row(o),
+                                                    out.channel_stride());
             out.label(member, o, r, pool);
           }
         } else if (closed < out.max_closed) {

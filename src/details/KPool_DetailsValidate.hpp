@@ -240,13 +240,15 @@ HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
 // A row's first real position may rewind below the sequence's length; the
 // depth rule that makes that safe needs the sequence's history, which KPool
 // never sees, so it stays the caller's (docs/ring.md, "Rewinds").
-// Returns the pools each live row closes.
+// Returns the pools each live row closes; `pools`, when given, receives
+// each live row's closed pool ids as a range [first, end) (consecutive
+// positions close consecutive pools; empty when none).
 template <class ExecutionSpace, class Positions, class Slots>
-std::vector<int> check_decode_batch(Checker const& chk,
-                                    ExecutionSpace const& space,
-                                    Positions const& positions,
-                                    Slots const& slot_idx, int num_requests,
-                                    int kpool, int max_slots) {
+std::vector<int> check_decode_batch(
+    Checker const& chk, ExecutionSpace const& space,
+    Positions const& positions, Slots const& slot_idx, int num_requests,
+    int kpool, int max_slots,
+    std::vector<std::pair<std::int64_t, std::int64_t>>* pools = nullptr) {
   std::size_t const next_n = positions.extent(1);
   std::size_t const n = static_cast<std::size_t>(num_requests);
   check_slots(chk, space, slot_idx, n, max_slots);
@@ -269,6 +271,18 @@ std::vector<int> check_decode_batch(Checker const& chk,
       prev = pos;
       closes[r] += closes_pool(pos, kpool) ? 1 : 0;
     }
+  }
+  if (pools) {
+    pools->assign(n, std::make_pair(std::int64_t(0), std::int64_t(0)));
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < next_n; ++i) {
+        std::int64_t const pos = h(r, i);
+        if (!closes_pool(pos, kpool)) continue;
+        std::int64_t const p = pos / kpool;
+        auto& range = (*pools)[r];
+        if (range.first == range.second) range.first = p;
+        range.second = p + 1;
+      }
   }
   return closes;
 }
