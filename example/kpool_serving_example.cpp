@@ -4,11 +4,11 @@
 // a step, the verifier accepting a prefix of the drafts and the next step
 // re-sending from the first rejected one: a rewind). Every step
 //
-//   1. pools: KPool::step (prefill, and every other verify round) or
-//      KPool::decode_step closes the pools whose last token arrived;
-//   2. cache: KPool::store_pools writes them, rotated and quantized to fp8,
-//      into the layer's paged pool cache;
-//   3. selection: KPool::select_tokens scores every visible pool of the
+//   1. pools and cache: KPool::step (prefill, and every other verify
+//      round) or KPool::decode_step closes the pools whose last token
+//      arrived and, in the same launches, writes them, rotated and
+//      quantized to fp8, into the layer's paged pool cache;
+//   2. selection: KPool::select_tokens scores every visible pool of the
 //      cache for every token the step sent (32 heads), keeps the best 4
 //      and returns the token positions sparse attention reads.
 //
@@ -188,9 +188,9 @@ void collect(Layer const& layer, std::vector<Row> const& rows) {
   std::printf("\n");
 }
 
-// Sends the rows' tokens (step: a general step; otherwise a decode step,
-// every row sending next_n = n tokens), writes the closed pools into the
-// cache, and returns the call's block table.
+// Sends the rows' tokens (general: a general step; otherwise a decode
+// step, every row sending next_n = n tokens), which also writes the closed
+// pools into the cache, and returns the call's block table.
 I32 send(Layer& layer, std::vector<Row> const& rows, bool general) {
   int const B = static_cast<int>(rows.size());
   for (Row const& r : rows) {
@@ -216,7 +216,7 @@ I32 send(Layer& layer, std::vector<Row> const& rows, bool general) {
     Kokkos::deep_copy(gate, hg);
     KPool::step(layer.space, layer.ring, key, gate, layer.ape, device_u32("row_offsets", offsets),
                 device_u32("cache_lengths", starts), device_u32("slot_idx", slots), B,
-                layer.out);
+                layer.out, layer.cache, table);
   } else {
     int const next_n = rows[0].n;
     Kokkos::View<T***, Mem> key("key", B, next_n, D), gate("gate", B, next_n, D);
@@ -236,9 +236,8 @@ I32 send(Layer& layer, std::vector<Row> const& rows, bool general) {
     Kokkos::deep_copy(gate, hg);
     Kokkos::deep_copy(positions, hp);
     KPool::decode_step(layer.space, layer.ring, key, gate, layer.ape, positions,
-                       device_u32("slot_idx", slots), B, layer.out);
+                       device_u32("slot_idx", slots), B, layer.out, layer.cache, table);
   }
-  KPool::store_pools(layer.space, layer.out, B, table, layer.cache);
   collect(layer, rows);
   for (Row const& r : rows) r.s->length = r.start + r.n;
   return table;
@@ -303,9 +302,9 @@ void print_selection(std::vector<Row> const& rows, HostTokens const& tok) {
 }
 
 // One-shot work on the rows' sequences as they now stand: a single step of
-// every whole sequence (fresh ring and output), its pools stored into a
-// fresh cache through the same block table, and the same queries selected
-// over that cache. The streamed pools, cache entries and token rows must
+// every whole sequence (fresh ring and output, no cache), its pools stored
+// into a fresh cache by KPool::store_pools through the same block table,
+// and the same queries selected over that cache. The streamed pools, cache entries and token rows must
 // equal these, bit for bit.
 void check_one_shot(Layer& layer, std::vector<Row> const& rows, I32 const& table,
                     Queries const& x, I32 const& tokens) {
