@@ -10,7 +10,8 @@
 #      KPool::select_tokens) needs it,
 #   4. configures and builds KPool (tests, examples, perf suite) for this
 #      machine's SIMD,
-#   5. runs the main example.
+#   5. runs the main example (one layer's whole indexer path; it needs
+#      Kokkos Kernels).
 #
 # Environment:
 #   Kokkos_ROOT         use this Kokkos install and skip building Kokkos
@@ -201,5 +202,11 @@ cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos" 
 cmake --build "$build" -j "$jobs"
 
 # 5. The main example ---------------------------------------------------------
+# It is one layer's whole indexer path, selection included: without Kokkos
+# Kernels it is not built.
+if [ ! -x "$build/example/kpool_serving_example" ]; then
+  say "no main example: it needs the selection stage (Kokkos Kernels; set KokkosKernels_ROOT)"
+  exit 1
+fi
 say "running the main example"
 OMP_PROC_BIND=${OMP_PROC_BIND:-false} "$build/example/kpool_serving_example"
