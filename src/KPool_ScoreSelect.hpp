@@ -23,10 +23,12 @@ namespace KPool {
 /// and the BLAS engine's staging buffers. Allocate once, at the largest
 /// call you will make (rows of q, pools a row can see, heads, head_dim),
 /// and reuse: score_select and select_tokens allocate nothing.
-/// T is the queries' storage type; scores are f64 when T is f64, f32
-/// otherwise. Memory: max_tokens * max_visible keys of 4 bytes (8 for f64),
-/// plus on host memory spaces about 12 MiB of BLAS staging at
-/// H = 32, D = 128.
+/// Memory: max_tokens * max_visible keys of 4 bytes (8 for f64), plus on
+/// host memory spaces about 12 MiB of BLAS staging at H = 32, D = 128.
+///
+/// @tparam T the queries' storage type; scores are f64 when T is f64, f32
+/// otherwise.
+/// @tparam MemorySpace where it lives: the execution space's memory space.
 template <class T, class MemorySpace =
                        Kokkos::DefaultExecutionSpace::memory_space>
 class SelectWorkspace {
@@ -35,14 +37,26 @@ class SelectWorkspace {
                 "KPool::bfloat16 or KPool::float16");
 
  public:
+  /// The queries' storage type.
   using storage_type = T;
+  /// Where the buffers live.
   using memory_space = MemorySpace;
+  /// The arithmetic of the scores: f64 for f64 queries, else f32.
   using score_type = accumulator_t<T>;
+  /// A score as an order-preserving unsigned key (32 or 64 bits).
   using key_type = Details::score_key_t<score_type>;
 
+  /// An empty workspace (is_allocated() is false); selections refuse it.
   SelectWorkspace() = default;
 
-  /// Throws KPool::InvalidArgument (entry point "KPool::SelectWorkspace")
+  /// Allocates the buffers on `space` (labelled
+  /// KPool::SelectWorkspace::keys and the BLAS staging buffers).
+  /// @param space the execution space instance the allocation is queued on.
+  /// @param max_tokens the most query rows (rows of q) a call will have.
+  /// @param max_visible the most pools a query row will see.
+  /// @param num_heads H, the query heads.
+  /// @param head_dim D, the cache's head_dim.
+  /// @throws KPool::InvalidArgument (entry point "KPool::SelectWorkspace")
   /// for sizes below 1, max_visible above 2^31 - 1, or a key buffer past
   /// the address space.
   template <class ExecutionSpace>
@@ -82,17 +96,27 @@ class SelectWorkspace {
     }
   }
 
+  /// @return the most query rows a call may have.
   std::size_t max_tokens() const { return max_tokens_; }
+  /// @return the most pools a query row may see.
   std::size_t max_visible() const { return max_visible_; }
+  /// @return H.
   int num_heads() const { return num_heads_; }
+  /// @return D.
   int head_dim() const { return head_dim_; }
+  /// @return false for a default-constructed workspace.
   bool is_allocated() const { return keys_.data() != nullptr; }
 
-  // Used by the selection stage.
+  /// @return the keys, max_tokens() rows of max_visible() (the selection
+  /// stage's own use).
   Kokkos::View<key_type*, MemorySpace> const& keys() const { return keys_; }
+  /// @return the BLAS engine's chunk sizes.
   Details::BlasChunks const& blas_chunks() const { return chunks_; }
+  /// @return the BLAS engine's staged queries (host memory spaces).
   score_type* blas_queries() const { return blas_queries_.data(); }
+  /// @return the BLAS engine's staged keys (host memory spaces).
   score_type* blas_keys() const { return blas_keys_.data(); }
+  /// @return the BLAS engine's products (host memory spaces).
   score_type* blas_products() const { return blas_products_.data(); }
 
  private:
@@ -124,16 +148,32 @@ class SelectWorkspace {
 /// score first, ties to the lower id, NaN below every number, in ascending
 /// id order, then -1. Rows outside the live requests are not touched.
 ///
-/// row_offsets [B + 1], cache_lengths [B] uint32; block_table
-/// [>= num_requests, max_blocks] int32 (as store_pools); q [T, H, D] of storage type T (the cache's type, or
-/// any but f64 for an fp8 cache); weights [T, H] float; pool_ids [T, topk]
-/// int32, written. The workspace holds at least T rows of max_visible
-/// pools, H heads, D channels.
-///
-/// Launches: with ScoreEngine::team_tiles two (score, select), all on
-/// `space`; with ScoreEngine::blas (the default on hosts), per request and
+/// @param space the execution space instance everything is queued on.
+/// @param row_offsets [B + 1] uint32: request r's query rows.
+/// @param cache_lengths [B] uint32: the position of request r's first
+/// query row.
+/// @param block_table [>= num_requests, max_blocks] int32, any layout: the
+/// blocks of request r's pools, as the steps took it.
+/// @param num_requests the live rows of the batch.
+/// @param kpool K.
+/// @param q [T, H, D] of the workspace's storage type (the cache's type,
+/// or any but f64 for an fp8 cache): the indexer queries.
+/// @param weights [T, H] float: per-head weights.
+/// @param cache the layer's pool cache, read only.
+/// @param topk the pools selected per query row, at least 1.
+/// @param pool_ids [T, topk] int32, written for the live requests' rows.
+/// @param workspace at least T rows of max_visible pools, H heads, D.
+/// @param options validate, team_size, score_engine.
+/// @throws KPool::InvalidArgument for bad shapes (always) and bad data
+/// (with options.validate), before anything is written (docs/indexer.md,
+/// "Bad input").
+/// @par Launches and synchronization
+/// Two (score, select) on `space` with ScoreEngine::register_tiles (the
+/// host default) or team_gemm (the device default), which wait for
+/// nothing without validation; with ScoreEngine::blas, per request and
 /// chunk of up to 8192 pools and ~256 query head rows one staging launch,
-/// one gemm and one reduction launch, then the select launch.
+/// one gemm on the calling thread and one reduction launch, with fences,
+/// then the select launch.
 template <class ExecutionSpace, class RowOffsetsView, class CacheLengthsView,
           class BlockTableView, class QView, class WeightsView, class C,
           class MemorySpace, class PoolIdsView, class T>

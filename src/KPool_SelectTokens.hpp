@@ -10,6 +10,9 @@ namespace KPool {
 
 /// Width of select_tokens' token rows: topk * K pool columns and the K - 1
 /// tail columns.
+/// @param topk pools selected per query row.
+/// @param kpool K.
+/// @return topk * kpool + kpool - 1.
 inline int select_tokens_width(int topk, int kpool) {
   return expand_topk_width(topk, kpool, true);
 }
@@ -23,6 +26,23 @@ inline int select_tokens_width(int topk, int kpool) {
 /// Same arguments, rules and errors as score_select otherwise; the pool ids
 /// never leave team scratch, so the selection and the expansion are one
 /// launch.
+/// @param space the execution space instance everything is queued on.
+/// @param row_offsets [B + 1] uint32: request r's query rows.
+/// @param cache_lengths [B] uint32: the position of request r's first
+/// query row.
+/// @param block_table [>= num_requests, max_blocks] int32: request r's
+/// blocks.
+/// @param num_requests the live rows of the batch.
+/// @param kpool K.
+/// @param q [T, H, D]: the indexer queries.
+/// @param weights [T, H] float: per-head weights.
+/// @param cache the layer's pool cache, read only.
+/// @param topk the pools selected per query row, at least 1.
+/// @param tokens [T, select_tokens_width(topk, K)] int32, written for the
+/// live requests' rows.
+/// @param workspace at least T rows of max_visible pools, H heads, D.
+/// @param options validate, team_size, score_engine.
+/// @throws KPool::InvalidArgument as score_select.
 template <class ExecutionSpace, class RowOffsetsView, class CacheLengthsView,
           class BlockTableView, class QView, class WeightsView, class C,
           class MemorySpace, class TokensView, class T>
