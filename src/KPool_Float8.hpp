@@ -30,25 +30,30 @@ KOKKOS_INLINE_FUNCTION std::uint8_t float_to_e4m3_bits(float f) {
   std::uint32_t const u = KokkosExt::bit_cast<std::uint32_t>(f);
   std::uint32_t const sign = (u >> 24) & 0x80u;
   std::uint32_t const a = u & 0x7FFFFFFFu;
-  // Normal E4M3 (2^-6 and up): rebias the exponent (127 -> 7), then round
-  // away the 20 low mantissa bits to nearest even; a mantissa carry moves
-  // into the exponent as it should.
-  std::uint32_t const r = a - 0x3C000000u;
-  std::uint32_t const normal = (r + 0x7FFFFu + ((r >> 20) & 1u)) >> 20;
-  // Below 2^-6 the value in units of 2^-9 (a * 512, exact) rounded to an
-  // integer: adding and removing 2^23 rounds to nearest even, and 8 is the
-  // smallest normal's pattern, as it should be. Larger inputs are replaced
-  // by 0 first, so nothing overflows.
-  float const small = a < 0x3C800000u ? KokkosExt::bit_cast<float>(a) * 512.0f : 0.0f;
-  float const q = (small + 8388608.0f) - 8388608.0f;
-  std::uint32_t const subnormal = static_cast<std::uint32_t>(q);
+  // |f| rounded onto the E4M3 grid of its binade: adding c = 2^(e + 20),
+  // e the binade's exponent (at least -6, where the subnormals' fixed
+  // step 2^-9 begins), leaves exactly the E4M3 step 2^(e - 3) as the f32
+  // sum's last place, so the f32 addition rounds to nearest even on that
+  // grid (the sum's last bit is the E4M3 mantissa's), and subtracting c
+  // again is exact. A carry into the next binade gives its power of two,
+  // as it should; f32 subnormals round to 0.
+  std::uint32_t const e = a & 0x7F800000u;
+  float const c =
+      KokkosExt::bit_cast<float>((e > 0x3C800000u ? e : 0x3C800000u) + (20u << 23));
+  float const r = (KokkosExt::bit_cast<float>(a) + c) - c;
+  std::uint32_t const rb = KokkosExt::bit_cast<std::uint32_t>(r);
+  // Normal results (2^-6 and up): rebias the exponent (127 -> 7) and keep
+  // the three mantissa bits, which are all that is left. Subnormal ones:
+  // the value in units of 2^-9, exact.
+  std::uint32_t const normal = (rb - 0x3C000000u) >> 20;
+  std::uint32_t const subnormal = static_cast<std::uint32_t>(r * 512.0f);
   // 448 and above, infinity included, saturate: (448, 464) would round to
   // 448 anyway, and 464 (the midpoint to the missing 480) and up would
   // round to the NaN pattern.
   std::uint32_t const code = a > 0x7F800000u    ? 0x7Fu
                              : a >= 0x43E00000u ? 0x7Eu
-                             : a >= 0x3C800000u ? normal
-                                                : subnormal;
+                             : rb >= 0x3C800000u ? normal
+                                                 : subnormal;
   return static_cast<std::uint8_t>(sign | code);
 }
 

@@ -164,17 +164,21 @@ TEST(LaunchShapes, BatchOfMoreThan2To31RequestsThrows) {
   }
 }
 
-// Kokkos Tools events while armed: fences (name, device id) and deep
-// copies.
+// Kokkos Tools events while armed: fences (name, device id), deep copies
+// and kernel launches (labels).
 struct Recorder {
   bool armed = false;
   std::vector<std::pair<std::string, std::uint32_t>> fences;
   int deep_copies = 0;
+  std::vector<std::string> launches;
 };
 Recorder recorder;
 
 void on_fence(char const* name, std::uint32_t device_id, std::uint64_t*) {
   if (recorder.armed) recorder.fences.emplace_back(name, device_id);
+}
+void on_launch(char const* name, std::uint32_t, std::uint64_t*) {
+  if (recorder.armed) recorder.launches.emplace_back(name);
 }
 void on_deep_copy(Kokkos::Tools::SpaceHandle, char const*, void const*,
                   Kokkos::Tools::SpaceHandle, char const*, void const*,
@@ -189,10 +193,12 @@ class HostSync : public ::testing::Test {
     recorder = Recorder();
     Kokkos::Tools::Experimental::set_begin_fence_callback(on_fence);
     Kokkos::Tools::Experimental::set_begin_deep_copy_callback(on_deep_copy);
+    Kokkos::Tools::Experimental::set_begin_parallel_for_callback(on_launch);
   }
   void TearDown() override {
     Kokkos::Tools::Experimental::set_begin_fence_callback(nullptr);
     Kokkos::Tools::Experimental::set_begin_deep_copy_callback(nullptr);
+    Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
   }
   // Runs f with the recorder armed; everything queued before is finished.
   template <class F>
@@ -223,25 +229,41 @@ struct Steps {
       dgate{"dgate", B, next_n, D};
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> positions{"positions", B, next_n};
   KPool::StepOutput<T, M> out{space, KPool::StepOutput<T, M>::capacity_for(16, B, K), B, D};
+  // An fp8 rotated cache, 2 pools a block: row r's pools 0..5 in blocks
+  // 3r .. 3r + 2.
+  KPool::PoolCache<KPool::float8_e4m3, M> cache{space, 9, 2, D, KPool::CacheScale::amax, true};
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> block_table{"block_table", B, 3};
 
   Steps() {
     auto h = Kokkos::create_mirror_view(positions);
     for (int r = 0; r < B; ++r)
       for (int i = 0; i < next_n; ++i) h(r, i) = 4 * r + 2 + i;
     Kokkos::deep_copy(positions, h);
+    auto t = Kokkos::create_mirror_view(block_table);
+    for (int r = 0; r < B; ++r)
+      for (int c = 0; c < 3; ++c) t(r, c) = 3 * r + c;
+    Kokkos::deep_copy(block_table, t);
   }
-  void step(bool fused, bool validate) {
+  void step(bool fused, bool validate, bool cached = false) {
     KPool::Options o;
     o.fused = fused;
     o.validate = validate;
-    KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
-                slot_idx, 2, out, o);
+    if (cached)
+      KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
+                  slot_idx, 2, out, cache, block_table, o);
+    else
+      KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
+                  slot_idx, 2, out, o);
   }
-  void decode(bool validate) {
+  void decode(bool validate, bool cached = false) {
     KPool::Options o;
     o.validate = validate;
-    KPool::decode_step(space, ring, dkey, dgate, ape, positions, slot_idx, 2,
-                       out, o);
+    if (cached)
+      KPool::decode_step(space, ring, dkey, dgate, ape, positions, slot_idx, 2,
+                         out, cache, block_table, o);
+    else
+      KPool::decode_step(space, ring, dkey, dgate, ape, positions, slot_idx, 2,
+                         out, o);
   }
 };
 
@@ -250,15 +272,35 @@ struct Steps {
 // CUDA graph.
 TEST_F(HostSync, StepsWithoutValidationNeitherFenceNorCopy) {
   Steps s;
-  for (bool fused : {true, false}) {
-    Recorder const r = record([&] { s.step(fused, false); });
-    EXPECT_TRUE(r.fences.empty())
-        << (fused ? "fused" : "three-launch") << " step fenced: " << r.fences.front().first;
-    EXPECT_EQ(r.deep_copies, 0) << (fused ? "fused" : "three-launch") << " step";
+  for (bool cached : {false, true}) {
+    std::string const with = cached ? " with a pool cache" : "";
+    for (bool fused : {true, false}) {
+      Recorder const r = record([&] { s.step(fused, false, cached); });
+      EXPECT_TRUE(r.fences.empty()) << (fused ? "fused" : "three-launch") << " step" << with
+                                    << " fenced: " << r.fences.front().first;
+      EXPECT_EQ(r.deep_copies, 0) << (fused ? "fused" : "three-launch") << " step" << with;
+    }
+    Recorder const r = record([&] { s.decode(false, cached); });
+    EXPECT_TRUE(r.fences.empty()) << "decode_step" << with << " fenced: " << r.fences.front().first;
+    EXPECT_EQ(r.deep_copies, 0) << "decode_step" << with;
   }
-  Recorder const r = record([&] { s.decode(false); });
-  EXPECT_TRUE(r.fences.empty()) << "decode_step fenced: " << r.fences.front().first;
-  EXPECT_EQ(r.deep_copies, 0) << "decode_step";
+}
+
+// Writing the pool cache adds no launch: the steps' own kernels write it
+// (two for a fused step or a decode step, four for a three-launch step,
+// the same labels).
+TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunches) {
+  Steps s;
+  for (bool fused : {true, false}) {
+    Recorder const plain = record([&] { s.step(fused, false); });
+    Recorder const cached = record([&] { s.step(fused, false, true); });
+    EXPECT_EQ(plain.launches.size(), fused ? 2u : 4u);
+    EXPECT_EQ(cached.launches, plain.launches) << (fused ? "fused" : "three-launch") << " step";
+  }
+  Recorder const plain = record([&] { s.decode(false); });
+  Recorder const cached = record([&] { s.decode(false, true); });
+  EXPECT_EQ(plain.launches.size(), 2u);
+  EXPECT_EQ(cached.launches, plain.launches) << "decode_step";
 }
 
 // Validation reads the index arrays on the host: it fences, and only the
@@ -281,6 +323,10 @@ TEST_F(HostSync, ValidationFencesOnlyTheCallersInstance) {
   runs.emplace_back("fused step", record([&] { s.step(true, true); }));
   runs.emplace_back("three-launch step", record([&] { s.step(false, true); }));
   runs.emplace_back("decode_step", record([&] { s.decode(true); }));
+  runs.emplace_back("fused step with a pool cache", record([&] { s.step(true, true, true); }));
+  runs.emplace_back("three-launch step with a pool cache",
+                    record([&] { s.step(false, true, true); }));
+  runs.emplace_back("decode_step with a pool cache", record([&] { s.decode(true, true); }));
   for (auto const& [what, r] : runs) {
     EXPECT_FALSE(r.fences.empty()) << what << " validated without fencing";
     for (auto const& f : r.fences)

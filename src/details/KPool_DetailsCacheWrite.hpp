@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -291,6 +292,91 @@ KOKKOS_INLINE_FUNCTION void cache_stage_row(
 
 // --- Phase 2: the rotation (every team thread) ---------------------------
 
+// GCC's vector extensions (host code only): a row of f32 taken 16 channels
+// at a time, the butterflies of stages 1 to 8 done inside one vector by a
+// constant shuffle and a constant lane select, those of stages 16 and up
+// between whole vectors. About twice as fast as the scalar loops below on
+// x86 hosts, and it performs the same operations on the same values (a
+// lane with bit h clear computes a + b, its partner a - b, where a is the
+// lower channel), so it stores the same bits.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && \
+    !defined(__NVCC__) && !defined(__CUDACC__) && !defined(__HIPCC__) &&     \
+    !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define KPOOL_IMPL_GNU_VECTORS 1
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int i32x16 __attribute__((vector_size(64)));
+
+template <int H>
+inline f32x16 butterfly_in_vector(f32x16 v) {
+  constexpr i32x16 partner = {0 ^ H, 1 ^ H, 2 ^ H,  3 ^ H,  4 ^ H,  5 ^ H,
+                              6 ^ H, 7 ^ H, 8 ^ H,  9 ^ H,  10 ^ H, 11 ^ H,
+                              12 ^ H, 13 ^ H, 14 ^ H, 15 ^ H};
+  constexpr i32x16 upper = {0,        (1 & H) ? -1 : 0,  (2 & H) ? -1 : 0,
+                            (3 & H) ? -1 : 0,  (4 & H) ? -1 : 0,
+                            (5 & H) ? -1 : 0,  (6 & H) ? -1 : 0,
+                            (7 & H) ? -1 : 0,  (8 & H) ? -1 : 0,
+                            (9 & H) ? -1 : 0,  (10 & H) ? -1 : 0,
+                            (11 & H) ? -1 : 0, (12 & H) ? -1 : 0,
+                            (13 & H) ? -1 : 0, (14 & H) ? -1 : 0,
+                            (15 & H) ? -1 : 0};
+  f32x16 const t = __builtin_shuffle(v, partner);
+  return upper ? t - v : v + t;
+}
+
+// D = 16 N, N a power of two known at compile time: the row stays in
+// registers through every stage.
+template <int N>
+inline void rotate_row_vectors_fixed(float* p) {
+  f32x16 r[N];
+  std::memcpy(r, p, sizeof r);
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) {
+    r[i] = butterfly_in_vector<1>(r[i]);
+    r[i] = butterfly_in_vector<2>(r[i]);
+    r[i] = butterfly_in_vector<4>(r[i]);
+    r[i] = butterfly_in_vector<8>(r[i]);
+  }
+#pragma GCC unroll 16
+  for (int h = 1; h < N; h *= 2)
+#pragma GCC unroll 16
+    for (int i = 0; i < N; ++i)
+      if ((i & h) == 0) {
+        f32x16 const a = r[i], b = r[i + h];
+        r[i] = a + b;
+        r[i + h] = a - b;
+      }
+  std::memcpy(p, r, sizeof r);
+}
+
+// D a power of two, at least 16.
+inline void rotate_row_vectors(float* p, int D) {
+  if (D == 128) {  // the checkpoint's head_dim
+    rotate_row_vectors_fixed<8>(p);
+    return;
+  }
+  for (int g = 0; g < D; g += 16) {
+    f32x16 v;
+    std::memcpy(&v, p + g, sizeof v);
+    v = butterfly_in_vector<1>(v);
+    v = butterfly_in_vector<2>(v);
+    v = butterfly_in_vector<4>(v);
+    v = butterfly_in_vector<8>(v);
+    std::memcpy(p + g, &v, sizeof v);
+  }
+  for (int h = 16; h < D; h *= 2)
+    for (int base = 0; base < D; base += 2 * h)
+      for (int j = base; j < base + h; j += 16) {
+        f32x16 a, b;
+        std::memcpy(&a, p + j, sizeof a);
+        std::memcpy(&b, p + j + h, sizeof b);
+        f32x16 const sum = a + b, difference = a - b;
+        std::memcpy(p + j, &sum, sizeof sum);
+        std::memcpy(p + j + h, &difference, sizeof difference);
+      }
+}
+#endif
+
 // The whole transform of one row by one thread (host lanes run in turn, so
 // nothing needs ordering). Stages 1, 2 and 4 run together on each group of
 // 8 channels, in registers: every value goes through the same butterflies
@@ -299,6 +385,14 @@ KOKKOS_INLINE_FUNCTION void cache_stage_row(
 // they are.
 template <class A>
 KOKKOS_INLINE_FUNCTION void rotate_row_serial(A* v, int D) {
+#if defined(KPOOL_IMPL_GNU_VECTORS)
+  if constexpr (std::is_same<A, float>::value) {
+    if (D >= 16) {
+      rotate_row_vectors(v, D);
+      return;
+    }
+  }
+#endif
   int h = 1;
   if (D >= 8) {
     KPOOL_IMPL_IVDEP
@@ -408,13 +502,29 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
   auto const rx = [&](int c) { return x[c] * r; };
   if constexpr (std::is_same<C, float8_e4m3>::value) {
     static_assert(std::is_same<A, float>::value, "fp8 caches quantize in f32");
-    float const amax = KokkosExt::bit_cast<float>(vector_max_u32<ExecutionSpace>(
-        member, D, [&](int c) { return finite_magnitude_bits(rx(c)); }));
+    // The largest finite |x[c] * r| is (the largest finite |x[c]|) * r: r
+    // is positive and at most 1 (no product overflows, a finite x gives a
+    // finite product), and rounding is monotone and symmetric. One
+    // multiply instead of D.
+    float const amax =
+        KokkosExt::bit_cast<float>(vector_max_u32<ExecutionSpace>(
+            member, D, [&](int c) { return finite_magnitude_bits(x[c]); })) *
+        r;
     float const s = cache_scale(amax, t.scale);
-    KokkosExt::vector_for<ExecutionSpace>(member, D, [&](int c) {
-      float const v = rx(c);
-      out[c] = is_nan(v) ? float8_e4m3::from_bits(0x7F) : float8_e4m3(v / s);
-    });
+    // A pow2 scale of 2^-126 or more has an exact reciprocal, and v * (1 /
+    // s) is then the same correctly rounded number as v / s.
+    if (t.scale == CacheScale::pow2 && s >= 1.1754943508222875e-38f) {
+      float const inv = 1.0f / s;
+      KokkosExt::vector_for<ExecutionSpace>(member, D, [&](int c) {
+        float const v = rx(c);
+        out[c] = is_nan(v) ? float8_e4m3::from_bits(0x7F) : float8_e4m3(v * inv);
+      });
+    } else {
+      KokkosExt::vector_for<ExecutionSpace>(member, D, [&](int c) {
+        float const v = rx(c);
+        out[c] = is_nan(v) ? float8_e4m3::from_bits(0x7F) : float8_e4m3(v / s);
+      });
+    }
     KokkosExt::single_per_thread(
         member, [&]() { t.scale_at(where) = s; });
   } else {
