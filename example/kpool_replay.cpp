@@ -2,9 +2,11 @@
 // through KPool::step and KPool::decode_step and prints the pools it
 // produced, so that two builds or backends can be compared pool by pool.
 // A version 2 trace's steps also write the pool cache its header asks for,
-// and an fp8 cache's entries are printed as read from it ('cache' lines).
+// an fp8 cache's entries are printed as read from it ('cache' lines), and
+// its select blocks run KPool::score_select over that cache ('select'
+// lines: the pool ids each query token selected).
 //
-//   kpool_replay [--fused | --unfused] [TRACE | -]
+//   kpool_replay [--fused | --unfused] [--engine E] [--block-pools N] [TRACE | -]
 
 #include "KPoolTrace.hpp"
 
@@ -35,7 +37,8 @@
 namespace {
 
 char const usage_text[] =
-    "usage: kpool_replay [--fused | --unfused] [TRACE | -]\n"
+    "usage: kpool_replay [--fused | --unfused] [--engine E] [--block-pools N]\n"
+    "                    [TRACE | -]\n"
     "\n"
     "Replays a KPool serving trace (format: docs/trace.md) through KPool::step and\n"
     "KPool::decode_step on Kokkos' default execution space and prints the\n"
@@ -43,12 +46,19 @@ char const usage_text[] =
     "version 1 trace prints every pool produced; a version 2 trace (rings\n"
     "longer than kpool, rewinds, the pool cache) the pools complete within\n"
     "each sequence's final length as last emitted, then 'emitted E', the\n"
-    "fp8 pool cache's entries ('cache' lines) and 'selects M'.\n"
+    "fp8 pool cache's entries ('cache' lines), the pools each select block's\n"
+    "query tokens selected ('select' lines, through KPool::score_select over\n"
+    "the cache the steps wrote) and 'selects M'.\n"
     "Reads standard input when TRACE is '-' or absent.\n"
     "\n"
     "  --fused     one launch per step for ring_close, compress, seed_tail\n"
     "              (the default)\n"
     "  --unfused   three launches per step (Options::fused = false)\n"
+    "  --engine E  the selection's scoring engine (Options::score_engine):\n"
+    "              automatic (the default), register_tiles, team_gemm, blas\n"
+    "  --block-pools N\n"
+    "              pools a block of the pool cache holds (default 16; the\n"
+    "              output does not depend on it)\n"
     "  --help      print this and exit\n"
     "\n"
     "Exit status: 0 on success; 2 for a bad command line, an unreadable file\n"
@@ -62,6 +72,15 @@ struct Pool {
 };
 
 using PoolKey = std::pair<std::uint32_t, std::int32_t>;  // seq, pool id
+
+// What the query token at `pos` of `seq` selected in the `block`-th select
+// block: its row of pool_ids without the -1 entries (ascending).
+struct Selection {
+  std::uint32_t seq;
+  std::uint64_t pos;
+  std::size_t block;
+  std::vector<std::int32_t> ids;
+};
 
 // A pool's entry in an fp8 pool cache: its scale and its E4M3 values, as
 // numbers.
@@ -78,6 +97,7 @@ struct ReplayResult {
   std::vector<Pool> emitted;
   bool has_cache_lines = false;
   std::map<PoolKey, CacheEntry> cache;
+  std::vector<Selection> selections;  // in block order
 };
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
@@ -150,16 +170,18 @@ struct NoCache {
 
 // The pool cache a version 2 replay passes to every step and decode step
 // (docs/trace.md, "Header"), of element type C. Its block size is this
-// program's choice (docs/trace.md: it never changes the output): 16 pools
-// a block, each sequence's blocks taken in order as its pools appear, none
-// shared, so an ended sequence's entries stay as its calls left them.
+// program's choice (docs/trace.md: it never changes the output;
+// --block-pools, 16 pools a block by default), each sequence's blocks
+// taken in order as its pools appear, none shared, so an ended sequence's
+// entries stay as its calls left them. Select blocks read it through the
+// same block tables.
 template <class C>
 class Cache {
  public:
-  static constexpr int block_pools = 16;
-
-  Cache(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::CacheScale scale)
-      : kpool_(t.kpool) {
+  Cache(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::CacheScale scale,
+        int block_pools)
+      : kpool_(t.kpool), block_pools_(block_pools) {
+    std::uint64_t const block_pools_u = static_cast<std::uint64_t>(block_pools);
     // Every block any row will need: one per 16 pools of the highest pool
     // a sequence's rows reach.
     std::map<std::uint32_t, std::uint64_t> reach;
@@ -171,12 +193,12 @@ class Cache {
       }
     }
     std::uint64_t total = 0;
-    for (auto const& e : reach) total += (e.second + block_pools - 1) / block_pools;
+    for (auto const& e : reach) total += (e.second + block_pools_u - 1) / block_pools_u;
     if (total > 0x7FFFFFFFull)
       throw std::runtime_error("the trace's pools need more cache blocks than a "
                                "block number holds");
     cache_ = KPool::PoolCache<C, MemSpace>(
-        space, static_cast<int>(std::max<std::uint64_t>(total, 1)), block_pools,
+        space, static_cast<int>(std::max<std::uint64_t>(total, 1)), block_pools_,
         t.head_dim, scale, t.rotate);
   }
 
@@ -189,7 +211,8 @@ class Cache {
     for (auto const& r : b.rows) {
       std::vector<std::int32_t>& have = blocks_[r.seq];
       std::uint64_t const end = (r.cache_len + r.n_new) / kpool_;
-      while (have.size() * block_pools < end) have.push_back(next_++);
+      while (have.size() * static_cast<std::uint64_t>(block_pools_) < end)
+        have.push_back(next_++);
       width = std::max(width, have.size());
     }
     ViewT<std::int32_t, 2> table("block_table", b.rows.size(), width);
@@ -214,8 +237,8 @@ class Cache {
       result.has_cache_lines = true;
       for (auto const& p : result.emitted) {
         std::vector<std::int32_t> const& have = blocks_.at(p.seq);
-        std::int32_t const block = have.at(static_cast<std::size_t>(p.id / block_pools));
-        int const entry = p.id % block_pools;
+        std::int32_t const block = have.at(static_cast<std::size_t>(p.id / block_pools_));
+        int const entry = p.id % block_pools_;
         CacheEntry e;
         e.scale = scales(block, entry);
         e.values.resize(cache_.head_dim());
@@ -231,9 +254,113 @@ class Cache {
 
  private:
   int kpool_;
+  int block_pools_;
   KPool::PoolCache<C, MemSpace> cache_;
   std::map<std::uint32_t, std::vector<std::int32_t>> blocks_;
   std::int32_t next_ = 0;
+};
+
+// The select blocks (docs/trace.md, "Blocks"): each runs one
+// KPool::score_select over the cache the steps wrote so far, with the
+// trace's queries and head weights, and records every query token's
+// selection. One workspace and output for the largest block.
+template <class T>
+class Selector {
+ public:
+  Selector(ExecSpace const& space, KPoolTrace::Trace const& t) {
+    std::uint64_t tokens = 0, visible = 1;
+    for (auto const& b : t.blocks) {
+      if (b.kind != KPoolTrace::BlockKind::select) continue;
+      tokens = std::max(tokens, b.tokens);
+      for (auto const& r : b.rows)
+        visible = std::max(visible, (r.cache_len + r.n_new) / t.kpool);
+    }
+    if (tokens == 0) return;
+    workspace_ = KPool::SelectWorkspace<T, MemSpace>(space, tokens, visible, t.index_heads,
+                                                     t.head_dim);
+    pool_ids_ = ViewT<std::int32_t, 2>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "pool_ids"), tokens, t.index_topk);
+  }
+
+  template <class ReplayCache>
+  void run(ExecSpace const& space, KPoolTrace::Trace const& t,
+           KPoolTrace::Block const& block, std::size_t index, ReplayCache& cache,
+           KPool::Options const& options, ReplayResult& result) {
+    if (block.tokens == 0) return;
+    int const D = t.head_dim;
+    int const H = t.index_heads;
+    std::size_t const B = block.rows.size();
+    std::size_t const rows = block.tokens;
+    // q[t][h][c] and weights[t][h] of the values last sent for each query
+    // position (the row's revisions), docs/trace.md.
+    ViewT<T, 3> q(Kokkos::view_alloc(Kokkos::WithoutInitializing, "q"), rows, H, D);
+    ViewT<float, 2> weights(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weights"),
+                            rows, H);
+    ViewT<std::uint32_t, 1> row_offsets("row_offsets", B + 1);
+    ViewT<std::uint32_t, 1> cache_lengths("cache_lengths", B);
+    auto hq = Kokkos::create_mirror_view(q);
+    auto hw = Kokkos::create_mirror_view(weights);
+    auto ho = Kokkos::create_mirror_view(row_offsets);
+    auto hc = Kokkos::create_mirror_view(cache_lengths);
+    std::size_t t0 = 0;
+    ho(0) = 0;
+    for (std::size_t r = 0; r < B; ++r) {
+      KPoolTrace::Row const& row = block.rows[r];
+      for (std::uint64_t i = 0; i < row.n_new; ++i) {
+        std::uint64_t const pos = row.cache_len + i;
+        std::uint64_t const rev = row.revision(pos);
+        for (int h = 0; h < H; ++h) {
+          hw(t0 + i, h) = KPoolTrace::weight_value(t.seed, row.seq, pos, h, rev);
+          for (int c = 0; c < D; ++c)
+            hq(t0 + i, h, c) =
+                storage<T>(KPoolTrace::query_value(t.seed, row.seq, pos, h, c, D, rev));
+        }
+      }
+      t0 += row.n_new;
+      ho(r + 1) = static_cast<std::uint32_t>(t0);
+      hc(r) = static_cast<std::uint32_t>(row.cache_len);
+    }
+    Kokkos::deep_copy(space, q, hq);
+    Kokkos::deep_copy(space, weights, hw);
+    Kokkos::deep_copy(space, row_offsets, ho);
+    Kokkos::deep_copy(space, cache_lengths, hc);
+    auto const ids = Kokkos::subview(pool_ids_, std::make_pair(std::size_t(0), rows),
+                                     Kokkos::ALL);
+    cache.with(space, block, [&](auto&... pool_cache) {
+      // A version 1 trace, whose replay has no cache, has no select blocks.
+      if constexpr (sizeof...(pool_cache) == 2)
+        select(space, row_offsets, cache_lengths, static_cast<int>(B), t, q, weights,
+               pool_cache..., ids, options);
+    });
+    auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids);
+    t0 = 0;
+    for (auto const& row : block.rows) {
+      for (std::uint64_t i = 0; i < row.n_new; ++i) {
+        Selection sel;
+        sel.seq = row.seq;
+        sel.pos = row.cache_len + i;
+        sel.block = index;
+        for (int j = 0; j < t.index_topk; ++j)
+          if (h(t0 + i, j) >= 0) sel.ids.push_back(h(t0 + i, j));
+        result.selections.push_back(std::move(sel));
+      }
+      t0 += row.n_new;
+    }
+  }
+
+ private:
+  template <class Offsets, class Lengths, class Q, class W, class PoolCache, class Table,
+            class Ids>
+  void select(ExecSpace const& space, Offsets const& row_offsets, Lengths const& cache_lengths,
+              int B, KPoolTrace::Trace const& t, Q const& q, W const& weights,
+              PoolCache const& pool_cache, Table const& table, Ids const& ids,
+              KPool::Options const& options) {
+    KPool::score_select(space, row_offsets, cache_lengths, table, B, t.kpool, q, weights,
+                        pool_cache, t.index_topk, ids, workspace_, options);
+  }
+
+  KPool::SelectWorkspace<T, MemSpace> workspace_;
+  ViewT<std::int32_t, 2> pool_ids_;
 };
 
 template <class T, class ReplayCache>
@@ -358,8 +485,10 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
   }
   KPool::Ring<T, MemSpace> ring(space, static_cast<int>(t.slots), K, D, t.ring);
   KPool::StepOutput<T, MemSpace> out(space, capacity, max_batch, D);
+  Selector<T> selector(space, t);
 
   ReplayResult result;
+  std::size_t index = 0;
   for (auto const& b : t.blocks) {
     line = b.line;
     switch (b.kind) {
@@ -370,10 +499,7 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
         run_step<T>(space, ring, ape, t, b, out, cache, options);
         break;
       case KPoolTrace::BlockKind::select:
-        // Selection has not landed in KPool yet: the parser has checked
-        // the block (rows, lengths, live sequences, index_heads and
-        // index_topk) and its rows carry what a selection call needs, but
-        // the replay runs nothing for it, so the output says 'selects 0'.
+        selector.run(space, t, b, index++, cache, options, result);
         continue;
     }
     collect<T>(space, out, b, D, result.emitted);
@@ -388,7 +514,7 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
 // the one its header names (native: a cache of T, printed nowhere).
 template <class T>
 ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
-                    int& line) {
+                    int block_pools, int& line) {
   ExecSpace const space;
   if (t.version < 2) {
     NoCache none;
@@ -400,11 +526,12 @@ ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
       Cache<KPool::float8_e4m3> fp8(space, t,
                                     t.pool_cache == KPoolTrace::PoolCache::fp8
                                         ? KPool::CacheScale::amax
-                                        : KPool::CacheScale::pow2);
+                                        : KPool::CacheScale::pow2,
+                                    block_pools);
       return replay_with<T>(t, options, fp8, line);
     }
   }
-  Cache<T> native(space, t, KPool::CacheScale::none);
+  Cache<T> native(space, t, KPool::CacheScale::none, block_pools);
   return replay_with<T>(t, options, native, line);
 }
 
@@ -455,17 +582,32 @@ void append_cache_line(std::string& s, PoolKey const& key, CacheEntry const& e) 
   s += '\n';
 }
 
+// select SEQ POS id id ...: what one query token selected.
+void append_select_line(std::string& s, Selection const& sel) {
+  s += "select " + std::to_string(sel.seq) + ' ' + std::to_string(sel.pos);
+  for (std::int32_t id : sel.ids) {
+    s += ' ';
+    s += std::to_string(id);
+  }
+  s += '\n';
+}
+
 // Everything version 2 prints after 'pools N', in docs/trace.md's order:
 // 'emitted E', the fp8 cache's entries of the printed pools (`printed`, in
-// their order), the selection's 'select' lines (once selection is
-// replayed), 'selects M'.
+// their order), the 'select' lines by seq, then pos, then block order,
+// 'selects M'.
 void append_v2_tail(std::string& s, KPoolTrace::Trace const& /*t*/,
                     ReplayResult const& r, std::vector<PoolKey> const& printed) {
   append_count(s, "emitted", r.emitted.size());
   if (r.has_cache_lines)
     for (PoolKey const& key : printed) append_cache_line(s, key, r.cache.at(key));
-  std::size_t const selects = 0;  // no select lines yet (see replay_with())
-  append_count(s, "selects", selects);
+  std::vector<Selection const*> order;
+  for (auto const& sel : r.selections) order.push_back(&sel);
+  std::stable_sort(order.begin(), order.end(), [](Selection const* a, Selection const* b) {
+    return a->seq != b->seq ? a->seq < b->seq : a->pos < b->pos;
+  });
+  for (Selection const* sel : order) append_select_line(s, *sel);
+  append_count(s, "selects", order.size());
 }
 
 // Version 2: the pools complete within each sequence's final length, each
@@ -536,7 +678,7 @@ int fail(int line, std::string const& what) {
 
 // Kokkos' whole life, and every view's, is inside this function.
 int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
-               KPool::Options const& options, std::string& output) {
+               KPool::Options const& options, int block_pools, std::string& output) {
   int line = 0;
   try {
     Kokkos::ScopeGuard guard(argc, argv);
@@ -544,16 +686,16 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
       ReplayResult result;
       switch (trace.dtype) {
         case KPoolTrace::DType::f32:
-          result = replay<float>(trace, options, line);
+          result = replay<float>(trace, options, block_pools, line);
           break;
         case KPoolTrace::DType::f64:
-          result = replay<double>(trace, options, line);
+          result = replay<double>(trace, options, block_pools, line);
           break;
         case KPoolTrace::DType::bf16:
-          result = replay<KPool::bfloat16>(trace, options, line);
+          result = replay<KPool::bfloat16>(trace, options, block_pools, line);
           break;
         case KPoolTrace::DType::f16:
-          result = replay<KPool::float16>(trace, options, line);
+          result = replay<KPool::float16>(trace, options, block_pools, line);
           break;
       }
       output = format(trace, result);
@@ -574,6 +716,7 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
 
 int main(int argc, char* argv[]) {
   KPool::Options options;
+  int block_pools = 16;
   std::string path = "-";
   bool have_path = false;
   for (int i = 1; i < argc; ++i) {
@@ -585,6 +728,26 @@ int main(int argc, char* argv[]) {
       options.fused = true;
     } else if (a == "--unfused") {
       options.fused = false;
+    } else if (a == "--engine" || a == "--block-pools") {
+      std::string const v = i + 1 < argc ? argv[++i] : "";
+      bool ok = true;
+      if (a == "--engine") {
+        if (v == "automatic") options.score_engine = KPool::ScoreEngine::automatic;
+        else if (v == "register_tiles") options.score_engine = KPool::ScoreEngine::register_tiles;
+        else if (v == "team_gemm") options.score_engine = KPool::ScoreEngine::team_gemm;
+        else if (v == "blas") options.score_engine = KPool::ScoreEngine::blas;
+        else ok = false;
+      } else {
+        ok = !v.empty() && v.size() < 7 &&
+             std::all_of(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+        if (ok) block_pools = std::stoi(v);
+        ok = ok && block_pools >= 1;
+      }
+      if (!ok) {
+        std::cerr << "kpool_replay: bad value '" << v << "' for " << a << "\n\n"
+                  << usage_text;
+        return 2;
+      }
     } else if (a.rfind("--kokkos-", 0) == 0) {
       // Kokkos' own (--kokkos-threads=N, ...): Kokkos reads them.
     } else if ((a.size() > 1 && a[0] == '-') || have_path) {
@@ -628,7 +791,7 @@ int main(int argc, char* argv[]) {
   int status;
   {
     StdoutToStderr const redirect;
-    status = replay_all(argc, argv, trace, options, output);
+    status = replay_all(argc, argv, trace, options, block_pools, output);
   }
   if (status != 0) return status;
   std::fwrite(output.data(), 1, output.size(), stdout);

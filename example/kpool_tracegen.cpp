@@ -313,13 +313,17 @@ int main(int argc, char* argv[]) {
     }
     out += "end\n";
 
-    // Selections query live sequences within their lengths.
-    if (selects && rng.chance(25)) {
+    // Selections query live sequences within their lengths: mostly their
+    // latest tokens (a serving step's own queries, drafts included), now
+    // and then earlier ones, now and then none.
+    if (selects && rng.chance(40)) {
       out += "select\n";
       for (Live const& s : live) {
-        if (!s.seen || !rng.chance(50)) continue;
-        std::uint64_t const first = rng.range(0, s.fed);
-        std::uint64_t const n = rng.range(0, std::min<std::uint64_t>(s.fed - first, 6));
+        if (!s.seen || !rng.chance(70)) continue;
+        std::uint64_t const n =
+            rng.chance(10) ? 0 : rng.range(0, std::min<std::uint64_t>(s.fed, 6));
+        std::uint64_t const back = rng.chance(30) ? rng.range(0, s.fed - n) : 0;
+        std::uint64_t const first = s.fed - n - back;
         out += "row " + std::to_string(s.seq) + " " + std::to_string(first) +
                " " + std::to_string(n) + "\n";
       }

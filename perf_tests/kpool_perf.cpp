@@ -32,12 +32,23 @@
 // (cached time / uncached time) - 1, so both sides see the same machine
 // state. Their `bytes` add the cache entries written (D + 4 bytes a pool).
 //
+// The selection stage (op `select`, when KPool has Kokkos Kernels) is
+// compute-bound and measured in FLOPs instead: `flops` = 2 * H * D per
+// scored (query, visible pool), `gflops` its rate, next to a same-run
+// KokkosBlas::gemm of f32 [T * H, D] x [D, P] (P the mean visible pools, so
+// the FLOP count matches): `gemm_gflops`, and `ratio` = gflops /
+// gemm_gflops. Ops `select_<engine>` time the other scoring engines on the
+// same inputs.
+//
 // Writes perf_report.json (or --out) in the current directory and prints its
 // absolute path; perf_tests/perf_table.py prints it as a table.
 
 #include <KPool.hpp>
 
 #include <Kokkos_Core.hpp>
+#if KPOOL_HAS_KOKKOSKERNELS
+#include <KokkosBlas3_gemm.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -94,6 +105,11 @@ struct Result {
   int runs = 0;
   int launches = 0;
   int ring = 0;  // R, the ring length
+  // Compute-bound cases (flops > 0): the kernel's FLOPs and the same-run
+  // GEMM's (bytes and copy_* are 0 then).
+  double flops = 0;
+  double gemm_flops = 0;
+  double gemm_seconds = 0;
   // Cache ops: the same step without the cache, timed in the same loop.
   std::string baseline_op;
   double baseline_seconds = 0;
@@ -630,6 +646,73 @@ class Runner {
     results_.push_back(r);
   }
 
+  // Runs `call(options)` once validated, then timed next to `baseline()`
+  // (a same-run GEMM of `baseline_flops`).
+  void measure_flops(std::string const& scenario, std::string const& dtype,
+                     std::string const& op, std::uint64_t tokens, int batch,
+                     double flops, int launches,
+                     std::function<void(KPool::Options const&)> const& call,
+                     double baseline_flops,
+                     std::function<void()> const& baseline) {
+    std::string const name = scenario + "/" + dtype + "/" + op;
+    if (!selected(name)) return;
+    KPool::Options checked;
+    checked.validate = true;
+    KPool::Options fast;
+    fast.validate = false;
+    call(checked);
+    space_.fence();
+    Clock::time_point const w0 = Clock::now();
+    for (int i = 0;; ++i) {
+      call(fast);
+      space_.fence();
+      baseline();
+      space_.fence();
+      if (i >= 1 && seconds_between(w0, Clock::now()) >= 0.05 * s_.min_time)
+        break;
+      if (i >= 20) break;
+    }
+    std::vector<double> kt, gt;
+    Clock::time_point const start = Clock::now();
+    for (;;) {
+      space_.fence();
+      Clock::time_point const t0 = Clock::now();
+      call(fast);
+      space_.fence();
+      Clock::time_point const t1 = Clock::now();
+      baseline();
+      space_.fence();
+      Clock::time_point const t2 = Clock::now();
+      kt.push_back(seconds_between(t0, t1));
+      gt.push_back(seconds_between(t1, t2));
+      int const runs = static_cast<int>(kt.size());
+      if (runs >= s_.max_runs) break;
+      if (runs >= s_.min_runs &&
+          seconds_between(start, Clock::now()) >= s_.min_time)
+        break;
+    }
+    Result r;
+    r.name = name;
+    r.op = op;
+    r.dtype = dtype;
+    r.tokens = tokens;
+    r.batch = batch;
+    r.flops = flops;
+    r.seconds = median(kt);
+    r.seconds_min = *std::min_element(kt.begin(), kt.end());
+    r.gemm_flops = baseline_flops;
+    r.gemm_seconds = median(gt);
+    r.runs = static_cast<int>(kt.size());
+    r.launches = launches;
+    double const gf = r.flops / r.seconds * 1e-9;
+    double const ggf = r.gemm_flops / r.gemm_seconds * 1e-9;
+    std::printf("%-44s %8.2f GF/s  gemm %8.2f GF/s  ratio %5.2f  %10.4f ms  "
+                "(%d runs)\n",
+                name.c_str(), gf, ggf, gf / ggf, r.seconds * 1e3, r.runs);
+    std::fflush(stdout);
+    results_.push_back(r);
+  }
+
   std::vector<Result> const& results() const { return results_; }
   Space const& space() const { return space_; }
 
@@ -899,6 +982,184 @@ void run_all(Runner& run, Settings const& s) {
   }
 }
 
+// ----------------------------------------------------------- selection
+
+#if KPOOL_HAS_KOKKOSKERNELS
+// One selection call's inputs: `rows[r]` query rows at cache length
+// `cache_lengths[r]` per request, an fp8 rotated cache holding every
+// request's pools in shuffled blocks, bf16 queries.
+struct SelectDesc {
+  std::vector<std::uint32_t> rows, cache_lengths;
+  int heads = 32;
+  int topk = 512;
+  int block_pools = 64;
+  int batch() const { return static_cast<int>(rows.size()); }
+  std::uint64_t tokens() const {
+    return std::accumulate(rows.begin(), rows.end(), std::uint64_t(0));
+  }
+  // Visible pools summed over the query rows.
+  std::uint64_t scored() const {
+    std::uint64_t n = 0;
+    for (int r = 0; r < batch(); ++r)
+      for (std::uint32_t i = 0; i < rows[r]; ++i) n += (cache_lengths[r] + i + 1) / kK;
+    return n;
+  }
+  // Launches of the BLAS engine (a staging launch, a gemm and a reduction
+  // per request, pool chunk and query chunk, then the selection), with the
+  // workspace's chunk sizes.
+  int blas_launches() const {
+    auto const chunks = KPool::Details::BlasChunks::for_shape(tokens(), max_visible(), heads);
+    std::uint64_t n = 1;
+    for (int r = 0; r < batch(); ++r) {
+      std::uint64_t const c = cache_lengths[r], rows_r = rows[r];
+      std::uint64_t const vis = (c + rows_r) / kK;
+      for (std::uint64_t p0 = 0; p0 < vis; p0 += chunks.pools) {
+        std::uint64_t const need = (p0 + 1) * kK;
+        std::uint64_t const i0 = need > c + 1 ? need - c - 1 : 0;
+        if (i0 < rows_r) n += 3 * ((rows_r - i0 + chunks.rows - 1) / chunks.rows);
+      }
+    }
+    return static_cast<int>(n);
+  }
+  std::uint64_t max_visible() const {
+    std::uint64_t m = 1;
+    for (int r = 0; r < batch(); ++r)
+      m = std::max<std::uint64_t>(m, (cache_lengths[r] + rows[r]) / kK);
+    return m;
+  }
+};
+
+struct SelectData {
+  using Cache = KPool::PoolCache<KPool::float8_e4m3, Mem>;
+  SelectDesc desc;
+  View1<std::uint32_t> row_offsets, cache_lengths;
+  View2<std::int32_t> block_table;
+  View3<KPool::bfloat16> q;
+  View2<float> weights;
+  Cache cache;
+  View2<std::int32_t> pool_ids;
+  KPool::SelectWorkspace<KPool::bfloat16, Mem> workspace;
+  // The same-run GEMM: f32 [T * H, D] x [D, P]^T.
+  View2<float> a, b, c;
+
+  SelectData(Space const& space, SelectDesc const& d, std::mt19937& rng) : desc(d) {
+    int const B = d.batch();
+    std::size_t const T = d.tokens();
+    std::vector<std::uint32_t> offsets(B + 1, 0);
+    std::vector<int> blocks(B);
+    int total = 0, max_blocks = 1;
+    for (int r = 0; r < B; ++r) {
+      offsets[r + 1] = offsets[r] + d.rows[r];
+      std::uint64_t const vis = (d.cache_lengths[r] + d.rows[r]) / kK;
+      blocks[r] = static_cast<int>((vis + d.block_pools - 1) / d.block_pools);
+      total += blocks[r];
+      max_blocks = std::max(max_blocks, blocks[r]);
+    }
+    row_offsets = upload(space, "kpool_perf::select_row_offsets", offsets);
+    cache_lengths = upload(space, "kpool_perf::select_cache_lengths", d.cache_lengths);
+    std::vector<int> perm(std::max(total, 1));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    block_table = View2<std::int32_t>(Kokkos::view_alloc(space, "kpool_perf::block_table"),
+                                      B, max_blocks);
+    auto ht = Kokkos::create_mirror_view(block_table);
+    int next = 0;
+    for (int r = 0; r < B; ++r)
+      for (int j = 0; j < max_blocks; ++j) ht(r, j) = j < blocks[r] ? perm[next++] : -1;
+    Kokkos::deep_copy(space, block_table, ht);
+    cache = Cache(space, std::max(total, 1), d.block_pools, kD, KPool::CacheScale::amax,
+                  true);
+    fill(space, cache.values().data(), cache.values().size(), 0x3131u);
+    Kokkos::deep_copy(space, cache.scales(), 0.01f);
+    q = View3<KPool::bfloat16>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                                                  "kpool_perf::q"),
+                               T, d.heads, kD);
+    fill(space, q.data(), q.size(), 0x5151u);
+    weights = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                                              "kpool_perf::weights"),
+                           T, d.heads);
+    fill(space, weights.data(), weights.size(), 0x7171u);
+    pool_ids = View2<std::int32_t>(Kokkos::view_alloc(space, "kpool_perf::pool_ids"), T,
+                                   d.topk);
+    workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(space, T, d.max_visible(),
+                                                             d.heads, kD);
+    std::size_t const P = std::max<std::uint64_t>(1, (d.scored() + T / 2) / T);
+    a = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_a"),
+                     T * d.heads, kD);
+    b = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_b"),
+                     P, kD);
+    c = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_c"),
+                     T * d.heads, P);
+    fill(space, a.data(), a.size(), 0x9191u);
+    fill(space, b.data(), b.size(), 0xA1A1u);
+    space.fence();
+  }
+  double gemm_flops() const {
+    return 2.0 * static_cast<double>(a.extent(0)) * b.extent(0) * kD;
+  }
+};
+
+void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
+                std::mt19937& rng) {
+  std::string const prefix = scenario + "/bf16/";
+  std::vector<std::pair<std::string, KPool::ScoreEngine>> engines = {
+      {"select", KPool::ScoreEngine::automatic},
+      {"select_team_gemm", KPool::ScoreEngine::team_gemm}};
+  if (!KPool::Details::KokkosExt::is_device_backend<Space>::value) {
+    engines.push_back({"select_register_tiles", KPool::ScoreEngine::register_tiles});
+    engines.push_back({"select_blas", KPool::ScoreEngine::blas});
+  }
+  bool any = false;
+  for (auto const& e : engines) any = any || run.selected(prefix + e.first);
+  if (!any) return;
+  SelectData data(run.space(), d, rng);
+  Space const space = run.space();
+  double const flops = 2.0 * d.heads * kD * static_cast<double>(d.scored());
+  bool const device = KPool::Details::KokkosExt::is_device_backend<Space>::value;
+  for (auto const& e : engines) {
+    KPool::ScoreEngine const engine = e.second;
+    bool const blas = engine == KPool::ScoreEngine::blas;
+    run.measure_flops(
+        scenario, "bf16", e.first, d.tokens(), d.batch(), flops,
+        blas && !device ? d.blas_launches() : 2,
+        [&, engine](KPool::Options const& o) {
+          KPool::Options p = o;
+          p.score_engine = engine;
+          KPool::score_select(space, data.row_offsets, data.cache_lengths,
+                              data.block_table, d.batch(), kK, data.q, data.weights,
+                              data.cache, d.topk, data.pool_ids, data.workspace, p);
+        },
+        data.gemm_flops(),
+        [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); });
+  }
+}
+
+void run_selects(Runner& run, Settings const& s) {
+  std::mt19937 rng(20240612u);
+  {
+    // Decode: 64 requests, one query each over 8192 visible pools.
+    SelectDesc d;
+    int const B = s.quick ? 8 : 64;
+    std::uint32_t const pools = s.quick ? 2048 : 8192;
+    d.rows.assign(B, 1);
+    d.cache_lengths.assign(B, pools * kK - 1);
+    run_select(run, s.quick ? "select_decode_b8_p2k" : "select_decode_b64_p8k", d, rng);
+  }
+  {
+    // Prefill: the last 2048 tokens of an 8192-token prompt, one request:
+    // 2048 queries over 1536..2048 visible pools.
+    SelectDesc d;
+    std::uint32_t const n = s.quick ? 256 : 2048;
+    d.rows.assign(1, n);
+    d.cache_lengths.assign(1, 4 * n - n);
+    run_select(run, s.quick ? "select_prefill_q256_p256" : "select_prefill_q2k_p2k", d,
+               rng);
+  }
+}
+#else
+void run_selects(Runner&, Settings const&) {}
+#endif
+
 // ---------------------------------------------------------------- report
 
 std::string json_string(std::string const& s) {
@@ -940,9 +1201,29 @@ bool write_report(std::string const& path, std::vector<Result> const& results) {
   f << "  \"cases\": [";
   for (std::size_t i = 0; i < results.size(); ++i) {
     Result const& r = results[i];
+    f << (i ? ",\n" : "\n") << "    {";
+    if (r.flops > 0) {
+      double const gf = r.flops / r.seconds * 1e-9;
+      double const ggf = r.gemm_flops / r.gemm_seconds * 1e-9;
+      f << "\"name\": " << json_string(r.name);
+      f << ", \"op\": " << json_string(r.op);
+      f << ", \"dtype\": " << json_string(r.dtype);
+      f << ", \"tokens\": " << r.tokens;
+      f << ", \"batch\": " << r.batch;
+      f << ", \"flops\": " << json_number(r.flops);
+      f << ", \"seconds\": " << json_number(r.seconds);
+      f << ", \"gflops\": " << json_number(gf);
+      f << ", \"gemm_flops\": " << json_number(r.gemm_flops);
+      f << ", \"gemm_seconds\": " << json_number(r.gemm_seconds);
+      f << ", \"gemm_gflops\": " << json_number(ggf);
+      f << ", \"ratio\": " << json_number(gf / ggf);
+      f << ", \"seconds_min\": " << json_number(r.seconds_min);
+      f << ", \"runs\": " << r.runs;
+      f << ", \"launches\": " << r.launches << "}";
+      continue;
+    }
     double const gbps = r.bytes / r.seconds * 1e-9;
     double const cgbps = r.copy_bytes / r.copy_seconds * 1e-9;
-    f << (i ? ",\n" : "\n") << "    {";
     f << "\"name\": " << json_string(r.name);
     f << ", \"op\": " << json_string(r.op);
     f << ", \"dtype\": " << json_string(r.dtype);
@@ -1038,6 +1319,7 @@ int main(int argc, char* argv[]) {
     try {
       run_all<KPool::bfloat16>(run, s);
       run_all<float>(run, s);
+      run_selects(run, s);
     } catch (std::exception const& e) {
       std::fprintf(stderr, "kpool_perf: %s\n", e.what());
       status = 1;

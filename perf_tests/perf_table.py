@@ -38,6 +38,21 @@ CASE_FIELDS = {
     "ratio": (int, float),
 }
 
+# Compute-bound cases (the selection stage) report FLOP rates against a
+# same-run GEMM instead of bytes against a copy.
+FLOP_CASE_FIELDS = {
+    "name": str,
+    "op": str,
+    "dtype": str,
+    "tokens": int,
+    "batch": int,
+    "flops": (int, float),
+    "seconds": (int, float),
+    "gflops": (int, float),
+    "gemm_gflops": (int, float),
+    "ratio": (int, float),
+}
+
 OPTIONAL_CASE_FIELDS = {
     "runs": int,
     "launches": int,
@@ -51,6 +66,8 @@ OPTIONAL_CASE_FIELDS = {
     "baseline_op": str,
     "baseline_seconds": (int, float),
     "overhead": (int, float),
+    "gemm_flops": (int, float),
+    "gemm_seconds": (int, float),
 }
 
 
@@ -84,7 +101,9 @@ def check(report):
             problems.append("%s is not an object" % where)
             continue
         where = "cases[%d] (%s)" % (i, case.get("name", "?"))
-        for field, types in CASE_FIELDS.items():
+        flop_case = "gflops" in case
+        required = FLOP_CASE_FIELDS if flop_case else CASE_FIELDS
+        for field, types in required.items():
             if field not in case:
                 problems.append("%s: missing field '%s'" % (where, field))
             elif not is_type(case[field], types):
@@ -94,7 +113,9 @@ def check(report):
             if field in case and not is_type(case[field], types):
                 problems.append("%s: field '%s' has type %s"
                                 % (where, field, type(case[field]).__name__))
-        for field in ("seconds", "gbps", "copy_gbps", "ratio"):
+        positive = (("seconds", "gflops", "gemm_gflops", "ratio") if flop_case
+                    else ("seconds", "gbps", "copy_gbps", "ratio"))
+        for field in positive:
             v = case.get(field)
             if is_type(v, (int, float)) and not v > 0:
                 problems.append("%s: '%s' is %r, not positive"
@@ -108,15 +129,20 @@ def check(report):
 def table(report, sort_key=None):
     cases = list(report.get("cases", []))
     if sort_key:
-        reverse = sort_key in ("gbps", "copy_gbps", "ratio", "seconds")
+        reverse = sort_key in ("gbps", "copy_gbps", "gflops", "gemm_gflops",
+                               "ratio", "seconds")
         cases.sort(key=lambda c: c.get(sort_key, 0), reverse=reverse)
     print("backend %s, %s threads, Kokkos %s, %d cases"
           % (report.get("backend", "?"), report.get("threads", "?"),
              report.get("kokkos_version", "?"), len(cases)))
-    header = ["name", "op", "dtype", "tokens", "batch", "GB/s", "copy GB/s",
-              "ratio", "ms", "overhead"]
+    # Byte-bound cases give GB/s against a copy; compute-bound ones GF/s
+    # against a GEMM (marked in the unit column). Pool cache ops also give
+    # their overhead over the same step without a cache.
+    header = ["name", "op", "dtype", "tokens", "batch", "rate",
+              "baseline", "unit", "ratio", "ms", "overhead"]
     rows = []
     for c in cases:
+        flop_case = "gflops" in c
         overhead = ""
         if "overhead" in c:
             overhead = "%+.1f%% over %s" % (100.0 * c["overhead"],
@@ -127,15 +153,16 @@ def table(report, sort_key=None):
             str(c.get("dtype", "")),
             str(c.get("tokens", "")),
             str(c.get("batch", "")),
-            "%.2f" % c.get("gbps", 0.0),
-            "%.2f" % c.get("copy_gbps", 0.0),
+            "%.2f" % c.get("gflops" if flop_case else "gbps", 0.0),
+            "%.2f" % c.get("gemm_gflops" if flop_case else "copy_gbps", 0.0),
+            "GF/s vs gemm" if flop_case else "GB/s vs copy",
             "%.2f" % c.get("ratio", 0.0),
             "%.4f" % (1e3 * c.get("seconds", 0.0)),
             overhead,
         ])
     widths = [max([len(header[i])] + [len(r[i]) for r in rows])
               for i in range(len(header))]
-    left = {0, 1, 2}
+    left = {0, 1, 2, 7}
 
     def fmt(cells):
         return "  ".join(cell.ljust(widths[i]) if i in left
@@ -156,7 +183,8 @@ def main(argv):
                         help="validate the schema; exit 1 on a problem")
     parser.add_argument("--sort", default=None,
                         choices=["name", "op", "dtype", "tokens", "batch",
-                                 "gbps", "copy_gbps", "ratio", "seconds"])
+                                 "gbps", "copy_gbps", "gflops", "gemm_gflops",
+                                 "ratio", "seconds"])
     args = parser.parse_args(argv)
     try:
         with open(args.report) as f:

@@ -32,4 +32,10 @@
 #include <KPool_StorePools.hpp>
 #include <KPool_TailUpdate.hpp>
 
+// The selection stage needs Kokkos Kernels (KPOOL_HAS_KOKKOSKERNELS).
+#if KPOOL_HAS_KOKKOSKERNELS
+#include <KPool_ScoreSelect.hpp>
+#include <KPool_SelectTokens.hpp>
+#endif
+
 #endif

@@ -5,6 +5,32 @@
 
 namespace KPool {
 
+/// How KPool::score_select and KPool::select_tokens multiply queries by
+/// cached keys (README, "The selection stage"). Every engine selects by the
+/// same rule and differs only in summation order (INDEXER.md's tolerance);
+/// register_tiles and team_gemm also score identical pools identically, so
+/// exact ties go to the lower id.
+enum class ScoreEngine {
+  /// register_tiles on host execution spaces, team_gemm on devices.
+  automatic,
+  /// Hosts: per team, tiles of 32 pools dequantized transposed into team
+  /// scratch, multiplied by a hand-written register-blocked kernel (one
+  /// vector lane a pool). One launch to score, one to select.
+  register_tiles,
+  /// Every execution space: per team, queries and a tile of dequantized
+  /// keys in team scratch, multiplied by KokkosBatched::TeamGemm. One
+  /// launch to score, one to select.
+  team_gemm,
+  /// Hosts: per request and chunk of pools, dequantize into the workspace,
+  /// one KokkosBlas::gemm (the BLAS Kokkos Kernels was built with), then a
+  /// relu / weights pass. Runs on the calling thread and fences the
+  /// execution space instance. An optimized BLAS computes edge rows and
+  /// columns with other kernels than the rest, so identical pools may
+  /// score a rounding apart: exact ties are then not guaranteed to go to
+  /// the lower id (the selection still meets INDEXER.md's tolerance).
+  blas
+};
+
 /// Per-call settings, the optional last argument of every entry point.
 ///
 /// A plain aggregate; in C++17 set fields one by one:
@@ -26,6 +52,9 @@ struct Options {
   /// KPool::step only: one launch for ring_close, compress and seed_tail
   /// (true, the default) or three (false). Both give the same bits.
   bool fused = true;
+  /// KPool::score_select and KPool::select_tokens only: the scoring
+  /// engine (see ScoreEngine).
+  ScoreEngine score_engine = ScoreEngine::automatic;
 };
 
 }  // namespace KPool

@@ -20,13 +20,16 @@ set(_kpool_trace_tools
   -DREPLAY=$<TARGET_FILE:kpool_replay>
   -DCHECK=$<TARGET_FILE:kpool_trace_check>)
 
-# kpool_trace_replay(NAME MODE [GEN_ARGS...]): one generated trace.
+# kpool_trace_replay(NAME MODE [GEN_ARGS...] [REPLAY_ARGS args...]): one
+# generated trace; REPLAY_ARGS go to every kpool_replay run (--engine E).
 function(kpool_trace_replay name mode)
-  string(REPLACE ";" " " gen_args "${ARGN}")
+  cmake_parse_arguments(ARG "" "" "REPLAY_ARGS" ${ARGN})
+  string(REPLACE ";" " " gen_args "${ARG_UNPARSED_ARGUMENTS}")
+  string(REPLACE ";" " " replay_args "${ARG_REPLAY_ARGS}")
   add_test(NAME ${name}
     COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=${mode}
       -DWORK=${_kpool_trace_work}/${name} "-DGEN_ARGS=${gen_args}"
-      -P ${_kpool_trace_script})
+      "-DREPLAY_ARGS=${replay_args}" -P ${_kpool_trace_script})
   set_tests_properties(${name} PROPERTIES LABELS unit
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_PROC_BIND=false;OMP_WAIT_POLICY=passive" TIMEOUT 60)
 endfunction()
@@ -70,8 +73,7 @@ kpool_trace_replay(trace_spec_f16_k8_d7_s7 check
 # A ring of K with drafts: only the rewinds the depth rule allows.
 kpool_trace_replay(trace_spec_bf16_k4_ring4_s3 check
   --dtype bf16 --seed 36 --kpool 4 --head-dim 8 --drafts 3 --ring 4 --sequences 16 --calls 60)
-# Every version 2 header line, and select blocks (parsed and validated; the
-# replay prints 'selects 0' until selection lands).
+# Every version 2 header line, and select blocks.
 kpool_trace_replay(trace_spec_bf16_k4_d16_headers_selects check
   --dtype bf16 --seed 37 --kpool 4 --head-dim 16 --drafts 2 --ring 12
   --index-heads 4 --index-topk 8 --pool-cache fp8_pow2 --rotate 1 --calls 40)
@@ -98,6 +100,37 @@ kpool_trace_replay(trace_cache_native_rot_f64_k4_d16_s3 check
   --dtype f64 --seed 45 --kpool 4 --head-dim 16 --drafts 3 --pool-cache native
   --rotate 1 --sequences 16 --calls 60)
 
+# (a4) select blocks: every query token's pools through KPool::score_select
+# over the cache the steps wrote, checked against the selection reference
+# (INDEXER.md's tolerance rule on scores of the exact cache entries):
+# fp8 (amax, pow2) and native caches, rotated and not, with rewinds (drafts
+# re-sent after a select block saw them) and without, topk below and above
+# the visible pools, K in {1, 2, 4, 8}, every dtype; the default engine,
+# and team_gemm and blas on the same traces.
+kpool_trace_replay(trace_select_fp8_rot_bf16_k4_d128_h32_s3 check
+  --dtype bf16 --seed 61 --kpool 4 --head-dim 128 --drafts 3 --index-heads 32
+  --index-topk 4 --pool-cache fp8 --rotate 1 --sequences 10 --calls 40)
+kpool_trace_replay(trace_select_fp8_pow2_f16_k2_d16_s3 check
+  --dtype f16 --seed 62 --kpool 2 --head-dim 16 --drafts 3 --index-heads 4
+  --index-topk 5 --pool-cache fp8_pow2 --sequences 16 --calls 60)
+kpool_trace_replay(trace_select_native_rot_f32_k4_d32_s2 check
+  --dtype f32 --seed 63 --kpool 4 --head-dim 32 --drafts 2 --index-heads 4
+  --index-topk 3 --pool-cache native --rotate 1 --sequences 16 --calls 60)
+kpool_trace_replay(trace_select_native_f64_k1_d7 check
+  --dtype f64 --seed 64 --kpool 1 --head-dim 7 --version 2 --index-heads 3
+  --index-topk 6 --sequences 16 --calls 60)
+kpool_trace_replay(trace_select_native_bf16_k8_d7_s7 check
+  --dtype bf16 --seed 65 --kpool 8 --head-dim 7 --drafts 7 --index-heads 1
+  --index-topk 2 --sequences 16 --calls 80 --max-chunk 40)
+kpool_trace_replay(trace_select_fp8_rot_f32_k4_d16_team_gemm check
+  --dtype f32 --seed 66 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
+  --index-topk 3 --pool-cache fp8 --rotate 1 --sequences 16 --calls 60
+  REPLAY_ARGS --engine team_gemm)
+kpool_trace_replay(trace_select_fp8_rot_bf16_k4_d16_blas check
+  --dtype bf16 --seed 67 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
+  --index-topk 3 --pool-cache fp8 --rotate 1 --sequences 16 --calls 60
+  REPLAY_ARGS --engine blas)
+
 # Hand-written traces in trace/good/ (edge cases the generator may miss).
 file(GLOB _kpool_good_traces CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/trace/good/*.trace)
@@ -121,6 +154,11 @@ kpool_trace_replay(trace_fused_unfused_identical_bf16_k3_d7 identical
   --dtype bf16 --seed 22 --kpool 3 --head-dim 7 --sequences 40 --calls 120)
 kpool_trace_replay(trace_fused_unfused_identical_spec_bf16_k4_d128_s3 identical
   --dtype bf16 --seed 24 --kpool 4 --head-dim 128 --drafts 3 --sequences 12 --calls 40)
+# With selections: the cache's block size (--block-pools) changes no byte
+# either (identical mode also replays with 3 pools a block).
+kpool_trace_replay(trace_fused_unfused_identical_select_fp8_rot_bf16_k4_d16 identical
+  --dtype bf16 --seed 68 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
+  --index-topk 3 --pool-cache fp8 --rotate 1 --sequences 12 --calls 40)
 kpool_trace_replay(trace_fused_unfused_identical_cache_fp8_rot_bf16_k4_d128 identical
   --dtype bf16 --seed 26 --kpool 4 --head-dim 128 --drafts 3 --pool-cache fp8
   --rotate 1 --sequences 12 --calls 40)
@@ -134,6 +172,11 @@ kpool_trace_replay(trace_check_detects_tampering tamper
 kpool_trace_replay(trace_check_detects_tampering_v2 tamper
   --dtype bf16 --seed 25 --kpool 4 --head-dim 7 --drafts 3 --calls 30)
 # ... and a changed scale or cache value, a lost or reordered cache line.
+# ... and a selection that is not the best, too few ids, a lost or
+# reordered select line.
+kpool_trace_replay(trace_check_detects_tampering_select tamper
+  --dtype bf16 --seed 28 --kpool 2 --head-dim 8 --drafts 1 --index-heads 4
+  --index-topk 2 --pool-cache fp8 --calls 30)
 kpool_trace_replay(trace_check_detects_tampering_cache tamper
   --dtype bf16 --seed 27 --kpool 4 --head-dim 8 --drafts 3 --pool-cache fp8
   --rotate 1 --calls 30)

@@ -16,11 +16,26 @@
 // exact in f32's %.9g), and they are checked against the f64 reference
 // within tolerance above; Q(R(x)) of the f64 reference itself would not be
 // a sound target, since a pool one ulp off in T may quantize differently.
+//
+// Select lines ('select SEQ POS id ...', before 'selects M'): one per query
+// token of the trace's select blocks, sorted by seq, then pos, then block
+// order; each row's ids ascending, distinct, visible (below floor((pos + 1)
+// / K)), min(topk, visible) of them; and the selection meets INDEXER.md's
+// tolerance rule (KPoolSelectReference.hpp: f64 scores of the dequantized
+// cache, queries rotated in f64) over the cache as the select block saw it.
+// A pool's cache entry at that time is Q(R(x)) (KPoolCacheReference.hpp) of
+// its printed value whenever its members' values were the same then as at
+// the end (exact). A pool re-sent after the select block (a rewind) had
+// another value then, which nothing prints: it still counts for S (from
+// the f64 reference), but is left out of the score comparison, so such a
+// row is checked against the pools known exactly (the summary counts
+// them).
 // Exit 0 with a summary on success, 1 at the first mismatch, 2 when an
 // input cannot be read.
 
 #include "KPoolCacheReference.hpp"
 #include "KPoolReference.hpp"
+#include "KPoolSelectReference.hpp"
 #include "KPoolTrace.hpp"
 
 #include <algorithm>
@@ -97,10 +112,19 @@ struct PrintedCache {
   int line;
 };
 
+// A 'select SEQ POS id ...' line.
+struct PrintedSelect {
+  std::uint32_t seq;
+  std::int64_t pos;
+  std::vector<std::int64_t> ids;
+  int line;
+};
+
 // What follows the pool lines in a version 2 output.
 struct Tail {
   std::int64_t emitted = -1;
   std::vector<PrintedCache> cache;
+  std::vector<PrintedSelect> selects_printed;
   std::int64_t selects = -1;
 };
 
@@ -114,9 +138,7 @@ bool to_float(std::string const& s, float& v) {
 
 // Reads kpool_replay's output: pool lines then 'pools N', nothing else in
 // version 1; in version 2 then 'emitted E', 'cache' lines when the trace
-// has an fp8 pool cache (`cache_lines`), and 'selects M'. (The
-// selection's 'select' lines, which come before 'selects M', are not
-// produced yet and not accepted.)
+// has an fp8 pool cache (`cache_lines`), 'select' lines, and 'selects M'.
 std::vector<Printed> read_output(std::istream& in, int D, int version,
                                  bool cache_lines, Tail& tail) {
   std::vector<Printed> out;
@@ -132,7 +154,27 @@ std::vector<Printed> read_output(std::istream& in, int D, int version,
                std::string(version == 1 ? "pools N" : "selects M") + "' line");
     auto const f = split(line);
     std::int64_t a = 0, b = 0;
+    if (stage == 2 && !f.empty() && f[0] == "select") {
+      if (f.size() < 3)
+        mismatch(at + "a select line has a seq, a position and the ids, got '" + line +
+                 "'");
+      PrintedSelect sel;
+      if (!to_int(f[1], a) || a < 0 || a > 0xFFFFFFFFll)
+        mismatch(at + "malformed seq '" + f[1] + "'");
+      sel.seq = static_cast<std::uint32_t>(a);
+      if (!to_int(f[2], sel.pos) || sel.pos < 0)
+        mismatch(at + "malformed position '" + f[2] + "'");
+      for (std::size_t i = 3; i < f.size(); ++i) {
+        if (!to_int(f[i], b)) mismatch(at + "malformed pool id '" + f[i] + "'");
+        sel.ids.push_back(b);
+      }
+      sel.line = ln;
+      tail.selects_printed.push_back(std::move(sel));
+      continue;
+    }
     if (stage == 2 && !f.empty() && f[0] == "cache") {
+      if (!tail.selects_printed.empty())
+        mismatch(at + "a 'cache' line after the 'select' lines");
       if (!cache_lines)
         mismatch(at + "a 'cache' line, but the trace's pool cache is not fp8");
       if (f.size() != static_cast<std::size_t>(4 + D))
@@ -225,6 +267,212 @@ bool inputs_match_trace_md() {
              1.9753193855285645;
 }
 
+// ---------------------------------------------------------------- selection
+
+// The cache as a select block saw one sequence: the dequantized key of each
+// pool it could see, and whether that key is known exactly.
+struct SeenPools {
+  std::vector<std::vector<double>> keys;
+  std::vector<bool> exact;
+};
+
+// One query token of a select block, with the pools its row saw.
+struct ExpectedSelect {
+  std::uint32_t seq;
+  std::uint64_t pos;
+  std::uint32_t revision;  // of the values last sent for pos
+  std::size_t seen;        // index into the SeenPools
+};
+
+struct SelectSummary {
+  std::size_t lines = 0;
+  std::size_t exact_rows = 0;    // every visible pool known exactly
+  std::size_t partial_rows = 0;  // some visible pool re-sent later
+  std::size_t selected = 0;      // ids checked
+};
+
+KPoolCacheRef::CacheKind cache_kind(KPoolTrace::Trace const& t, KPoolRef::DType dt) {
+  bool const fp8 = t.pool_cache != KPoolTrace::PoolCache::native;
+  return KPoolCacheRef::CacheKind{
+      dt, fp8,
+      !fp8 ? KPoolCacheRef::Scale::none
+           : t.pool_cache == KPoolTrace::PoolCache::fp8 ? KPoolCacheRef::Scale::amax
+                                                        : KPoolCacheRef::Scale::pow2,
+      t.rotate};
+}
+
+// The cached key of a pool of value x (as stored in T): Q(R(x)),
+// dequantized, in the rotated domain the scores use.
+std::vector<double> cached_key(KPoolCacheRef::CacheKind const& kind,
+                               std::vector<double> const& x) {
+  KPoolCacheRef::Entry const e = KPoolCacheRef::quantize(kind, x);
+  return KPoolCacheRef::dequantize(kind, e, static_cast<int>(x.size()), false);
+}
+
+SelectSummary check_selects(KPoolTrace::Trace const& trace, KPoolRef::DType dt,
+                            std::vector<Printed> const& printed,
+                            std::vector<PrintedSelect> const& lines) {
+  int const K = trace.kpool;
+  int const D = trace.head_dim;
+  int const H = trace.index_heads;
+  int const topk = trace.index_topk;
+  KPoolCacheRef::CacheKind const kind = cache_kind(trace, dt);
+  std::map<std::pair<std::uint32_t, std::int64_t>, Printed const*> final_pool;
+  for (auto const& p : printed) final_pool[{p.seq, p.pool}] = &p;
+  KPoolRef::Matrix ape(K, D);
+  for (int m = 0; m < K; ++m)
+    for (int c = 0; c < D; ++c) ape.at(m, c) = KPoolTrace::ape_value(trace.seed, m, c);
+
+  // Walk the calls, counting each position's sendings, and at each select
+  // block record what every row's sequence had in the cache.
+  std::map<std::uint32_t, std::vector<std::uint32_t>> sends;
+  std::vector<SeenPools> seen;
+  std::vector<ExpectedSelect> expected;
+  for (auto const& b : trace.blocks) {
+    if (b.kind != KPoolTrace::BlockKind::select) {
+      for (auto const& r : b.rows) {
+        std::vector<std::uint32_t>& n = sends[r.seq];
+        if (n.size() < r.cache_len + r.n_new) n.resize(r.cache_len + r.n_new, 0);
+        for (std::uint64_t pos = r.cache_len; pos < r.cache_len + r.n_new; ++pos) ++n[pos];
+      }
+      continue;
+    }
+    for (auto const& r : b.rows) {
+      if (r.n_new == 0) continue;
+      std::vector<std::uint32_t> const& now = sends.at(r.seq);
+      KPoolTrace::Sequence const& history = trace.sequences.at(r.seq);
+      std::uint64_t const pools = (r.cache_len + r.n_new) / K;
+      SeenPools sp;
+      sp.keys.resize(pools);
+      sp.exact.resize(pools);
+      for (std::uint64_t p = 0; p < pools; ++p) {
+        bool same = true;
+        for (int m = 0; m < K; ++m) {
+          std::uint64_t const pos = p * K + m;
+          same = same && history.last_revision(pos) + 1 == now[pos];
+        }
+        auto const fin = final_pool.find({r.seq, static_cast<std::int64_t>(p)});
+        sp.exact[p] = same && fin != final_pool.end();
+        if (sp.exact[p]) {
+          sp.keys[p] = cached_key(kind, fin->second->values);
+          continue;
+        }
+        // Re-sent since: near enough for S from the f64 reference.
+        KPoolRef::Matrix key(K, D), gate(K, D);
+        for (int m = 0; m < K; ++m) {
+          std::uint64_t const pos = p * K + m;
+          for (int c = 0; c < D; ++c) {
+            key.at(m, c) = KPoolRef::round_to(
+                dt, KPoolTrace::key_value(trace.seed, r.seq, pos, c, now[pos] - 1));
+            gate.at(m, c) = KPoolRef::round_to(
+                dt, KPoolTrace::gate_value(trace.seed, r.seq, pos, c, now[pos] - 1));
+          }
+        }
+        KPoolRef::Matrix const pooled = KPoolRef::one_shot(key, gate, ape);
+        std::vector<double> x(D);
+        for (int c = 0; c < D; ++c) x[c] = KPoolRef::round_to(dt, pooled.at(0, c));
+        sp.keys[p] = cached_key(kind, x);
+      }
+      seen.push_back(std::move(sp));
+      for (std::uint64_t i = 0; i < r.n_new; ++i) {
+        std::uint64_t const pos = r.cache_len + i;
+        expected.push_back({r.seq, pos, now[pos] - 1, seen.size() - 1});
+      }
+    }
+  }
+  std::stable_sort(expected.begin(), expected.end(),
+                   [](ExpectedSelect const& a, ExpectedSelect const& b) {
+                     return a.seq != b.seq ? a.seq < b.seq : a.pos < b.pos;
+                   });
+  if (lines.size() != expected.size())
+    mismatch(std::to_string(lines.size()) + " select lines, but the trace's select "
+             "blocks query " + std::to_string(expected.size()) + " tokens");
+
+  SelectSummary sum;
+  sum.lines = lines.size();
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    PrintedSelect const& got = lines[i];
+    ExpectedSelect const& e = expected[i];
+    std::string const at = "output line " + std::to_string(got.line) + ": ";
+    if (got.seq != e.seq || got.pos != static_cast<std::int64_t>(e.pos))
+      mismatch(at + "select seq " + std::to_string(got.seq) + " pos " +
+               std::to_string(got.pos) + " where seq " + std::to_string(e.seq) + " pos " +
+               std::to_string(e.pos) + " comes (sorted by seq, then pos, then block)");
+    std::int64_t const visible = static_cast<std::int64_t>((e.pos + 1) / K);
+    std::size_t const want = static_cast<std::size_t>(std::min<std::int64_t>(topk, visible));
+    if (got.ids.size() != want)
+      mismatch(at + std::to_string(got.ids.size()) + " pools selected, expected min(topk " +
+               std::to_string(topk) + ", visible " + std::to_string(visible) + ")");
+    std::vector<std::int32_t> row(static_cast<std::size_t>(topk), -1);
+    for (std::size_t j = 0; j < got.ids.size(); ++j) {
+      if (got.ids[j] < 0 || got.ids[j] >= visible)
+        mismatch(at + "pool " + std::to_string(got.ids[j]) + " is not visible (pools 0.." +
+                 std::to_string(visible - 1) + ")");
+      if (j > 0 && got.ids[j] <= got.ids[j - 1])
+        mismatch(at + "the ids do not ascend");
+      row[j] = static_cast<std::int32_t>(got.ids[j]);
+    }
+    sum.selected += got.ids.size();
+
+    // Scores of the visible pools, the query as the trace defines it.
+    std::vector<double> q(static_cast<std::size_t>(H) * D), w(H);
+    for (int h = 0; h < H; ++h) {
+      w[h] = KPoolTrace::weight_value(trace.seed, e.seq, e.pos, h, e.revision);
+      for (int c = 0; c < D; ++c)
+        q[static_cast<std::size_t>(h) * D + c] = KPoolRef::round_to(
+            dt, KPoolTrace::query_value(trace.seed, e.seq, e.pos, h, c, D, e.revision));
+    }
+    KPoolSelectRef::Query const query(q, w, H, D, trace.rotate);
+    SeenPools const& sp = seen[e.seen];
+    KPoolSelectRef::RowScores scores;
+    scores.score.resize(static_cast<std::size_t>(visible));
+    scores.counted.assign(static_cast<std::size_t>(visible), true);
+    bool all_exact = true;
+    for (std::int64_t p = 0; p < visible; ++p) {
+      double mag = 0;
+      scores.score[p] = query.score(sp.keys[p], &mag);
+      // An approximate key's magnitude, with room to spare: S only widens.
+      if (!sp.exact[p]) mag *= 1.01;
+      if (std::isfinite(mag)) scores.S = std::max(scores.S, mag);
+      all_exact = all_exact && sp.exact[p];
+    }
+    if (all_exact) {
+      ++sum.exact_rows;
+      std::string const why = KPoolSelectRef::check_selection(scores, topk, row.data());
+      if (!why.empty()) mismatch(at + why);
+      continue;
+    }
+    // Only the exactly known pools compete.
+    ++sum.partial_rows;
+    std::vector<bool> chosen(static_cast<std::size_t>(visible), false);
+    for (std::int64_t id : got.ids) chosen[id] = true;
+    double min_sel = std::numeric_limits<double>::infinity();
+    double max_rest = -std::numeric_limits<double>::infinity();
+    std::int64_t min_id = -1, max_id = -1;
+    for (std::int64_t p = 0; p < visible; ++p) {
+      if (!sp.exact[p]) continue;
+      double const sc = scores.score[p];
+      if (chosen[p] && sc < min_sel) {
+        min_sel = sc;
+        min_id = p;
+      } else if (!chosen[p] && sc > max_rest) {
+        max_rest = sc;
+        max_id = p;
+      }
+    }
+    if (min_sel < max_rest - 1e-5 * scores.S) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "selected pool %lld scores %.17g but unselected pool %lld scores "
+                    "%.17g (S = %.17g)",
+                    static_cast<long long>(min_id), min_sel, static_cast<long long>(max_id),
+                    max_rest, scores.S);
+      mismatch(at + buf);
+    }
+  }
+  return sum;
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -282,10 +530,9 @@ int main(int argc, char* argv[]) {
       mismatch("'emitted " + std::to_string(tail.emitted) +
                "' but the trace's calls emit " + std::to_string(want) +
                " pools");
-    // Selection is not replayed yet: no select lines.
-    if (tail.selects != 0)
-      mismatch("'selects " + std::to_string(tail.selects) +
-               "' but no select lines were printed");
+    if (tail.selects != static_cast<std::int64_t>(tail.selects_printed.size()))
+      mismatch("'selects " + std::to_string(tail.selects) + "' but " +
+               std::to_string(tail.selects_printed.size()) + " select lines were printed");
   }
 
   // Order: by seq, then pool id, each pool once.
@@ -451,17 +698,23 @@ int main(int argc, char* argv[]) {
     }
   }
 
+  SelectSummary const sel =
+      trace.version >= 2 ? check_selects(trace, dt, printed, tail.selects_printed)
+                         : SelectSummary();
+
   std::uint64_t rewinds = 0;
   for (auto const& b : trace.blocks)
     for (auto const& r : b.rows) rewinds += r.rewinds ? 1 : 0;
   std::printf(
       "kpool_trace_check: OK: %zu pools of %zu sequences (%zu blocks, dtype "
       "%s, K %d, D %d, version %d, ring %d, %llu rewinds, pool cache %s%s, "
-      "%zu cache lines exact); worst error %.3g of tolerance\n",
+      "%zu cache lines exact, %zu select lines: %zu rows against every visible "
+      "pool, %zu against the pools not re-sent since, %zu ids); worst error %.3g "
+      "of tolerance\n",
       printed.size(), trace.sequences.size(), trace.blocks.size(),
       KPoolTrace::dtype_name(trace.dtype), K, D, trace.version, trace.ring,
       static_cast<unsigned long long>(rewinds),
       KPoolTrace::pool_cache_name(trace.pool_cache), trace.rotate ? " rotated" : "",
-      tail.cache.size(), worst);
+      tail.cache.size(), sel.lines, sel.exact_rows, sel.partial_rows, sel.selected, worst);
   return 0;
 }

@@ -15,6 +15,9 @@
 //     of its whole sequence (streaming invariance).
 //  5. KPool::expand_topk turns selected pool ids into token positions; the
 //     result is checked against the rule in docs/writers.md.
+//  6. With Kokkos Kernels (KPOOL_HAS_KOKKOSKERNELS), a selection through
+//     the installed package: KPool::score_select over a small hand-filled
+//     pool cache.
 //
 // Any mismatch prints what differs and exits with status 1.
 
@@ -294,6 +297,38 @@ void check_expand_topk(Layer const& layer, Sequence const& a, Sequence const& c)
               width);
 }
 
+#if KPOOL_HAS_KOKKOSKERNELS
+// One query over the 3 visible pools of a native f32 cache (K = 1, query at
+// position 2): key p = (p, 0, ...), query (1, 0, ...), weight 1, so pool p
+// scores p and the best two are pools 1 and 2.
+void check_selection(Layer const& layer) {
+  KPool::PoolCache<float, Mem> cache(layer.space, /*num_blocks=*/1, /*block_pools=*/4, D);
+  auto hv = Kokkos::create_mirror_view(cache.values());
+  auto hs = Kokkos::create_mirror_view(cache.scales());
+  for (int p = 0; p < 4; ++p) {
+    hs(0, p) = 1.0f;
+    for (int c = 0; c < D; ++c) hv(0, p, c) = c == 0 ? static_cast<float>(p) : 0.0f;
+  }
+  Kokkos::deep_copy(cache.values(), hv);
+  Kokkos::deep_copy(cache.scales(), hs);
+  Kokkos::View<std::int32_t**, Mem> block_table("block_table", 1, 1), pool_ids("pool_ids", 1, 2);
+  Kokkos::View<float***, Mem> q("q", 1, 1, D);
+  Kokkos::View<float**, Mem> weights("weights", 1, 1);
+  Kokkos::deep_copy(Kokkos::subview(q, 0, 0, 0), 1.0f);
+  Kokkos::deep_copy(weights, 1.0f);
+  KPool::SelectWorkspace<float, Mem> workspace(layer.space, /*max_tokens=*/1,
+                                               /*max_visible=*/4, /*H=*/1, D);
+  KPool::score_select(layer.space, device_u32("row_offsets", {0u, 1u}),
+                      device_u32("cache_lengths", {2u}), block_table, 1, /*K=*/1, q,
+                      weights, cache, /*topk=*/2, pool_ids, workspace);
+  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), pool_ids);
+  require(h(0, 0) == 1 && h(0, 1) == 2, "score_select chose pools " + std::to_string(h(0, 0)) +
+                                            " and " + std::to_string(h(0, 1)) +
+                                            ", expected 1 and 2");
+  std::printf("score_select: pools 1 and 2 of 3, as their scores say\n");
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -327,6 +362,11 @@ int main(int argc, char* argv[]) {
 
   // 5. Pool ids back to token positions.
   check_expand_topk(layer, a, c);
+
+  // 6. The selection stage, when KPool was built with Kokkos Kernels.
+#if KPOOL_HAS_KOKKOSKERNELS
+  check_selection(layer);
+#endif
   std::printf("OK\n");
   return 0;
 }

@@ -11,6 +11,9 @@
 #   KOKKOS_CUDA=DIR  a CUDA-enabled Kokkos install (HOPPER90 for an H200):
 #                    KPool is configured and built here (BUILD_DIR, default
 #                    <repo>/build-cuda). This script never builds Kokkos.
+#   KOKKOSKERNELS_CUDA=DIR  (with KOKKOS_CUDA, optional) a Kokkos Kernels
+#                    built against that Kokkos: the selection stage and its
+#                    tests and perf cases need it.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${OUT:-$repo/device-out}
@@ -32,10 +35,12 @@ else
   : "${KOKKOS_CUDA:?set PREBUILT to staged programs or KOKKOS_CUDA to a CUDA Kokkos}"
   grep -h 'define KOKKOS_VERSION ' "$KOKKOS_CUDA"/include/KokkosCore_config.h >>"$out/env.txt"
   build=${BUILD_DIR:-$repo/build-cuda}
+  kernels=()
+  if [ -n "${KOKKOSKERNELS_CUDA:-}" ]; then kernels=(-DKokkosKernels_ROOT="$KOKKOSKERNELS_CUDA"); fi
   if [ ! -f "$build/CMakeCache.txt" ]; then
     cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release \
       -DKokkos_ROOT="$KOKKOS_CUDA" -DCMAKE_CXX_COMPILER="$KOKKOS_CUDA/bin/nvcc_wrapper" \
-      >"$out/configure.log" 2>&1 || { echo "configure failed"; tail -n 30 "$out/configure.log"; exit 1; }
+      ${kernels[@]+"${kernels[@]}"} >"$out/configure.log" 2>&1 || { echo "configure failed"; tail -n 30 "$out/configure.log"; exit 1; }
   fi
   cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 ||
     { echo "build failed"; grep -m 20 -A 5 error "$out/build.log"; exit 1; }

@@ -9,6 +9,27 @@
 namespace KPool {
 namespace Details {
 
+// What column j of an expanded row holds (SEMANTICS.md, expand_topk), for a
+// row whose first `visible` positions are visible, `selected` = topk * K
+// pool columns: for j < selected, pid * K + j % K with pid the row's pool
+// id j / K (passed in), or -1 when pid < 0 or the pool is not complete
+// within visible; tail column j - selected the position visible - visible %
+// K + (j - selected) when it is below visible, else -1. expand_topk and
+// select_tokens both call this, so their token rows agree.
+KOKKOS_INLINE_FUNCTION std::int32_t expanded_column(int j, std::int64_t pid,
+                                                    std::int64_t visible,
+                                                    int kpool, int selected) {
+  std::int64_t const K = kpool;
+  std::int64_t v = -1;
+  if (j < selected) {
+    if (pid >= 0 && (pid + 1) * K <= visible) v = pid * K + j % kpool;
+  } else {
+    std::int64_t const jt = j - selected;
+    if (jt < visible % K) v = visible - visible % K + jt;
+  }
+  return static_cast<std::int32_t>(v);
+}
+
 // expand_topk: selected pool ids back to token positions. One work item is
 // one token row; lanes cover its output columns. A pool id becomes
 // positions only when the pool is complete within the row's visible count,
@@ -43,7 +64,6 @@ struct ExpandTopkFunctor {
     // this also covers offsets that decrease.
     if (b >= num_requests || t < row_offsets(b) || t >= row_offsets(b + 1))
       return;
-    std::int64_t const K = kpool;
     std::int64_t const visible =
         static_cast<std::int64_t>(cache_lengths(b)) +
         static_cast<std::int64_t>(t - row_offsets(b)) + 1;
@@ -54,17 +74,9 @@ struct ExpandTopkFunctor {
     // skipped like any other invalid request: its positions cannot be
     // written as int32.
     if (visible > static_cast<std::int64_t>(max_sequence_length)) return;
-    std::int64_t const whole = visible - visible % K;
     KokkosExt::vector_for<ExecutionSpace>(member, width, [&](int j) {
-      std::int64_t v = -1;
-      if (j < selected) {
-        std::int64_t const pid = pool_ids(t, j / kpool);
-        if (pid >= 0 && (pid + 1) * K <= visible) v = pid * K + j % kpool;
-      } else {
-        std::int64_t const jt = j - selected;
-        if (jt < visible % K) v = whole + jt;
-      }
-      out(t, j) = static_cast<std::int32_t>(v);
+      std::int64_t const pid = j < selected ? pool_ids(t, j / kpool) : -1;
+      out(t, j) = expanded_column(j, pid, visible, kpool, selected);
     });
   }
 };

@@ -268,6 +268,14 @@ namespace KokkosExt {
 #define KPOOL_IMPL_UNROLL
 #endif
 
+// A hot loop nest kept out of line. GCC optimizes a register-blocked kernel
+// well on its own and much worse once inlined into a large OpenMP region.
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define KPOOL_IMPL_NOINLINE __attribute__((noinline))
+#else
+#define KPOOL_IMPL_NOINLINE
+#endif
+
 template <class ExecutionSpace, class Member, class Functor>
 KOKKOS_FORCEINLINE_FUNCTION void vector_for(Member const& member, int n,
                                             Functor const& f) {

@@ -105,7 +105,8 @@ struct LaunchShape {
   int team_size = 1;
   int lanes = 1;
   int items_per_team = 1;
-  std::size_t scratch_bytes = 0;  // level-0 team scratch (cache writes)
+  std::size_t scratch_bytes = 0;  // team scratch a team (cache writes, selection)
+  int scratch_level = 0;          // where: 0 fast, 1 large
 };
 
 // The usual shape: `items` work items, items_per_team of them a team.
@@ -150,8 +151,28 @@ void launch(ExecutionSpace const& space, std::string const& label,
   KokkosExt::TeamPolicy<ExecutionSpace> policy(space, shape.league,
                                                shape.team_size, shape.lanes);
   if (shape.scratch_bytes > 0)
-    policy.set_scratch_size(0, Kokkos::PerTeam(shape.scratch_bytes));
+    policy.set_scratch_size(shape.scratch_level,
+                            Kokkos::PerTeam(shape.scratch_bytes));
   Kokkos::parallel_for(label, policy, f);
+}
+
+// A flat launch, `n` work items of one index each, for the host-only
+// engines' staging passes (ScoreEngine::blas): the same instance, hint and
+// size check as launch().
+template <class ExecutionSpace, class Functor>
+void launch_range(ExecutionSpace const& space, std::string const& label,
+                  std::size_t n, Functor const& f) {
+  static_assert(sizeof(Functor) < max_functor_bytes,
+                "KPool: a functor of 512 bytes or more launches through CUDA "
+                "constant memory, which waits on the host; hold Strided "
+                "arrays and a few ints, never copies of other functors");
+  if (n == 0) return;
+  Kokkos::parallel_for(
+      label,
+      Kokkos::RangePolicy<ExecutionSpace,
+                          Kokkos::Experimental::WorkItemProperty::HintLightWeight_t>(
+          space, 0, n),
+      f);
 }
 
 // Launch of a work-item functor (one with an items_per_team member).

@@ -194,7 +194,8 @@ HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
                              Offsets const& row_offsets,
                              Lengths const& cache_lengths, Slots const* slot_idx,
                              int num_requests, std::size_t key_rows,
-                             int kpool, int max_slots) {
+                             int kpool, int max_slots,
+                             char const* rows_of = "key and gate") {
   std::size_t const n = static_cast<std::size_t>(num_requests);
   HostBatch hb;
   hb.row_offsets = host_copy(space, row_offsets, n + 1);
@@ -211,8 +212,8 @@ HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
   if (hb.row_offsets[n] > key_rows)
     chk.fail_row("row_offsets", static_cast<std::int64_t>(n),
                  hb.row_offsets[n],
-                 "exceeds the " + std::to_string(key_rows) +
-                     " rows of key and gate");
+                 "exceeds the " + std::to_string(key_rows) + " rows of " +
+                     rows_of);
   hb.geometry.resize(n);
   for (std::size_t r = 0; r < n; ++r) {
     std::uint64_t const rows = hb.row_offsets[r + 1] - hb.row_offsets[r];

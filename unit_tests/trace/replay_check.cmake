@@ -1,20 +1,24 @@
 # Drives the trace tests (cmake -P); see ../TraceTests.cmake.
 #   -DGEN= -DREPLAY= -DCHECK=   the three programs
 #   -DWORK=                     a scratch folder of its own
+#   -DREPLAY_ARGS=              more arguments of every replay (--engine E)
 #   -DMODE=check                generate (GEN_ARGS; or take -DTRACE=), replay
 #                               --fused and --unfused, check both against the
 #                               reference
-#   -DMODE=identical            generate, replay --fused, --unfused and from
-#                               stdin: the three outputs must be the same bytes
+#   -DMODE=identical            generate, replay --fused, --unfused, from stdin
+#                               and with 3 pools a cache block: the outputs
+#                               must be the same bytes
 #   -DMODE=tamper               the checker must reject altered output
 #   -DMODE=bad -DTRACE=         exit status 2, 'trace:LINE:' on stderr with
 #                               LINE from the file's '# expect trace:LINE:',
 #                               empty stdout
-#   -DMODE=cli                  --help, an unknown option, a missing file
+#   -DMODE=cli                  --help, an unknown option, a bad option
+#                               value, a missing file
 cmake_minimum_required(VERSION 3.16)
 
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
+separate_arguments(replay_args UNIX_COMMAND "${REPLAY_ARGS}")
 
 function(run_replay out_var rc_var err_var)
   execute_process(COMMAND "${REPLAY}" ${ARGN}
@@ -65,16 +69,17 @@ endfunction()
 
 if(MODE STREQUAL "check")
   generate()
-  replay_ok(fused --fused "${WORK}/trace.txt")
-  replay_ok(unfused --unfused "${WORK}/trace.txt")
+  replay_ok(fused --fused ${replay_args} "${WORK}/trace.txt")
+  replay_ok(unfused --unfused ${replay_args} "${WORK}/trace.txt")
   check_ok(fused)
   check_ok(unfused)
 
 elseif(MODE STREQUAL "identical")
   generate()
-  replay_ok(fused --fused "${WORK}/trace.txt")
-  replay_ok(unfused --unfused "${WORK}/trace.txt")
-  execute_process(COMMAND "${REPLAY}" -
+  replay_ok(fused --fused ${replay_args} "${WORK}/trace.txt")
+  replay_ok(unfused --unfused ${replay_args} "${WORK}/trace.txt")
+  replay_ok(blocks --block-pools 3 ${replay_args} "${WORK}/trace.txt")
+  execute_process(COMMAND "${REPLAY}" ${replay_args} -
     INPUT_FILE "${WORK}/trace.txt" OUTPUT_FILE "${WORK}/stdin.out"
     ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
@@ -83,6 +88,7 @@ elseif(MODE STREQUAL "identical")
   file(SHA256 "${WORK}/fused.out" h_fused)
   file(SHA256 "${WORK}/unfused.out" h_unfused)
   file(SHA256 "${WORK}/stdin.out" h_stdin)
+  file(SHA256 "${WORK}/blocks.out" h_blocks)
   if(NOT h_fused STREQUAL h_unfused)
     message(FATAL_ERROR "--fused and --unfused outputs differ: "
       "${WORK}/fused.out ${WORK}/unfused.out")
@@ -90,7 +96,11 @@ elseif(MODE STREQUAL "identical")
   if(NOT h_fused STREQUAL h_stdin)
     message(FATAL_ERROR "the trace read from stdin gave other output")
   endif()
-  file(STRINGS "${WORK}/fused.out" last REGEX "^pools ")
+  if(NOT h_fused STREQUAL h_blocks)
+    message(FATAL_ERROR "3 pools a cache block gave other output: "
+      "${WORK}/fused.out ${WORK}/blocks.out")
+  endif()
+  file(STRINGS "${WORK}/fused.out" last REGEX "^(pools|selects) ")
   message(STATUS "identical: ${last}")
 
 elseif(MODE STREQUAL "tamper")
@@ -99,10 +109,11 @@ elseif(MODE STREQUAL "tamper")
   check_ok(good)
   file(STRINGS "${WORK}/good.out" lines)
   # The pool lines, then the tail: 'pools N' (version 1), or 'pools N',
-  # 'emitted E', the 'cache' lines of an fp8 pool cache, 'selects M'
-  # (version 2).
+  # 'emitted E', the 'cache' lines of an fp8 pool cache, the 'select'
+  # lines, 'selects M' (version 2).
   list(FILTER lines INCLUDE REGEX "^pool ")
-  file(STRINGS "${WORK}/good.out" tail REGEX "^(emitted|cache|selects) ")
+  file(STRINGS "${WORK}/good.out" tail REGEX "^(emitted|cache|select|selects) ")
+  file(STRINGS "${WORK}/good.out" select_lines REGEX "^select ")
   file(STRINGS "${WORK}/good.out" cache_lines REGEX "^cache ")
   list(LENGTH lines pools)
   if(pools LESS 2)
@@ -203,6 +214,61 @@ elseif(MODE STREQUAL "tamper")
     file(WRITE "${WORK}/cache_swap.out" "${all_pools}\npools ${pools}${t_swap}\n")
     check_rejects(cache_swap "two cache lines swapped")
   endif()
+  if(NOT select_lines STREQUAL "")
+    # The select lines: a row replaced by the lowest topk visible pools
+    # where the selection was other ones (a worse selection, barring exact
+    # ties), a row missing its last id, a lost line, two lines swapped.
+    string(JOIN "\n" all_pools ${first} ${others})
+    file(STRINGS "${WORK}/trace.txt" kline REGEX "^kpool ")
+    file(STRINGS "${WORK}/trace.txt" tline REGEX "^index_topk ")
+    string(REGEX REPLACE "^kpool ([0-9]+).*" "\\1" K "${kline}")
+    string(REGEX REPLACE "^index_topk ([0-9]+).*" "\\1" topk "${tline}")
+    set(sworse "")
+    set(sshort "")
+    foreach(sl IN LISTS select_lines)
+      string(REGEX MATCH "^select ([0-9]+) ([0-9]+)(.*)$" _ "${sl}")
+      set(head "select ${CMAKE_MATCH_1} ${CMAKE_MATCH_2}")
+      set(ids "${CMAKE_MATCH_3}")
+      math(EXPR visible "(${CMAKE_MATCH_2} + 1) / ${K}")
+      if(sshort STREQUAL "" AND NOT ids STREQUAL "")
+        set(sshort "${sl}")
+        string(REGEX REPLACE " [0-9]+$" "" sshort_new "${sl}")
+      endif()
+      if(sworse STREQUAL "" AND visible GREATER topk)
+        set(lowest "${head}")
+        math(EXPR last "${topk} - 1")
+        foreach(i RANGE 0 ${last})
+          string(APPEND lowest " ${i}")
+        endforeach()
+        if(NOT lowest STREQUAL sl)
+          set(sworse "${sl}")
+          set(sworse_new "${lowest}")
+        endif()
+      endif()
+    endforeach()
+    if(sworse STREQUAL "" OR sshort STREQUAL "")
+      message(FATAL_ERROR "the tamper trace selected too little to alter")
+    endif()
+    string(REPLACE "${sworse}" "${sworse_new}" t_worse "${v2_tail}")
+    file(WRITE "${WORK}/select_worse.out" "${all_pools}\npools ${pools}${t_worse}\n")
+    check_rejects(select_worse "a selection that is not the best (${sworse} -> ${sworse_new})")
+    string(REPLACE "${sshort}" "${sshort_new}" t_short "${v2_tail}")
+    file(WRITE "${WORK}/select_short.out" "${all_pools}\npools ${pools}${t_short}\n")
+    check_rejects(select_short "a select line missing an id")
+    list(GET select_lines 0 sfirst)
+    list(GET select_lines 1 ssecond)
+    list(LENGTH select_lines nsel)
+    math(EXPR fewer_sel "${nsel} - 1")
+    string(REPLACE "\n${sfirst}" "" t_lost "${v2_tail}")
+    string(REGEX REPLACE "selects [0-9]+" "selects ${fewer_sel}" t_lost "${t_lost}")
+    file(WRITE "${WORK}/select_lost.out" "${all_pools}\npools ${pools}${t_lost}\n")
+    check_rejects(select_lost "a lost select line")
+    if(NOT sfirst STREQUAL ssecond)
+      string(REPLACE "${sfirst}\n${ssecond}" "${ssecond}\n${sfirst}" t_swap "${v2_tail}")
+      file(WRITE "${WORK}/select_swap.out" "${all_pools}\npools ${pools}${t_swap}\n")
+      check_rejects(select_swap "two select lines swapped")
+    endif()
+  endif()
 
 elseif(MODE STREQUAL "bad")
   file(STRINGS "${TRACE}" head LIMIT_COUNT 1)
@@ -235,6 +301,13 @@ elseif(MODE STREQUAL "cli")
   if(NOT rc EQUAL 2 OR NOT out STREQUAL "" OR NOT err MATCHES "usage: kpool_replay")
     message(FATAL_ERROR "unknown option: status ${rc}, stdout '${out}', stderr:\n${err}")
   endif()
+  foreach(bad_value "--engine;bogus" "--block-pools;0" "--block-pools")
+    run_replay(value rc err ${bad_value})
+    file(READ "${WORK}/value.out" out)
+    if(NOT rc EQUAL 2 OR NOT out STREQUAL "" OR NOT err MATCHES "bad value")
+      message(FATAL_ERROR "${bad_value}: status ${rc}, stdout '${out}', stderr:\n${err}")
+    endif()
+  endforeach()
   run_replay(missing rc err "${WORK}/no-such-trace")
   file(READ "${WORK}/missing.out" out)
   if(NOT rc EQUAL 2 OR NOT out STREQUAL "" OR err STREQUAL "")

@@ -1,0 +1,386 @@
+#ifndef KPOOL_DETAILS_SELECT_CALL_HPP
+#define KPOOL_DETAILS_SELECT_CALL_HPP
+
+// What score_select and select_tokens share between their signature and
+// their launches: the shape checks (always), the data checks (under
+// Options::validate), the engine choice, the scoring and the selection.
+
+#include <KPool_Float8.hpp>
+#include <KPool_Options.hpp>
+#include <KPool_Types.hpp>
+#include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsCacheFunctors.hpp>
+#include <details/KPool_DetailsLaunch.hpp>
+#include <details/KPool_DetailsScoreBlas.hpp>
+#include <details/KPool_DetailsScoreRegisterFunctor.hpp>
+#include <details/KPool_DetailsScoreTileFunctor.hpp>
+#include <details/KPool_DetailsSelect.hpp>
+#include <details/KPool_DetailsSelectFunctor.hpp>
+#include <details/KPool_DetailsValidate.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace KPool {
+namespace Details {
+
+inline char const* engine_name(ScoreEngine e) {
+  return e == ScoreEngine::blas             ? "blas"
+         : e == ScoreEngine::team_gemm      ? "team_gemm"
+         : e == ScoreEngine::register_tiles ? "register_tiles"
+                                            : "automatic";
+}
+
+// register_tiles and blas are host code (one thread a team, a host BLAS)
+// and are refused on device backends. The automatic choice follows the
+// launch shapes, so a device-shapes build on a host (KPool_TEST_DEVICE_SHAPES)
+// runs the device engine.
+template <class ExecutionSpace>
+ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested) {
+  if ((requested == ScoreEngine::blas || requested == ScoreEngine::register_tiles) &&
+      KokkosExt::is_device_backend<ExecutionSpace>::value)
+    chk.fail("options", "score_engine", -1, engine_name(requested),
+             "needs a host execution space (use team_gemm or automatic)");
+  if (requested == ScoreEngine::automatic)
+    return device_shapes<ExecutionSpace>::value ? ScoreEngine::team_gemm
+                                                : ScoreEngine::register_tiles;
+  return requested;
+}
+
+// The data rules (INDEXER.md, "Bad input"): the ragged batch's own rules,
+// then per live request with rows: its visible pools fit the workspace's
+// rows, and every block they live in is assigned and below num_blocks.
+template <class ExecutionSpace, class Offsets, class Lengths, class Table>
+void check_select_batch(Checker const& chk, ExecutionSpace const& space,
+                        Offsets const& row_offsets, Lengths const& cache_lengths,
+                        Table const& block_table, int num_requests,
+                        std::size_t rows, int kpool, int num_blocks,
+                        int block_pools, std::size_t max_visible) {
+  HostBatch const hb = check_ragged_batch(
+      chk, space, row_offsets, cache_lengths,
+      static_cast<Offsets const*>(nullptr), num_requests, rows, kpool, 0, "q");
+  std::size_t const n = static_cast<std::size_t>(num_requests);
+  HostBlockTable const table = host_block_table(space, block_table, n);
+  for (std::size_t r = 0; r < n; ++r) {
+    std::uint64_t const count = hb.row_offsets[r + 1] - hb.row_offsets[r];
+    if (count == 0) continue;
+    std::uint64_t const c = hb.cache_lengths[r];
+    std::uint64_t const visible = (c + count) / static_cast<std::uint64_t>(kpool);
+    auto const row = static_cast<std::int64_t>(r);
+    if (visible > max_visible)
+      chk.fail_row("cache_lengths", row, static_cast<std::int64_t>(c),
+                   "plus the request's " + std::to_string(count) +
+                       " query rows makes " + std::to_string(visible) +
+                       " visible pools, more than the workspace's max_visible = " +
+                       std::to_string(max_visible));
+    check_pool_blocks(chk, table, row, 0, static_cast<std::int64_t>(visible), num_blocks,
+                      block_pools, "visible");
+  }
+}
+
+// Tile shape of the team engine: rows of q a team takes, pools a tile, and
+// the scratch level they fit.
+struct TileShape {
+  int rows;
+  int pools;
+  int level;
+  std::size_t bytes;
+};
+
+template <class ExecutionSpace>
+std::size_t scratch_max(int level) {
+  return static_cast<std::size_t>(
+      KokkosExt::TeamPolicy<ExecutionSpace>::scratch_size_max(level));
+}
+
+template <class ExecutionSpace, class F>
+TileShape tile_shape(std::size_t total_rows, int num_requests, int heads,
+                     int head_dim) {
+  bool const device = device_shapes<ExecutionSpace>::value;
+  std::size_t const per_request =
+      total_rows / static_cast<std::size_t>(std::max(1, num_requests));
+  TileShape s;
+  s.rows = static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  s.pools = device ? 32 : 64;
+  s.level = 0;
+  std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  // Devices shrink the tiles into fast scratch; hosts keep them (their
+  // level-1 scratch is the same memory).
+  if (device)
+    while (F::scratch_bytes(s.rows, s.pools, heads, head_dim) > max0 &&
+           (s.rows > 1 || s.pools > 8)) {
+      if (s.rows > 1)
+        s.rows /= 2;
+      else
+        s.pools /= 2;
+    }
+  s.bytes = F::scratch_bytes(s.rows, s.pools, heads, head_dim);
+  if (s.bytes > max0) s.level = 1;
+  return s;
+}
+
+// Teams a group of rows' tiles are split among: enough teams to fill the
+// machine when there are few groups (decode, one long row).
+template <class ExecutionSpace>
+int tile_splits(ExecutionSpace const& space, std::size_t groups, std::size_t max_visible,
+                int tile_pools) {
+  std::size_t const tiles = (max_visible + tile_pools - 1) / tile_pools;
+  std::size_t const target =
+      KokkosExt::is_device_backend<ExecutionSpace>::value
+          ? static_cast<std::size_t>(space.concurrency()) / 64
+          : static_cast<std::size_t>(space.concurrency()) * 4;
+  std::size_t splits = std::max<std::size_t>(1, (target + groups - 1) / groups);
+  splits = std::min(splits, std::max<std::size_t>(1, tiles));
+  if (groups * splits > static_cast<std::size_t>(INT_MAX))
+    splits = std::max<std::size_t>(1, INT_MAX / groups);
+  return static_cast<int>(splits);
+}
+
+// What every scoring engine reads, built once per call.
+template <class ExecutionSpace, class T, class C>
+struct ScoreInputs {
+  using M = typename ExecutionSpace::memory_space;
+  using A = accumulator_t<T>;
+  SelectBatch batch;
+  View3<const T, M> q;
+  View2<const float, M> weights;
+  SelectCache<C, A, M> cache;
+  score_key_t<A>* keys;
+  int heads;
+};
+
+template <class ExecutionSpace, class T, class C>
+void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
+                        ScoreInputs<ExecutionSpace, T, C> const& in,
+                        Options const& options) {
+  using F = ScoreTileFunctor<ExecutionSpace, T, C>;
+  int const D = in.cache.head_dim();
+  TileShape const tiles = tile_shape<ExecutionSpace, F>(
+      in.batch.total_rows, in.batch.num_requests, in.heads, D);
+  if (tiles.bytes > scratch_max<ExecutionSpace>(1))
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the team_gemm "
+                 "engine (use the blas engine)");
+  F f;
+  f.batch = in.batch;
+  f.q = in.q;
+  f.weights = in.weights;
+  f.cache = in.cache;
+  f.keys = in.keys;
+  f.heads = in.heads;
+  f.rows_per_team = tiles.rows;
+  f.tile_pools = tiles.pools;
+  f.scratch_level = tiles.level;
+  std::size_t const groups =
+      (in.batch.total_rows + tiles.rows - 1) / static_cast<std::size_t>(tiles.rows);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, tiles.pools);
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = team_size_for(space, f, 1, options.team_size);
+  shape.scratch_bytes = tiles.bytes;
+  shape.scratch_level = tiles.level;
+  launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
+}
+
+template <class ExecutionSpace, class T, class C, int HB>
+void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
+                               ScoreInputs<ExecutionSpace, T, C> const& in) {
+  using F = ScoreRegisterFunctor<ExecutionSpace, T, C, HB>;
+  int const D = in.cache.head_dim();
+  F f;
+  f.batch = in.batch;
+  f.q = in.q;
+  f.weights = in.weights;
+  f.cache = in.cache;
+  f.keys = in.keys;
+  f.heads = in.heads;
+  // Queries of one request share each key tile while it is in cache.
+  std::size_t const per_request =
+      in.batch.total_rows / static_cast<std::size_t>(std::max(1, in.batch.num_requests));
+  f.rows_per_team =
+      static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  std::size_t const bytes = F::scratch_bytes(f.rows_per_team, in.heads, D);
+  f.scratch_level = bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
+  if (bytes > scratch_max<ExecutionSpace>(1))
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the register_tiles "
+                 "engine (use the blas engine)");
+  std::size_t const groups = (in.batch.total_rows + f.rows_per_team - 1) /
+                             static_cast<std::size_t>(f.rows_per_team);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, register_tile_pools);
+  // One thread a team: the tile kernel is the team's whole work.
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = 1;
+  shape.scratch_bytes = bytes;
+  shape.scratch_level = f.scratch_level;
+  launch(space, chk.entry_point() + "::score_register_tiles", shape, f);
+}
+
+// Register blocks of 8 heads (4, 2, 1 for fewer heads; the last block is
+// padded with zero heads).
+template <class ExecutionSpace, class T, class C>
+void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
+                            ScoreInputs<ExecutionSpace, T, C> const& in) {
+  if (in.heads >= 8)
+    launch_score_registers_hb<ExecutionSpace, T, C, 8>(chk, space, in);
+  else if (in.heads >= 4)
+    launch_score_registers_hb<ExecutionSpace, T, C, 4>(chk, space, in);
+  else if (in.heads >= 2)
+    launch_score_registers_hb<ExecutionSpace, T, C, 2>(chk, space, in);
+  else
+    launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in);
+}
+
+template <bool Expand, class ExecutionSpace, class Key, class OutView>
+void launch_select(Checker const& chk, ExecutionSpace const& space,
+                   SelectBatch const& batch, Key const* keys, OutView const& out,
+                   int topk, Options const& options) {
+  using F = SelectFunctor<ExecutionSpace, Key, Expand>;
+  F f;
+  f.batch = batch;
+  f.keys = keys;
+  f.out = out;
+  f.out_columns = static_cast<int>(out.extent(1));
+  f.topk = topk;
+  std::size_t const bytes = F::scratch_bytes(topk);
+  f.scratch_level = bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
+  LaunchShape shape;
+  shape.league = static_cast<int>(batch.total_rows);
+  shape.team_size = team_size_for(space, f, 1, options.team_size);
+  shape.scratch_bytes = bytes;
+  shape.scratch_level = f.scratch_level;
+  launch(space, chk.entry_point() + "::select", shape, f);
+}
+
+// score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
+// (Expand = true, out = token indices [T, topk * K + K - 1]).
+template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+          class CacheLengthsView, class BlockTableView, class QView,
+          class WeightsView, class Cache, class OutView, class Workspace>
+void score_select_call(Checker const& chk, ExecutionSpace const& space,
+                       RowOffsetsView const& row_offsets,
+                       CacheLengthsView const& cache_lengths,
+                       BlockTableView const& block_table, int num_requests,
+                       int kpool, QView const& q, WeightsView const& weights,
+                       Cache const& cache, int topk, char const* out_name,
+                       OutView const& out, Workspace& workspace,
+                       Options const& options) {
+  using M = typename ExecutionSpace::memory_space;
+  using T = typename Workspace::storage_type;
+  using C = typename Cache::value_type;
+  using A = accumulator_t<T>;
+  using Key = score_key_t<A>;
+  static_assert(std::is_same<typename Cache::memory_space, M>::value &&
+                    std::is_same<typename Workspace::memory_space, M>::value,
+                "KPool: the pool cache and the workspace must live in the "
+                "execution space's memory space");
+  static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
+                "KPool: a native pool cache must hold the queries' storage "
+                "type (or use an fp8 cache)");
+  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                        "row_offsets");
+  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                        "cache_lengths");
+  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
+                        "block_table");
+  KPOOL_IMPL_CHECK_VIEW(QView, T, 3, ExecutionSpace, "q");
+  KPOOL_IMPL_CHECK_VIEW(WeightsView, float, 2, ExecutionSpace, "weights");
+
+  if (topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
+  if (kpool < 1)
+    chk.fail_scalar("kpool", kpool, "is not a valid kpool (K must be at least 1)");
+  if (!cache.is_allocated())
+    chk.fail("cache", "", -1, "an empty PoolCache",
+             "has no storage (construct it with a size)");
+  if (std::is_same<C, float8_e4m3>::value && std::is_same<T, double>::value)
+    chk.fail("q", "", -1, storage_name<T>(),
+             "is not a storage type an fp8 cache serves (f32, bf16 or f16)");
+  int const D = cache.head_dim();
+  if (cache.rotated() && (D & (D - 1)) != 0)
+    chk.fail("cache", "head_dim", -1, std::to_string(D),
+             "is not a power of two, which a rotated cache needs");
+  chk.extent_is("q", 2, q.extent(2), static_cast<std::size_t>(D),
+                "the cache's head_dim");
+  if (q.extent(1) < 1 || q.extent(1) > 0x7FFFFFFF)
+    chk.fail("q", "extent 1", -1, std::to_string(q.extent(1)),
+             "is not a usable number of heads");
+  std::size_t const rows = q.extent(0);
+  int const H = static_cast<int>(q.extent(1));
+  chk.extent_is("weights", 0, weights.extent(0), rows, "the rows of q");
+  chk.extent_is("weights", 1, weights.extent(1), static_cast<std::size_t>(H),
+                "the heads of q");
+  std::size_t const width =
+      Expand ? static_cast<std::size_t>(topk) * static_cast<std::size_t>(kpool) +
+                   static_cast<std::size_t>(kpool) - 1
+             : static_cast<std::size_t>(topk);
+  if (width > 0x7FFFFFFF)
+    chk.fail_scalar("topk", topk, "times kpool is too wide a token row");
+  chk.extent_is(out_name, 0, out.extent(0), rows, "the rows of q");
+  chk.extent_is(out_name, 1, out.extent(1), width,
+                Expand ? "topk * K + K - 1" : "topk");
+  chk.batch_shape(row_offsets, cache_lengths, num_requests);
+  // As store_pools: a row for every live request.
+  chk.extent_at_least("block_table", 0, block_table.extent(0),
+                      static_cast<std::size_t>(num_requests), "rows of the live requests");
+  if (!workspace.is_allocated())
+    chk.fail("workspace", "", -1, "an empty SelectWorkspace",
+             "has no storage (construct it with a size)");
+  if (workspace.max_tokens() < rows)
+    chk.fail("workspace", "max_tokens", -1, std::to_string(workspace.max_tokens()),
+             "is less than the " + std::to_string(rows) + " rows of q");
+  chk.extent_is("q", 1, static_cast<std::size_t>(H),
+                static_cast<std::size_t>(workspace.num_heads()),
+                "the workspace's num_heads");
+  chk.extent_is("q", 2, static_cast<std::size_t>(D),
+                static_cast<std::size_t>(workspace.head_dim()),
+                "the workspace's head_dim");
+  if (rows > 0x7FFFFFFF)
+    chk.fail("q", "extent 0", -1, std::to_string(rows), "is too many query rows");
+  ScoreEngine const engine = resolve_engine<ExecutionSpace>(chk, options.score_engine);
+  if (options.validate)
+    check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
+                       num_requests, rows, kpool, cache.num_blocks(),
+                       cache.block_pools(), workspace.max_visible());
+  if (rows == 0 || num_requests == 0) return;
+
+  ScoreInputs<ExecutionSpace, T, C> in;
+  in.batch.row_offsets = row_offsets;
+  in.batch.cache_lengths = cache_lengths;
+  in.batch.num_requests = num_requests;
+  in.batch.kpool = kpool;
+  in.batch.total_rows = rows;
+  in.batch.max_visible = workspace.max_visible();
+  in.q = q;
+  in.weights = weights;
+  in.cache = cache_target<C, A>(cache, block_table);
+  in.keys = workspace.keys().data();
+  in.heads = H;
+  if (engine == ScoreEngine::blas) {
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
+      score_blas<ExecutionSpace, T, C>(
+          chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
+          workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
+          workspace.blas_chunks(), H);
+    }
+  } else if (engine == ScoreEngine::register_tiles) {
+    if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
+      launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
+    }
+  } else {
+    launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
+  }
+  launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
+                        View2<std::int32_t, M>(out), topk, options);
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,811 @@
+// score_select and select_tokens against the independent reference
+// (INDEXER.md, "Scoring" and "Selection"; KPoolSelectReference.hpp): every
+// storage type, native and fp8 caches, rotated and not, both scoring
+// engines; INDEXER.md's tolerance rule on every row, planted exact ties
+// resolved to the lower ids identically on every run, NaN, rows that see
+// nothing, rows outside the live requests untouched, long rows.
+
+#include <KPoolSelectReference.hpp>
+#include <KPoolTestUtils.hpp>
+
+#include <algorithm>
+#include <iomanip>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using namespace KPoolTest;
+namespace SR = KPoolSelectRef;
+
+constexpr std::int32_t kSentinel = KPoolRef::kUntouched;
+
+template <class C>
+class Select : public ::testing::Test {};
+TYPED_TEST_SUITE(Select, Configs, ConfigName);
+
+// ------------------------------------------------------------- scenarios
+
+struct Shape {
+  int K = 4, H = 4, D = 64, topk = 16;
+  bool fp8 = false, rotated = false;
+  int block_pools = 16;
+};
+
+inline std::string describe(Shape const& s) {
+  std::ostringstream o;
+  o << "K=" << s.K << " H=" << s.H << " D=" << s.D << " topk=" << s.topk
+    << (s.fp8 ? " fp8" : " native") << (s.rotated ? " rotated" : "")
+    << " block_pools=" << s.block_pools;
+  return o.str();
+}
+
+// One call's inputs on the host: the batch, a block table giving each live
+// request its own scattered blocks, the cache (with "stale" entries that
+// would win if a kernel ever read them as candidates), the queries and the
+// weights.
+struct Scenario {
+  Shape s;
+  DType t = DType::f32;
+  TestBatch batch;
+  int rows = 0;  // rows of q: the live rows and guard rows after them
+  int max_blocks = 1;
+  std::vector<std::int32_t> table;  // [B][max_blocks], garbage in dead rows
+  SR::Cache cache{1, 1, 1, false, false};
+  std::vector<double> q;  // [rows][H][D]
+  std::vector<double> w;  // [rows][H]
+  std::size_t max_visible = 1;
+
+  int B() const { return static_cast<int>(batch.device.cache_lengths.size()); }
+  std::vector<std::int32_t> table_row(int r) const {
+    return std::vector<std::int32_t>(table.begin() + r * max_blocks,
+                                     table.begin() + (r + 1) * max_blocks);
+  }
+  // The live request owning row t, or -1.
+  int owner(int t) const {
+    auto const& b = batch.reference;
+    for (int r = 0; r < b.num_requests; ++r)
+      if (static_cast<std::uint32_t>(t) >= b.row_offsets[r] &&
+          static_cast<std::uint32_t>(t) < b.row_offsets[r + 1])
+        return r;
+    return -1;
+  }
+  std::int64_t position(int t) const {
+    int const r = owner(t);
+    return static_cast<std::int64_t>(batch.reference.cache_lengths[r]) + t -
+           batch.reference.row_offsets[r];
+  }
+  SR::Query query(int t) const {
+    std::vector<double> qs(q.begin() + static_cast<std::size_t>(t) * s.H * s.D,
+                           q.begin() + static_cast<std::size_t>(t + 1) * s.H * s.D);
+    std::vector<double> ws(w.begin() + static_cast<std::size_t>(t) * s.H,
+                           w.begin() + static_cast<std::size_t>(t + 1) * s.H);
+    return SR::Query(qs, ws, s.H, s.D, s.rotated);
+  }
+  SR::RowScores scores(int t, std::vector<bool> const* counted = nullptr) const {
+    int const r = owner(t);
+    return SR::score_row(cache, table_row(r), query(t), SR::visible(position(t), s.K),
+                         counted);
+  }
+  // Block and entry of pool p of live request r.
+  std::pair<int, int> where(int r, std::int64_t p) const {
+    return {table[r * max_blocks + static_cast<int>(p / s.block_pools)],
+            static_cast<int>(p % s.block_pools)};
+  }
+};
+
+std::vector<double> random_vector(Rng& rng, DType t, int n, double lo, double hi) {
+  std::vector<double> v(n);
+  for (double& x : v) x = KPoolRef::round_to(t, rng.uniform(lo, hi));
+  return v;
+}
+
+Scenario make_scenario(Shape const& s, DType t,
+                       std::vector<std::pair<std::uint32_t, std::uint32_t>> const& live,
+                       int B, int guard_rows, std::uint64_t seed) {
+  Rng rng(seed);
+  Scenario sc;
+  sc.s = s;
+  sc.t = t;
+  sc.batch = make_batch(live, B, rng);
+  sc.rows = static_cast<int>(total_rows(sc.batch.device)) + guard_rows;
+  std::vector<int> blocks_of(live.size());
+  int total_blocks = 0;
+  for (std::size_t r = 0; r < live.size(); ++r) {
+    std::uint64_t const vis = (live[r].first + live[r].second) / s.K;
+    sc.max_visible = std::max<std::size_t>(sc.max_visible, vis);
+    // One block more than the visible pools need: its entries are stale.
+    blocks_of[r] = static_cast<int>((vis + s.block_pools - 1) / s.block_pools) + 1;
+    total_blocks += blocks_of[r];
+    sc.max_blocks = std::max(sc.max_blocks, blocks_of[r] + 1);
+  }
+  int const num_blocks = total_blocks + 2;  // two blocks nobody owns
+  std::vector<int> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int i = num_blocks - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+  sc.table.assign(static_cast<std::size_t>(B) * sc.max_blocks, -1);
+  int next = 0;
+  for (std::size_t r = 0; r < live.size(); ++r)
+    for (int j = 0; j < blocks_of[r]; ++j) sc.table[r * sc.max_blocks + j] = perm[next++];
+  for (int r = static_cast<int>(live.size()); r < B; ++r)
+    for (int j = 0; j < sc.max_blocks; ++j)
+      sc.table[r * sc.max_blocks + j] = static_cast<std::int32_t>(rng.next());
+
+  sc.cache = SR::Cache(num_blocks, s.block_pools, s.D, s.fp8, s.rotated);
+  std::vector<bool> live_entry(static_cast<std::size_t>(num_blocks) * s.block_pools, false);
+  // Pools as the step stores them in T; an fp8 cache quantizes them anyway,
+  // so cheap f32 draws serve there.
+  DType const pool_type = s.fp8 ? DType::f32 : t;
+  for (std::size_t r = 0; r < live.size(); ++r) {
+    std::int64_t const vis = (live[r].first + live[r].second) / s.K;
+    for (std::int64_t p = 0; p < vis; ++p) {
+      auto const be = sc.where(static_cast<int>(r), p);
+      sc.cache.store(be.first, be.second, random_vector(rng, pool_type, s.D, -2, 2), t);
+      live_entry[sc.cache.entry(be.first, be.second)] = true;
+    }
+  }
+  // Every other entry is stale: large keys that would rank high if a
+  // kernel ever read them as candidates.
+  for (int b = 0; b < num_blocks; ++b)
+    for (int e = 0; e < s.block_pools; ++e)
+      if (!live_entry[sc.cache.entry(b, e)])
+        sc.cache.store(b, e, random_vector(rng, pool_type, s.D, -60, 60), t);
+  sc.q = random_vector(rng, t, sc.rows * s.H * s.D, -1, 1);
+  sc.w.resize(static_cast<std::size_t>(sc.rows) * s.H);
+  for (double& x : sc.w) x = static_cast<float>(rng.uniform(-0.5, 1.0));
+  return sc;
+}
+
+// ----------------------------------------------------------- device calls
+
+template <class T, class C, class M, class E>
+KPool::PoolCache<C, M> load_cache(E const& space, SR::Cache const& ref) {
+  KPool::PoolCache<C, M> cache(
+      space, ref.num_blocks, ref.block_pools, ref.D,
+      ref.fp8 ? KPool::CacheScale::amax : KPool::CacheScale::none, ref.rotated);
+  auto v = Kokkos::create_mirror_view(cache.values());
+  auto s = Kokkos::create_mirror_view(cache.scales());
+  for (int b = 0; b < ref.num_blocks; ++b)
+    for (int e = 0; e < ref.block_pools; ++e) {
+      s(b, e) = static_cast<float>(ref.scale[ref.entry(b, e)]);
+      for (int c = 0; c < ref.D; ++c) {
+        std::size_t const i = ref.entry(b, e) * ref.D + c;
+        if constexpr (std::is_same<C, KPool::float8_e4m3>::value)
+          v(b, e, c) = KPool::float8_e4m3::from_bits(ref.code[i]);
+        else
+          v(b, e, c) = to_storage<C>(ref.value[i]);
+      }
+    }
+  Kokkos::deep_copy(cache.values(), v);
+  Kokkos::deep_copy(cache.scales(), s);
+  return cache;
+}
+
+// Device copies of a scenario's inputs, for one cache element type C.
+template <class E, class T, class C>
+struct Inputs {
+  using M = typename E::memory_space;
+  E space;
+  BatchViews<M> bv;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> table;
+  Kokkos::View<T***, Kokkos::LayoutRight, M> q;
+  Kokkos::View<float**, Kokkos::LayoutRight, M> w;
+  KPool::PoolCache<C, M> cache;
+
+  explicit Inputs(Scenario const& sc)
+      : bv(sc.batch.device),
+        table("block_table", sc.B(), sc.max_blocks),
+        q("q", sc.rows, sc.s.H, sc.s.D),
+        w("weights", sc.rows, sc.s.H),
+        cache(load_cache<T, C, M>(space, sc.cache)) {
+    auto ht = Kokkos::create_mirror_view(table);
+    for (int r = 0; r < sc.B(); ++r)
+      for (int j = 0; j < sc.max_blocks; ++j) ht(r, j) = sc.table[r * sc.max_blocks + j];
+    Kokkos::deep_copy(table, ht);
+    auto hq = Kokkos::create_mirror_view(q);
+    auto hw = Kokkos::create_mirror_view(w);
+    for (int t = 0; t < sc.rows; ++t)
+      for (int h = 0; h < sc.s.H; ++h) {
+        hw(t, h) = static_cast<float>(sc.w[t * sc.s.H + h]);
+        for (int c = 0; c < sc.s.D; ++c)
+          hq(t, h, c) = to_storage<T>(sc.q[(static_cast<std::size_t>(t) * sc.s.H + h) * sc.s.D + c]);
+      }
+    Kokkos::deep_copy(q, hq);
+    Kokkos::deep_copy(w, hw);
+  }
+};
+
+// pool_ids (or, with tokens, the token rows) of one call, as a flat host
+// vector; the output starts filled with kSentinel.
+template <class E, class T, class C>
+std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& o,
+                                   bool tokens) {
+  using M = typename E::memory_space;
+  Inputs<E, T, C> in(sc);
+  int const width = tokens ? KPool::select_tokens_width(sc.s.topk, sc.s.K) : sc.s.topk;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, width);
+  Kokkos::deep_copy(out, kSentinel);
+  KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, sc.max_visible, sc.s.H, sc.s.D);
+  int const n = sc.batch.device.num_requests;
+  if (tokens)
+    KPool::select_tokens(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
+                         sc.s.K, in.q, in.w, in.cache, sc.s.topk, out, ws, o);
+  else
+    KPool::score_select(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
+                        sc.s.K, in.q, in.w, in.cache, sc.s.topk, out, ws, o);
+  auto const h = on_host(out);
+  return std::vector<std::int32_t>(h.data(), h.data() + h.size());
+}
+
+template <class E, class T>
+std::vector<std::int32_t> run(Scenario const& sc, KPool::Options const& o,
+                              bool tokens = false) {
+  if constexpr (!std::is_same<T, double>::value) {
+    if (sc.s.fp8) return run_with<E, T, KPool::float8_e4m3>(sc, o, tokens);
+  }
+  return run_with<E, T, T>(sc, o, tokens);
+}
+
+// The engines a space offers.
+template <class E>
+std::vector<KPool::ScoreEngine> engines() {
+  if (KPool::Details::KokkosExt::is_device_backend<E>::value)
+    return {KPool::ScoreEngine::team_gemm};
+  return {KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::team_gemm,
+          KPool::ScoreEngine::blas};
+}
+
+// The engines that score identical pools identically.
+template <class E>
+std::vector<KPool::ScoreEngine> tie_exact_engines() {
+  std::vector<KPool::ScoreEngine> e = engines<E>();
+  e.erase(std::remove(e.begin(), e.end(), KPool::ScoreEngine::blas), e.end());
+  return e;
+}
+
+template <class E>
+KPool::Options options_for(KPool::ScoreEngine engine, int team_size = -1) {
+  KPool::Options o = test_options<E>();
+  o.score_engine = engine;
+  if (team_size >= 0) o.team_size = team_size;
+  return o;
+}
+
+// Every live row conforms to INDEXER.md's rule against the reference; every
+// other row is untouched.
+::testing::AssertionResult conforms(Scenario const& sc,
+                                    std::vector<std::int32_t> const& ids) {
+  int const topk = sc.s.topk;
+  for (int t = 0; t < sc.rows; ++t) {
+    std::int32_t const* row = ids.data() + static_cast<std::size_t>(t) * topk;
+    if (sc.owner(t) < 0) {
+      for (int j = 0; j < topk; ++j)
+        if (row[j] != kSentinel)
+          return ::testing::AssertionFailure()
+                 << "row " << t << " is outside the live requests but column " << j
+                 << " was written (" << row[j] << ")";
+      continue;
+    }
+    std::string const why = SR::check_selection(sc.scores(t), topk, row);
+    if (!why.empty())
+      return ::testing::AssertionFailure() << "row " << t << " (position "
+                                           << sc.position(t) << "): " << why;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Rows equal to the reference's exact ranking (planted exact ties).
+::testing::AssertionResult exact(Scenario const& sc, std::vector<std::int32_t> const& ids) {
+  int const topk = sc.s.topk;
+  for (int t = 0; t < sc.rows; ++t) {
+    if (sc.owner(t) < 0) continue;
+    std::vector<std::int32_t> want = SR::select_exact(sc.scores(t), topk);
+    want.resize(topk, -1);
+    for (int j = 0; j < topk; ++j)
+      if (ids[static_cast<std::size_t>(t) * topk + j] != want[j])
+        return ::testing::AssertionFailure()
+               << "row " << t << " column " << j << ": got "
+               << ids[static_cast<std::size_t>(t) * topk + j] << ", the ranking gives "
+               << want[j] << " (scores " << std::setprecision(17)
+               << sc.scores(t).score[ids[static_cast<std::size_t>(t) * topk + j]] << " and "
+               << sc.scores(t).score[want[j]] << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The sampled grid: K in {1, 2, 4, 8}, H in {1, 4, 32}, D in {7, 64, 128},
+// native and fp8, rotated (powers of two) and not, block sizes that divide
+// and that do not.
+std::vector<Shape> grid(DType t) {
+  std::vector<Shape> g = {
+      {1, 1, 7, 5, false, false, 16},   {2, 4, 64, 16, true, true, 8},
+      {4, 32, 128, 32, true, true, 16}, {8, 4, 7, 3, false, false, 5},
+      {4, 1, 128, 64, false, true, 32}, {1, 32, 64, 8, true, false, 3},
+      {2, 32, 7, 12, true, false, 7},   {8, 1, 64, 2, true, true, 4},
+  };
+  // An fp8 cache serves every storage type but f64.
+  if (t == DType::f64)
+    for (Shape& s : g) s.fp8 = false;
+  return g;
+}
+
+// Cache lengths and rows: fresh prefill, continuations off the pool grid,
+// single-token decodes, an empty request; one dead row (B > num_requests)
+// and guard rows after the live ones.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> mixed_batch() {
+  return {{0, 9}, {37, 6}, {130, 1}, {5, 0}, {61, 2}};
+}
+
+// ------------------------------------------------------------------ tests
+
+TYPED_TEST(Select, ConformsToTheReferenceOnTheGrid) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  std::uint64_t seed = 100;
+  for (Shape const& s : grid(TypeParam::dtype)) {
+    Scenario const sc = make_scenario(s, TypeParam::dtype, mixed_batch(), 6, 2, ++seed);
+    for (KPool::ScoreEngine engine : engines<E>()) {
+      SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine));
+      EXPECT_TRUE(conforms(sc, run<E, T>(sc, options_for<E>(engine))));
+    }
+  }
+}
+
+TYPED_TEST(Select, SelectTokensIsTheExpansionOfTheSelection) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  for (Shape s : {Shape{4, 4, 64, 8, true, true, 8}, Shape{1, 1, 7, 5, false, false, 3},
+                  Shape{8, 32, 128, 3, true, false, 16}}) {
+    if (TypeParam::dtype == DType::f64) s.fp8 = false;
+    Scenario const sc = make_scenario(s, TypeParam::dtype, mixed_batch(), 6, 2, 7);
+    for (KPool::ScoreEngine engine : engines<E>()) {
+      SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine));
+      KPool::Options const o = options_for<E>(engine);
+      std::vector<std::int32_t> const ids = run<E, T>(sc, o);
+      ASSERT_TRUE(conforms(sc, ids));
+      // Rows outside the live requests stay as they were in both outputs.
+      std::vector<std::int32_t> want;
+      KPoolRef::expand_topk(s.K, ids, s.topk, sc.batch.reference, true, want);
+      std::vector<std::int32_t> const got = run<E, T>(sc, o, true);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << "token column " << i;
+    }
+  }
+}
+
+// Duplicated pools score exactly alike, so the cut among them must take
+// the lower ids: many copies of one key, a few distinct better pools, and
+// the cut in the middle of the copies, the same on every run, engine and
+// team size.
+TYPED_TEST(Select, ExactTiesGoToTheLowerIdsOnEveryRun) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  for (Shape s : {Shape{2, 4, 64, 20, true, true, 8}, Shape{1, 32, 128, 40, true, false, 16},
+                  Shape{4, 1, 7, 6, false, false, 5}}) {
+    if (TypeParam::dtype == DType::f64) s.fp8 = false;
+    Scenario sc = make_scenario(s, TypeParam::dtype, {{0, 3}, {90, 4}, {200, 1}}, 3, 0, 11);
+    Rng rng(5);
+    for (int r = 0; r < 3; ++r) {
+      std::int64_t const vis =
+          (sc.batch.reference.cache_lengths[r] +
+           (sc.batch.reference.row_offsets[r + 1] - sc.batch.reference.row_offsets[r])) /
+          s.K;
+      if (vis < 2) continue;
+      auto const model = sc.where(r, vis / 2);
+      // Copies of one pool everywhere but a few; the copies sit around the
+      // cut for topk well inside the row.
+      for (std::int64_t p = 0; p < vis; ++p) {
+        if (p % 7 == 3 || p == vis / 2) continue;
+        auto const be = sc.where(r, p);
+        sc.cache.copy_entry(model.first, model.second, be.first, be.second);
+      }
+    }
+    std::vector<std::int32_t> first;
+    for (KPool::ScoreEngine engine : tie_exact_engines<E>())
+      for (int team_size : {1, 2, 0})
+        for (int again = 0; again < 2; ++again) {
+          SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine) +
+                       " team_size " + std::to_string(team_size));
+          std::vector<std::int32_t> const ids =
+              run<E, T>(sc, options_for<E>(engine, team_size));
+          ASSERT_TRUE(exact(sc, ids));
+          if (first.empty())
+            first = ids;
+          else
+            ASSERT_EQ(ids, first);
+        }
+  }
+}
+
+// A pool whose every head's product is negative scores exactly 0; with few
+// positive pools the cut falls among the zeros, which go by id.
+TYPED_TEST(Select, ZeroScoreTiesGoToTheLowerIds) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  DType const t = TypeParam::dtype;
+  for (bool rotated : {false, true}) {
+    Shape s{1, 4, 64, 12, t != DType::f64, rotated, 8};
+    Scenario sc = make_scenario(s, t, {{39, 1}}, 1, 0, 21);
+    // Every head asks the same question, so a key opposite to it makes
+    // every product negative.
+    std::vector<double> q0(sc.q.begin(), sc.q.begin() + s.D);
+    for (int h = 1; h < s.H; ++h) std::copy(q0.begin(), q0.end(), sc.q.begin() + h * s.D);
+    for (int h = 0; h < s.H; ++h) sc.w[h] = 0.25 * (h + 1);
+    for (std::int64_t p = 0; p < 40; ++p) {
+      double const sign = p % 9 == 4 ? 1.0 : -1.0;  // 4 positive pools
+      std::vector<double> x(s.D);
+      for (int c = 0; c < s.D; ++c)
+        x[c] = KPoolRef::round_to(t, sign * (1.0 + 0.01 * p) * q0[c]);
+      auto const be = sc.where(0, p);
+      sc.cache.store(be.first, be.second, x, t);
+    }
+    for (KPool::ScoreEngine engine : engines<E>()) {
+      SCOPED_TRACE(std::string(rotated ? "rotated " : "") + KPool::Details::engine_name(engine));
+      std::vector<std::int32_t> const ids = run<E, T>(sc, options_for<E>(engine));
+      ASSERT_TRUE(exact(sc, ids));
+      // 4 positive pools, then the 8 lowest zero-score ids.
+      std::vector<std::int32_t> const want = {0, 1, 2, 3, 4, 5, 6, 7, 8, 13, 22, 31};
+      ASSERT_EQ(ids, want);
+    }
+  }
+}
+
+// NaN weights make a row's every score NaN (the lowest ids then); NaN keys
+// make their pools rank below every number.
+TYPED_TEST(Select, NanRanksBelowEveryNumber) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  DType const t = TypeParam::dtype;
+  Shape s{2, 4, 64, 10, t != DType::f64, false, 8};
+  Scenario sc = make_scenario(s, t, {{50, 3}, {70, 2}}, 2, 0, 31);
+  double const nan = std::numeric_limits<double>::quiet_NaN();
+  // Row 0: one NaN weight. Request 1: NaN in some keys.
+  sc.w[1] = nan;
+  for (std::int64_t p = 0; p < 35; p += 3) {
+    auto const be = sc.where(1, p);
+    if (s.fp8)
+      sc.cache.set_code(be.first, be.second, 5, 0x7F);
+    else
+      sc.cache.set_value(be.first, be.second, 5, nan);
+  }
+  for (KPool::ScoreEngine engine : engines<E>()) {
+    SCOPED_TRACE(KPool::Details::engine_name(engine));
+    std::vector<std::int32_t> const ids = run<E, T>(sc, options_for<E>(engine));
+    EXPECT_TRUE(conforms(sc, ids));
+    std::vector<std::int32_t> const row0(ids.begin(), ids.begin() + s.topk);
+    std::vector<std::int32_t> lowest(s.topk);
+    std::iota(lowest.begin(), lowest.end(), 0);
+    EXPECT_EQ(row0, lowest);
+    // Request 1 has 35 or 36 visible pools, 12 of them NaN: none selected.
+    for (int t = 3; t < 5; ++t)
+      for (int j = 0; j < s.topk; ++j) EXPECT_NE(ids[t * s.topk + j] % 3, 0);
+  }
+}
+
+TYPED_TEST(Select, RowsThatSeeNoPoolOrFewerThanTopk) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  DType const t = TypeParam::dtype;
+  Shape s{4, 4, 64, 16, t != DType::f64, true, 4};
+  // Positions 0..6: rows 0..2 see nothing, rows 3..6 one pool; 30..33 see
+  // 7 or 8 pools, fewer than topk: all of them, ascending.
+  Scenario const sc = make_scenario(s, t, {{0, 7}, {30, 4}}, 2, 0, 41);
+  for (KPool::ScoreEngine engine : engines<E>()) {
+    SCOPED_TRACE(KPool::Details::engine_name(engine));
+    std::vector<std::int32_t> const ids = run<E, T>(sc, options_for<E>(engine));
+    ASSERT_TRUE(conforms(sc, ids));
+    for (int row = 0; row < sc.rows; ++row) {
+      std::int64_t const vis = SR::visible(sc.position(row), s.K);
+      for (int j = 0; j < s.topk; ++j)
+        EXPECT_EQ(ids[row * s.topk + j], j < vis ? j : -1) << "row " << row;
+    }
+    std::vector<std::int32_t> const tokens = run<E, T>(sc, options_for<E>(engine), true);
+    int const width = KPool::select_tokens_width(s.topk, s.K);
+    // Row 2 (position 2): no pool, the tail 0, 1, 2.
+    EXPECT_EQ(tokens[2 * width + s.topk * s.K], 0);
+    EXPECT_EQ(tokens[2 * width + s.topk * s.K + 2], 2);
+    EXPECT_EQ(tokens[2 * width], -1);
+  }
+}
+
+// One query over 2^16 pools (topk 2048), and one over 2^20 (small heads).
+TYPED_TEST(Select, LongRows) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  DType const t = TypeParam::dtype;
+  if (t != DType::bf16) GTEST_SKIP() << "bf16 covers it";
+  struct Long {
+    std::uint32_t pools;
+    Shape s;
+  };
+  for (Long const& l : {Long{1u << 16, Shape{1, 4, 64, 2048, true, true, 256}},
+                        Long{1u << 20, Shape{1, 1, 4, 512, true, false, 8192}}}) {
+    Scenario const sc = make_scenario(l.s, t, {{l.pools - 1, 1}}, 1, 0, 51);
+    SR::RowScores const ref = sc.scores(0);
+    for (KPool::ScoreEngine engine : engines<E>()) {
+      SCOPED_TRACE(describe(l.s) + " " + KPool::Details::engine_name(engine));
+      // The space's own team size: this test is about length, not races.
+      std::vector<std::int32_t> const ids = run<E, T>(sc, options_for<E>(engine, 0));
+      std::string const why = SR::check_selection(ref, l.s.topk, ids.data());
+      EXPECT_TRUE(why.empty()) << why;
+    }
+  }
+}
+
+// A chunked prefill: an earlier call caches a request's first 16 tokens;
+// this call's step closes the pools of its own rows, store_pools caches
+// them, and the selection, queued after them on the same instance, lets the
+// call's later queries see them. The cache starts with stale keys, so a
+// selection that read before the writes could not match the reference
+// built from the cache afterwards. Both step paths store the same bytes,
+// so they give the same selections.
+template <class E, class T, class C>
+void prefill_in_one_call(DType t) {
+  using M = typename E::memory_space;
+  int const K = 4, H = 4, D = 64, topk = 6, bp = 4;
+  E space;
+  Rng rng(71);
+  // Request 0: fresh, 37 rows (9 pools); request 1: 16 tokens cached
+  // earlier, 11 rows now (pools 4 and 5 close here, 6 pools in all).
+  TestBatch const earlier = make_batch({{0, 16}}, 1, rng, 2);
+  TestBatch now = make_batch({{0, 37}, {16, 11}}, 2, rng, 2);
+  now.device.slot_idx = {0, 1};
+  now.reference.slot_idx = {0, 1};
+  int const num_blocks = 6;
+  std::vector<std::int32_t> const table = {5, 0, 3, 2, 4, -1};  // 2 x 3
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> bt("block_table", 2, 3);
+  {
+    auto h = Kokkos::create_mirror_view(bt);
+    for (int i = 0; i < 6; ++i) h.data()[i] = table[i];
+    Kokkos::deep_copy(bt, h);
+  }
+  // The earlier call's batch row 0 is request 1 now: its own table row.
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> bt_earlier("block_table", 1, 3);
+  Kokkos::deep_copy(bt_earlier, Kokkos::subview(bt, std::make_pair(1, 2), Kokkos::ALL));
+
+  std::vector<std::int32_t> first;
+  for (bool fused : {true, false}) {
+    KPool::Options o = test_options<E>();
+    o.fused = fused;
+    KPool::PoolCache<C, M> cache(space, num_blocks, bp, D,
+                                 std::is_same<C, KPool::float8_e4m3>::value
+                                     ? KPool::CacheScale::amax
+                                     : KPool::CacheScale::none,
+                                 true);
+    {
+      SR::Cache stale(num_blocks, bp, D, std::is_same<C, KPool::float8_e4m3>::value, true);
+      for (int b = 0; b < num_blocks; ++b)
+        for (int e = 0; e < bp; ++e)
+          stale.store(b, e, random_vector(rng, DType::f32, D, -50, 50), t);
+      KPool::PoolCache<C, M> const loaded = load_cache<T, C, M>(space, stale);
+      Kokkos::deep_copy(cache.values(), loaded.values());
+      Kokkos::deep_copy(cache.scales(), loaded.scales());
+    }
+    KPool::Ring<T, M> ring(space, 2, K, D);
+    Rng data(72);  // the same tokens for both step paths
+    {
+      auto const in = ragged_inputs(data, t, earlier, K, D);
+      BatchViews<M> const bv(earlier.device);
+      KPool::StepOutput<T, M> out(space, KPool::StepOutput<T, M>::capacity_for(16, 1, K), 1, D);
+      auto const key = to_view<T, M>(in.key, "key"), gate = to_view<T, M>(in.gate, "gate");
+      // Request 1 sits in ring slot 1 in both calls.
+      Kokkos::View<std::uint32_t*, M> slot("slot_idx", 1);
+      Kokkos::deep_copy(slot, 1u);
+      KPool::step(space, ring, key, gate, ape_view<M>(in.ape), bv.row_offsets,
+                  bv.cache_lengths, slot, 1, out, o);
+      KPool::store_pools(space, out, 1, bt_earlier, cache, o);
+    }
+    auto const in = ragged_inputs(data, t, now, K, D);
+    BatchViews<M> const bv(now.device);
+    KPool::StepOutput<T, M> out(space, KPool::StepOutput<T, M>::capacity_for(48, 2, K), 2, D);
+    auto const key = to_view<T, M>(in.key, "key"), gate = to_view<T, M>(in.gate, "gate");
+    KPool::step(space, ring, key, gate, ape_view<M>(in.ape), bv.row_offsets, bv.cache_lengths,
+                bv.slot_idx, 2, out, o);
+    KPool::store_pools(space, out, 2, bt, cache, o);
+    Kokkos::View<T***, Kokkos::LayoutRight, M> q("q", 48, H, D);
+    Kokkos::View<float**, Kokkos::LayoutRight, M> w("weights", 48, H);
+    std::vector<double> const qh = random_vector(data, t, 48 * H * D, -1, 1);
+    std::vector<double> wh(48 * H);
+    for (double& x : wh) x = static_cast<float>(data.uniform(-0.5, 1.0));
+    {
+      auto hq = Kokkos::create_mirror_view(q);
+      auto hw = Kokkos::create_mirror_view(w);
+      for (std::size_t i = 0; i < qh.size(); ++i) hq.data()[i] = to_storage<T>(qh[i]);
+      for (std::size_t i = 0; i < wh.size(); ++i) hw.data()[i] = static_cast<float>(wh[i]);
+      Kokkos::deep_copy(q, hq);
+      Kokkos::deep_copy(w, hw);
+    }
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> ids("pool_ids", 48, topk);
+    KPool::SelectWorkspace<T, M> ws(space, 48, 9, H, D);
+    KPool::score_select(space, bv.row_offsets, bv.cache_lengths, bt, 2, K, q, w, cache, topk,
+                        ids, ws, o);
+    auto const got_view = on_host(ids);
+    std::vector<std::int32_t> const got(got_view.data(), got_view.data() + got_view.size());
+
+    // The reference reads the cache as it is after the call.
+    Scenario sc;
+    sc.s = Shape{K, H, D, topk, std::is_same<C, KPool::float8_e4m3>::value, true, bp};
+    sc.t = t;
+    sc.batch = now;
+    sc.rows = 48;
+    sc.max_blocks = 3;
+    sc.table = table;
+    sc.cache = SR::Cache(num_blocks, bp, D, sc.s.fp8, true);
+    auto const hv = on_host(cache.values());
+    auto const hs = on_host(cache.scales());
+    for (int b = 0; b < num_blocks; ++b)
+      for (int e = 0; e < bp; ++e) {
+        sc.cache.scale[sc.cache.entry(b, e)] = hs(b, e);
+        for (int c = 0; c < D; ++c) {
+          if constexpr (std::is_same<C, KPool::float8_e4m3>::value)
+            sc.cache.set_code(b, e, c, hv(b, e, c).bits);
+          else
+            sc.cache.set_value(b, e, c, to_double(hv(b, e, c)));
+        }
+      }
+    sc.q = qh;
+    sc.w = wh;
+    EXPECT_TRUE(conforms(sc, got)) << (fused ? "fused step" : "three-launch step");
+    if (first.empty())
+      first = got;
+    else
+      EXPECT_EQ(got, first) << "the step paths disagree";
+  }
+}
+
+TYPED_TEST(Select, QueriesSeePoolsClosedInTheSameCall) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  if constexpr (!std::is_same<T, double>::value)
+    prefill_in_one_call<E, T, KPool::float8_e4m3>(TypeParam::dtype);
+  prefill_in_one_call<E, T, T>(TypeParam::dtype);
+}
+
+// With validation off a bad block is skipped: its pools are not candidates,
+// the rest of the row is selected as usual.
+TYPED_TEST(Select, BadBlocksAreNotVisibleWithValidationOff) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  DType const t = TypeParam::dtype;
+  Shape s{1, 4, 64, 24, t != DType::f64, false, 8};
+  Scenario sc = make_scenario(s, t, {{60, 2}}, 1, 0, 61);
+  int const nb = sc.cache.num_blocks;
+  sc.table[1] = -5;  // pools 8..15
+  sc.table[3] = nb;  // pools 24..31
+  sc.table[5] = nb + 1000;
+  for (KPool::ScoreEngine engine : engines<E>()) {
+    SCOPED_TRACE(KPool::Details::engine_name(engine));
+    KPool::Options o = options_for<E>(engine);
+    o.validate = false;
+    std::vector<std::int32_t> const ids = run<E, T>(sc, o);
+    for (int row = 0; row < 2; ++row) {
+      std::int64_t const vis = SR::visible(sc.position(row), s.K);
+      std::vector<bool> counted(vis);
+      for (std::int64_t p = 0; p < vis; ++p) {
+        std::int64_t const j = p / s.block_pools;
+        counted[p] = j != 1 && j != 3 && j != 5;
+      }
+      std::string const why =
+          SR::check_selection(sc.scores(row, &counted), s.topk, ids.data() + row * s.topk);
+      EXPECT_TRUE(why.empty()) << "row " << row << ": " << why;
+    }
+  }
+}
+
+// ------------------------------------------------------------ host sync
+
+// Kokkos Tools events while armed: fences and deep copies.
+struct HostEvents {
+  bool armed = false;
+  std::vector<std::string> fences;
+  int deep_copies = 0;
+};
+HostEvents host_events;
+
+void on_fence(char const* name, std::uint32_t, std::uint64_t*) {
+  if (host_events.armed) host_events.fences.emplace_back(name);
+}
+void on_deep_copy(Kokkos::Tools::SpaceHandle, char const*, void const*,
+                  Kokkos::Tools::SpaceHandle, char const*, void const*, std::uint64_t) {
+  if (host_events.armed) ++host_events.deep_copies;
+}
+
+// With validation off, score_select and select_tokens queue their launches
+// on the caller's instance and wait for nothing (no fence, no copy), so a
+// serving step and its selection overlap other streams and can be captured
+// in a CUDA graph: the engines that run on every space (team_gemm, and
+// register_tiles on hosts). The BLAS engine fences by design.
+TEST(SelectHostSync, WithoutValidationNothingWaitsForTheHost) {
+  using E = Kokkos::DefaultExecutionSpace;
+  using M = E::memory_space;
+  using T = float;
+  Shape const s{4, 4, 64, 8, true, true, 8};
+  Scenario const sc = make_scenario(s, DType::f32, mixed_batch(), 6, 2, 21);
+  Inputs<E, T, KPool::float8_e4m3> in(sc);
+  int const n = sc.batch.device.num_requests;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> ids("ids", sc.rows, s.topk);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> tokens(
+      "tokens", sc.rows, KPool::select_tokens_width(s.topk, s.K));
+  KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, sc.max_visible, s.H, s.D);
+  std::vector<KPool::ScoreEngine> engines = {KPool::ScoreEngine::team_gemm};
+  if (!KPool::Details::KokkosExt::is_device_backend<E>::value)
+    engines.push_back(KPool::ScoreEngine::register_tiles);
+  Kokkos::deep_copy(ids, kSentinel);
+  Kokkos::fence();
+  Kokkos::Tools::Experimental::set_begin_fence_callback(on_fence);
+  Kokkos::Tools::Experimental::set_begin_deep_copy_callback(on_deep_copy);
+  for (KPool::ScoreEngine engine : engines) {
+    KPool::Options o = options_for<E>(engine);
+    o.validate = false;
+    host_events = HostEvents();
+    host_events.armed = true;
+    KPool::score_select(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n, s.K,
+                        in.q, in.w, in.cache, s.topk, ids, ws, o);
+    KPool::select_tokens(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
+                         s.K, in.q, in.w, in.cache, s.topk, tokens, ws, o);
+    host_events.armed = false;
+    Kokkos::fence();
+    EXPECT_TRUE(host_events.fences.empty())
+        << KPool::Details::engine_name(engine) << " fenced: " << host_events.fences.front();
+    EXPECT_EQ(host_events.deep_copies, 0) << KPool::Details::engine_name(engine);
+  }
+  Kokkos::Tools::Experimental::set_begin_fence_callback(nullptr);
+  Kokkos::Tools::Experimental::set_begin_deep_copy_callback(nullptr);
+  // The same calls did select: the rows conform.
+  auto const h = on_host(ids);
+  EXPECT_TRUE(conforms(sc, std::vector<std::int32_t>(h.data(), h.data() + h.size())));
+}
+
+// ------------------------------------------------- implementation details
+
+TEST(SelectDetails, Fp8DecodeMatchesTheCacheType) {
+  for (int b = 0; b < 256; ++b) {
+    auto const v = KPool::float8_e4m3::from_bits(static_cast<std::uint8_t>(b));
+    float const want = static_cast<float>(v);
+    float const got = KPool::Details::cache_value<float>(v);
+    EXPECT_EQ(KPool::Details::KokkosExt::bit_cast<std::uint32_t>(got),
+              KPool::Details::KokkosExt::bit_cast<std::uint32_t>(want))
+        << "code " << b;
+    double const ref = SR::fp8_decode(static_cast<std::uint8_t>(b));
+    if (std::isnan(ref))
+      EXPECT_TRUE(std::isnan(got));
+    else
+      EXPECT_EQ(static_cast<double>(got), ref) << "code " << b;
+  }
+}
+
+template <class F>
+void check_key_order(std::vector<F> const& values) {
+  using KPool::Details::score_key;
+  for (F a : values)
+    for (F b : values) {
+      auto const ka = score_key(a), kb = score_key(b);
+      if (std::isnan(a) || std::isnan(b)) {
+        if (std::isnan(a) && std::isnan(b))
+          EXPECT_EQ(ka, kb);
+        else
+          EXPECT_EQ(ka < kb, std::isnan(a)) << a << " vs " << b;
+        continue;
+      }
+      EXPECT_EQ(ka < kb, a < b) << a << " vs " << b;
+      EXPECT_EQ(ka == kb, a == b) << a << " vs " << b;
+    }
+  for (F a : values) EXPECT_GT(score_key(a), 0u) << "a score must rank above a pool that is not visible";
+}
+
+TEST(SelectDetails, KeysOrderLikeScores) {
+  float const inf = std::numeric_limits<float>::infinity();
+  float const nan = std::numeric_limits<float>::quiet_NaN();
+  check_key_order<float>({-inf, -3.5f, -1e-30f, -0.0f, 0.0f, 1e-45f, 1.0f, 2.0f,
+                          std::numeric_limits<float>::max(), inf, nan, -nan});
+  double const dinf = std::numeric_limits<double>::infinity();
+  double const dnan = std::numeric_limits<double>::quiet_NaN();
+  check_key_order<double>({-dinf, -3.5, -1e-300, -0.0, 0.0, 4.9e-324, 1.0, 2.0, dinf,
+                           dnan, -dnan});
+}
+
+}  // namespace
