@@ -7,7 +7,7 @@ namespace KPool {
 
 /// How KPool::score_select and KPool::select_tokens multiply queries by
 /// cached keys (README, "The selection stage"). Every engine selects by the
-/// same rule and differs only in summation order (INDEXER.md's tolerance);
+/// same rule and differs only in summation order (docs/indexer.md's tolerance);
 /// register_tiles and team_gemm also score identical pools identically, so
 /// exact ties go to the lower id.
 enum class ScoreEngine {
@@ -27,7 +27,7 @@ enum class ScoreEngine {
   /// execution space instance. An optimized BLAS computes edge rows and
   /// columns with other kernels than the rest, so identical pools may
   /// score a rounding apart: exact ties are then not guaranteed to go to
-  /// the lower id (the selection still meets INDEXER.md's tolerance).
+  /// the lower id (the selection still meets docs/indexer.md's tolerance).
   blas
 };
 

@@ -138,7 +138,7 @@ class SelectWorkspace {
   Kokkos::View<score_type*, MemorySpace> blas_products_;
 };
 
-/// Scoring and top-k selection over the pool cache (INDEXER.md, "Scoring"
+/// Scoring and top-k selection over the pool cache (docs/indexer.md, "Scoring"
 /// and "Selection"). Query row row_offsets(r) + i is position
 /// cache_lengths(r) + i of the sequence in batch row r; it sees the pools
 /// p < floor((pos + 1) / kpool) and scores each as

@@ -1,5 +1,5 @@
 // KPoolSelectReference.hpp: an independent, serial host reference for the
-// selection stage, written from INDEXER.md alone ("The pool cache",
+// selection stage, written from docs/indexer.md alone ("The pool cache",
 // "Scoring", "Selection"); no code shared with src/. Plain C++17, standard
 // library only, all arithmetic in double.
 //
@@ -8,7 +8,7 @@
 //    dequantized key is scale * value.
 //  * Scores are exact-ish: f64 from the dequantized cache, the queries
 //    rotated in f64.
-//  * check_selection() applies INDEXER.md's tolerance rule to a row the
+//  * check_selection() applies docs/indexer.md's tolerance rule to a row the
 //    library selected; select_exact() is the ranking itself (for planted
 //    exact ties, where any conforming selection must take the lower ids).
 #pragma once
@@ -202,7 +202,7 @@ inline std::vector<double> cached_key(Cache const& cache,
   return k;
 }
 
-// Scores of pools [0, n) and S (INDEXER.md, "Selection"). Pools with
+// Scores of pools [0, n) and S (docs/indexer.md, "Selection"). Pools with
 // counted[p] false are not candidates (bad blocks with validation off).
 struct RowScores {
   std::vector<double> score;
@@ -252,7 +252,7 @@ inline std::vector<std::int32_t> select_exact(RowScores const& r, int topk) {
   return ids;
 }
 
-// INDEXER.md's rule for one row of pool_ids (`got`, topk entries): the
+// docs/indexer.md's rule for one row of pool_ids (`got`, topk entries): the
 // first min(topk, candidates) entries are distinct candidates in ascending
 // order, the rest -1; every selected pool's score is at least every
 // unselected candidate's minus 1e-5 * S; NaN ranks below every number.

@@ -102,7 +102,7 @@ kpool_trace_replay(trace_cache_native_rot_f64_k4_d16_s3 check
 
 # (a4) select blocks: every query token's pools through KPool::score_select
 # over the cache the steps wrote, checked against the selection reference
-# (INDEXER.md's tolerance rule on scores of the exact cache entries):
+# (docs/indexer.md's tolerance rule on scores of the exact cache entries):
 # fp8 (amax, pow2) and native caches, rotated and not, with rewinds (drafts
 # re-sent after a select block saw them) and without, topk below and above
 # the visible pools, K in {1, 2, 4, 8}, every dtype; the default engine,

@@ -20,7 +20,7 @@
 // Select lines ('select SEQ POS id ...', before 'selects M'): one per query
 // token of the trace's select blocks, sorted by seq, then pos, then block
 // order; each row's ids ascending, distinct, visible (below floor((pos + 1)
-// / K)), min(topk, visible) of them; and the selection meets INDEXER.md's
+// / K)), min(topk, visible) of them; and the selection meets docs/indexer.md's
 // tolerance rule (KPoolSelectReference.hpp: f64 scores of the dequantized
 // cache, queries rotated in f64) over the cache as the select block saw it.
 // A pool's cache entry at that time is Q(R(x)) (KPoolCacheReference.hpp) of

@@ -1,7 +1,7 @@
 // score_select and select_tokens against the independent reference
-// (INDEXER.md, "Scoring" and "Selection"; KPoolSelectReference.hpp): every
+// (docs/indexer.md, "Scoring" and "Selection"; KPoolSelectReference.hpp): every
 // storage type, native and fp8 caches, rotated and not, both scoring
-// engines; INDEXER.md's tolerance rule on every row, planted exact ties
+// engines; docs/indexer.md's tolerance rule on every row, planted exact ties
 // resolved to the lower ids identically on every run, NaN, rows that see
 // nothing, rows outside the live requests untouched, long rows.
 
@@ -274,7 +274,7 @@ KPool::Options options_for(KPool::ScoreEngine engine, int team_size = -1) {
   return o;
 }
 
-// Every live row conforms to INDEXER.md's rule against the reference; every
+// Every live row conforms to docs/indexer.md's rule against the reference; every
 // other row is untouched.
 ::testing::AssertionResult conforms(Scenario const& sc,
                                     std::vector<std::int32_t> const& ids) {

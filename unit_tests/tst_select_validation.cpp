@@ -1,4 +1,4 @@
-// Bad input to the selection stage (INDEXER.md, "Bad input"): score_select
+// Bad input to the selection stage (docs/indexer.md, "Bad input"): score_select
 // and select_tokens check every argument before launching anything and
 // throw KPool::InvalidArgument naming the entry point, the argument, the
 // row and the value, with no output written. One TEST per rule, each

@@ -9,7 +9,7 @@
 namespace KPool {
 namespace Details {
 
-// What column j of an expanded row holds (SEMANTICS.md, expand_topk), for a
+// What column j of an expanded row holds (docs/writers.md, expand_topk), for a
 // row whose first `visible` positions are visible, `selected` = topk * K
 // pool columns: for j < selected, pid * K + j % K with pid the row's pool
 // id j / K (passed in), or -1 when pid < 0 or the pool is not complete

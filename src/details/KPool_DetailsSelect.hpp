@@ -1,7 +1,7 @@
 #ifndef KPOOL_DETAILS_SELECT_HPP
 #define KPOOL_DETAILS_SELECT_HPP
 
-// What every part of the selection stage agrees on (INDEXER.md, "Scoring"
+// What every part of the selection stage agrees on (docs/indexer.md, "Scoring"
 // and "Selection"): which rows and pools a call covers, how a score becomes
 // a sortable key, the relu, and the rotation of a query. The scoring
 // engines write keys; the selection reads them.
@@ -74,7 +74,7 @@ KOKKOS_FORCEINLINE_FUNCTION A cache_value(C v) {
   return static_cast<A>(to_accumulator(v));
 }
 
-// R (INDEXER.md) of a query row x[0, D) in place: the same butterflies,
+// R (docs/indexer.md) of a query row x[0, D) in place: the same butterflies,
 // in the same order, as the pool cache's writers apply to keys
 // (rotate_row_serial), then every value times the arithmetic type's
 // nearest 1/sqrt(D) (`norm`, nearest_rsqrt), so that a rotated query meets

@@ -51,7 +51,7 @@ ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested) {
   return requested;
 }
 
-// The data rules (INDEXER.md, "Bad input"): the ragged batch's own rules,
+// The data rules (docs/indexer.md, "Bad input"): the ragged batch's own rules,
 // then per live request with rows: its visible pools fit the workspace's
 // rows, and every block they live in is assigned and below num_blocks.
 template <class ExecutionSpace, class Offsets, class Lengths, class Table>

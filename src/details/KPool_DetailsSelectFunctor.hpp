@@ -1,7 +1,7 @@
 #ifndef KPOOL_DETAILS_SELECT_FUNCTOR_HPP
 #define KPOOL_DETAILS_SELECT_FUNCTOR_HPP
 
-// The selection (INDEXER.md, "Selection"): one team per query row finds the
+// The selection (docs/indexer.md, "Selection"): one team per query row finds the
 // row's top-k pools among its visible ones from their keys, in O(visible):
 //   1. a radix select, 8 key bits a pass from the top, finds the k-th
 //      largest key `thr` and how many of the keys equal to it are taken
