@@ -31,6 +31,9 @@
 // `baseline_op`, `baseline_seconds` and `overhead`: the median over runs of
 // (cached time / uncached time) - 1, so both sides see the same machine
 // state. Their `bytes` add the cache entries written (D + 4 bytes a pool).
+// store_pools_fp8 writes the same cache from the step's output in its own
+// pass, reported beside the step without a cache the same way: its
+// overhead + 1 is the standalone write's time as a share of the step's.
 //
 // The selection stage (op `select`, when KPool has Kokkos Kernels) is
 // compute-bound and measured in FLOPs instead: `flops` = 2 * H * D per
@@ -376,10 +379,14 @@ std::vector<std::pair<std::int64_t, std::int64_t>> decode_pools(DecodeDesc const
   return v;
 }
 
-std::uint64_t cache_bytes(std::vector<std::pair<std::int64_t, std::int64_t>> const& pools) {
+std::uint64_t pool_count(std::vector<std::pair<std::int64_t, std::int64_t>> const& pools) {
   std::uint64_t n = 0;
   for (auto const& p : pools) n += static_cast<std::uint64_t>(p.second - p.first);
-  return n * kCacheEntryBytes;
+  return n;
+}
+
+std::uint64_t cache_bytes(std::vector<std::pair<std::int64_t, std::int64_t>> const& pools) {
+  return pool_count(pools) * kCacheEntryBytes;
 }
 
 // ------------------------------------------------------------- device data
@@ -787,7 +794,9 @@ template <class T>
 void run_step_cache(Runner& run, std::string const& scenario,
                     RaggedDesc const& d, RaggedData<T>& data) {
   std::string const dtype = KPool::storage_name<T>();
-  if (!run.selected(scenario + "/" + dtype + "/step_fused_cache_fp8")) return;
+  if (!run.selected(scenario + "/" + dtype + "/step_fused_cache_fp8") &&
+      !run.selected(scenario + "/" + dtype + "/store_pools_fp8"))
+    return;
   Space const space = run.space();
   auto const pools = ragged_pools(d);
   CacheData cd(space, pools);
@@ -809,6 +818,22 @@ void run_step_cache(Runner& run, std::string const& scenario,
       step_bytes(d, sizeof(T)) + cache_bytes(pools), 2, d.ring,
       [&](KPool::Options const& o) { step(o, true); }, "step_fused",
       [&](KPool::Options const& o) { step(o, false); });
+  // store_pools_fp8: the same cache written by its own pass from the step's
+  // output rows (read from memory), beside the step without a cache: its
+  // overhead + 1 is what the write costs on its own, as a share of the
+  // step, which bounds from below what writing it inside the step can cost
+  // where the step is bound by arithmetic rather than memory.
+  step(KPool::Options(), false);
+  space.fence();
+  run.measure(
+      scenario, dtype, "store_pools_fp8", d.tokens(), B,
+      static_cast<std::uint64_t>(pool_count(pools)) * (kD * sizeof(T) + 8) +
+          cache_bytes(pools),
+      1, d.ring,
+      [&](KPool::Options const& o) {
+        KPool::store_pools(space, data.out, B, cd.block_table, cd.cache, o);
+      },
+      "step_fused", [&](KPool::Options const& o) { step(o, false); });
 }
 
 template <class T>

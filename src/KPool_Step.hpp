@@ -261,12 +261,20 @@ LaunchShape step_items_shape(Checker const& chk, std::string const& argument,
                              ExecutionSpace const& space, Functor const& f,
                              std::uint64_t items, int head_dim, int width,
                              int per_item, int team_size) {
-  if constexpr (Cache::enabled)
+  if constexpr (Cache::enabled && !device_shapes<ExecutionSpace>::value) {
+    // Hosts write each pool as it is made: one scratch row a team thread.
+    LaunchShape l = items_shape(chk, argument, space, f, items, head_dim,
+                                width, team_size);
+    l.scratch_bytes =
+        CacheScratch<ExecutionSpace, accumulator_t<T>>::bytes(l.team_size, head_dim);
+    return l;
+  } else if constexpr (Cache::enabled) {
     return cache_items_shape<ExecutionSpace, accumulator_t<T>>(
         chk, argument, space, f, items, head_dim, width, per_item, team_size);
-  else
+  } else {
     return items_shape(chk, argument, space, f, items, head_dim, width,
                        team_size);
+  }
 }
 
 template <class ExecutionSpace, class T, class M, class KeyView,

@@ -4,6 +4,7 @@
 
 #include <KPoolCacheReference.hpp>
 #include <KPoolTestUtils.hpp>
+#include <details/KPool_DetailsCacheVectors.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -208,3 +209,33 @@ TEST(Float8E4M3, DeviceConversionsMatchTheHost) {
 }
 
 }  // namespace
+
+#if defined(KPOOL_IMPL_GNU_VECTORS)
+// The host cache write's vector rounding (KPool_DetailsCacheVectors.hpp)
+// gives float_to_e4m3_bits' byte for every f32 it accepts: every bit
+// pattern of magnitude below 464, both signs, NaN excluded (2^31.1
+// inputs), 16 at a time as the cache write calls it.
+TEST(Float8E4M3, HostVectorRoundingMatchesOnEveryAcceptedInput) {
+  std::uint32_t const end = 0x43E80000u;  // 464
+  std::uint64_t mismatches = 0;
+  std::uint32_t first_bad = 0;
+  for (std::uint32_t sign = 0; sign <= 1; ++sign) {
+    for (std::uint32_t base = 0; base < end; base += 16) {
+      KPool::Details::f32x16 q;
+      std::uint8_t want[16], got[16];
+      for (int l = 0; l < 16; ++l) {
+        std::uint32_t const u = (sign << 31) | (base + static_cast<std::uint32_t>(l));
+        q[l] = from_bits32(u);
+        want[l] = KPool::Details::float_to_e4m3_bits(q[l]);
+      }
+      KPool::Details::e4m3_store16(q, got);
+      if (std::memcmp(want, got, 16) != 0) {
+        if (mismatches == 0) first_bad = (sign << 31) | base;
+        ++mismatches;
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << "first differing group at bits 0x" << std::hex
+                            << first_bad;
+}
+#endif

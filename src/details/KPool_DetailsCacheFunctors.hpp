@@ -20,7 +20,8 @@ namespace KPool {
 namespace Details {
 
 // store_pools: row o of a StepOutput (o < count, read on the device) goes to
-// pool pool_id(o) of batch row batch_row(o). One scratch slot per row.
+// pool pool_id(o) of batch row batch_row(o). With device shapes one scratch
+// slot per row; a host writes each row at once.
 template <class ExecutionSpace, class T, class C>
 struct StorePoolsFunctor {
   using member_type =
@@ -44,6 +45,19 @@ struct StorePoolsFunctor {
     if (begin >= rows) return;
     CacheScratch<ExecutionSpace, A> const s(member, items_per_team,
                                             cache.head_dim());
+    if constexpr (!device_shapes<ExecutionSpace>::value) {
+      // Hosts: each row written at once by its thread (cache_write_row).
+      A* const buffer = s.row(member.team_rank());
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team), [&](int i) {
+        std::uint64_t const o = begin + i;
+        if (o >= rows) return;
+        CacheSlot const where = cache.locate(batch_row(o), pool_id(o));
+        if (where.block >= 0)
+          cache_write_row<ExecutionSpace>(member, cache, where, &pooled(o, 0),
+                                          pooled.stride(1), buffer);
+      });
+      return;
+    }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team), [&](int i) {
       std::uint64_t const o = begin + i;
       if (o >= rows) {

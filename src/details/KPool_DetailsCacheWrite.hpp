@@ -40,6 +40,7 @@
 #include <KPool_PoolCache.hpp>
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsCacheVectors.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
 #include <details/KPool_DetailsLaunch.hpp>
 #include <details/KPool_DetailsPool.hpp>
@@ -296,93 +297,6 @@ KOKKOS_INLINE_FUNCTION void cache_stage_row(
 
 // --- Phase 2: the rotation (every team thread) ---------------------------
 
-// GCC's vector extensions (host code only): a row of f32 taken 16 channels
-// at a time, the butterflies of stages 1 to 8 done inside one vector by a
-// constant shuffle and a constant lane select, those of stages 16 and up
-// between whole vectors. About twice as fast as the scalar loops below on
-// x86 hosts, and it performs the same operations on the same values (a
-// lane with bit h clear computes a + b, its partner a - b, where a is the
-// lower channel), so it stores the same bits.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && \
-    !defined(__NVCC__) && !defined(__CUDACC__) && !defined(__HIPCC__) &&     \
-    !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
-#define KPOOL_IMPL_GNU_VECTORS 1
-
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef int i32x16 __attribute__((vector_size(64)));
-
-// In place (a vector passed or returned by value changes the ABI between
-// builds with and without AVX-512, which GCC warns about).
-template <int H>
-inline void butterfly_in_vector(f32x16& v) {
-  constexpr i32x16 partner = {0 ^ H, 1 ^ H, 2 ^ H,  3 ^ H,  4 ^ H,  5 ^ H,
-                              6 ^ H, 7 ^ H, 8 ^ H,  9 ^ H,  10 ^ H, 11 ^ H,
-                              12 ^ H, 13 ^ H, 14 ^ H, 15 ^ H};
-  constexpr i32x16 upper = {0,        (1 & H) ? -1 : 0,  (2 & H) ? -1 : 0,
-                            (3 & H) ? -1 : 0,  (4 & H) ? -1 : 0,
-                            (5 & H) ? -1 : 0,  (6 & H) ? -1 : 0,
-                            (7 & H) ? -1 : 0,  (8 & H) ? -1 : 0,
-                            (9 & H) ? -1 : 0,  (10 & H) ? -1 : 0,
-                            (11 & H) ? -1 : 0, (12 & H) ? -1 : 0,
-                            (13 & H) ? -1 : 0, (14 & H) ? -1 : 0,
-                            (15 & H) ? -1 : 0};
-  f32x16 const t = __builtin_shuffle(v, partner);
-  v = upper ? t - v : v + t;
-}
-
-// D = 16 N, N a power of two known at compile time: the row stays in
-// registers through every stage.
-template <int N>
-inline void rotate_row_vectors_fixed(float* p) {
-  f32x16 r[N];
-  std::memcpy(r, p, sizeof r);
-#pragma GCC unroll 16
-  for (int i = 0; i < N; ++i) {
-    butterfly_in_vector<1>(r[i]);
-    butterfly_in_vector<2>(r[i]);
-    butterfly_in_vector<4>(r[i]);
-    butterfly_in_vector<8>(r[i]);
-  }
-#pragma GCC unroll 16
-  for (int h = 1; h < N; h *= 2)
-#pragma GCC unroll 16
-    for (int i = 0; i < N; ++i)
-      if ((i & h) == 0) {
-        f32x16 const a = r[i], b = r[i + h];
-        r[i] = a + b;
-        r[i + h] = a - b;
-      }
-  std::memcpy(p, r, sizeof r);
-}
-
-// D a power of two, at least 16.
-inline void rotate_row_vectors(float* p, int D) {
-  if (D == 128) {  // the checkpoint's head_dim
-    rotate_row_vectors_fixed<8>(p);
-    return;
-  }
-  for (int g = 0; g < D; g += 16) {
-    f32x16 v;
-    std::memcpy(&v, p + g, sizeof v);
-    butterfly_in_vector<1>(v);
-    butterfly_in_vector<2>(v);
-    butterfly_in_vector<4>(v);
-    butterfly_in_vector<8>(v);
-    std::memcpy(p + g, &v, sizeof v);
-  }
-  for (int h = 16; h < D; h *= 2)
-    for (int base = 0; base < D; base += 2 * h)
-      for (int j = base; j < base + h; j += 16) {
-        f32x16 a, b;
-        std::memcpy(&a, p + j, sizeof a);
-        std::memcpy(&b, p + j + h, sizeof b);
-        f32x16 const sum = a + b, difference = a - b;
-        std::memcpy(p + j, &sum, sizeof sum);
-        std::memcpy(p + j + h, &difference, sizeof difference);
-      }
-}
-#endif
-
 // The whole transform of one row by one thread (host lanes run in turn, so
 // nothing needs ordering). Stages 1, 2 and 4 run together on each group of
 // 8 channels, in registers: every value goes through the same butterflies
@@ -563,6 +477,97 @@ KOKKOS_INLINE_FUNCTION void cache_team_write(
   });
 }
 
+// --- Hosts: each pool written at once by the thread that made it ---------
+//
+// Without device shapes a team thread's vector lanes run in turn, so the
+// phases above need neither a team barrier nor a scratch slot per pool: as
+// soon as a pool is complete, the thread that made it reads it back from
+// the row it has just written (still in that core's L1 cache), rotates it,
+// quantizes it and stores it. The operations and their order are those of
+// phases 1 to 3, so the cache holds the same bytes either way.
+
+#if defined(KPOOL_IMPL_GNU_VECTORS)
+// D = 128 with f32 arithmetic into an fp8 cache (the checkpoint's shape):
+// the pool stays in vector registers from the read-back to the store of its
+// 128 bytes. Returns false, with the rotated row in `spill`, for a pool the
+// general quantizer must take: one holding a non-finite value, or whose
+// scale is below 2^-126. Otherwise every scaled value q = R(x)[c] / s
+// (times 1 / s for pow2 scales, then exact) is finite with |q| below 464,
+// the range e4m3_store16 takes: |R(x)[c]| <= amax and s is amax / 448
+// rounded (at least that for pow2), both normal, so |q| <= 448 (1 + 2^-23).
+template <class T>
+inline bool e4m3_row_128(T const* x, bool rotate, float rsqrt, CacheScale mode,
+                         void* out, float& scale, float* spill) {
+  f32x16 r[8];
+  if constexpr (std::is_same<T, float>::value) {
+    std::memcpy(r, x, sizeof r);
+  } else {
+    alignas(64) float row[128];
+    KPOOL_IMPL_IVDEP
+    for (int c = 0; c < 128; ++c) row[c] = to_accumulator(x[c]);
+    std::memcpy(r, row, sizeof r);
+  }
+  if (rotate) rotate_vectors(r);
+  std::uint32_t const m = max_magnitude_bits(r);
+  float const factor = rotate ? rsqrt : 1.0f;
+  float const s = m < 0x7F800000u
+                      ? cache_scale(KokkosExt::bit_cast<float>(m) * factor, mode)
+                      : 0.0f;
+  if (!(s >= 1.1754943508222875e-38f)) {
+    std::memcpy(spill, r, sizeof r);
+    return false;
+  }
+  scale = s;
+  auto* const dst = static_cast<std::uint8_t*>(out);
+  if (mode == CacheScale::pow2) {
+    float const inv = 1.0f / s;
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      f32x16 const q = (r[i] * factor) * inv;
+      e4m3_store16(q, dst + 16 * i);
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      f32x16 const q = (r[i] * factor) / s;
+      e4m3_store16(q, dst + 16 * i);
+    }
+  }
+  return true;
+}
+#endif
+
+/// Writes the pool x (D values as stored in T, channel stride `stride`) to
+/// cache entry `where` (not empty), by the calling thread alone; `row` is a
+/// D-value buffer of that thread. Hosts only. Out of line: one copy serves
+/// every writer of a cache type, and the pooling loop before the call
+/// compiles as it does without a cache.
+template <class ExecutionSpace, class Member, class C, class A, class M, class T>
+KPOOL_IMPL_NOINLINE void cache_write_row(Member const& member,
+                                            CacheTarget<C, A, M> const& t,
+                                            CacheSlot where, T const* x,
+                                            std::ptrdiff_t stride, A* row) {
+  static_assert(!device_shapes<ExecutionSpace>::value,
+                "device shapes write the cache through team scratch");
+  int const D = t.head_dim();
+#if defined(KPOOL_IMPL_GNU_VECTORS)
+  if constexpr (std::is_same<C, float8_e4m3>::value) {
+    if (D == 128 && stride == 1) {
+      float s;
+      if (e4m3_row_128(x, t.rotate, t.rsqrt, t.scale, t.row(where), s, row))
+        t.scale_at(where) = s;
+      else
+        cache_quantize_row<ExecutionSpace>(member, row, t, where);
+      return;
+    }
+  }
+#endif
+  KPOOL_IMPL_IVDEP
+  for (int c = 0; c < D; ++c) row[c] = to_accumulator(x[c * stride]);
+  if (t.rotate) rotate_row_serial(row, D);
+  cache_quantize_row<ExecutionSpace>(member, row, t, where);
+}
+
 // --- The steps' cache writes --------------------------------------------
 
 // A step without a cache: its functors compile to what they were before
@@ -580,6 +585,9 @@ struct CacheStage {
   KOKKOS_FORCEINLINE_FUNCTION void operator()(int c, T const& v) const {
     row[c] = to_accumulator(v);
   }
+  template <class Member, class T>
+  KOKKOS_FORCEINLINE_FUNCTION void finish(Member const&, T const*,
+                                          std::ptrdiff_t) const {}
 };
 
 // What a writer's item function gets to route the pools it makes into the
@@ -593,6 +601,43 @@ struct NoCacheHook {
   KOKKOS_FORCEINLINE_FUNCTION NoStage open(Member const&, int, std::int64_t,
                                            int = 0) const {
     return NoStage();
+  }
+};
+
+// A host's hook: the stage does nothing per channel, and its finish writes
+// the completed pool from its output row (cache_write_row). Every item may
+// write any number of pools: nothing is held per pool.
+template <class ExecutionSpace, class Target>
+struct DirectCacheStage {
+  using A = typename Target::arithmetic_type;
+  Target const* target;
+  CacheSlot where;
+  A* row;  // the calling thread's D-value buffer
+
+  template <class T>
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(int, T const&) const {}
+  template <class Member, class T>
+  KOKKOS_INLINE_FUNCTION void finish(Member const& member, T const* out,
+                                     std::ptrdiff_t out_c) const {
+    if (where.block >= 0)
+      cache_write_row<ExecutionSpace>(member, *target, where, out, out_c, row);
+  }
+};
+
+template <class ExecutionSpace, class Target>
+struct DirectCacheHook {
+  static constexpr bool enabled = true;
+  using A = typename Target::arithmetic_type;
+
+  Target const* target;
+  A* row;
+
+  KOKKOS_FORCEINLINE_FUNCTION bool holds(int) const { return true; }
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION DirectCacheStage<ExecutionSpace, Target> open(
+      Member const&, int r, std::int64_t pool, int = 0) const {
+    return DirectCacheStage<ExecutionSpace, Target>{target,
+                                                    target->locate(r, pool), row};
   }
 };
 
@@ -616,17 +661,29 @@ struct TeamCacheHook {
 };
 
 /// The team loop of every step functor: body(i, hook) for each item i in
-/// [0, items), over the team's threads. With a cache each item owns
-/// `per_item` scratch slots, marked empty before its body runs; after the
-/// loop the team writes every staged pool (cache_team_write). The loop
-/// body holds no barrier and the write phase is team-uniform, so every
-/// team thread reaches every barrier however many pools its items made.
-/// Without a cache it is the plain TeamThreadRange.
+/// [0, items), over the team's threads. With a cache and device shapes
+/// each item owns `per_item` scratch slots, marked empty before its body
+/// runs; after the loop the team writes every staged pool
+/// (cache_team_write). The loop body holds no barrier and the write phase
+/// is team-uniform, so every team thread reaches every barrier however
+/// many pools its items made. With a cache on a host each team thread owns
+/// one scratch row and writes each pool as soon as it is made
+/// (DirectCacheHook). Without a cache it is the plain TeamThreadRange.
 template <class ExecutionSpace, class Cache, class Member, class Body>
 KOKKOS_INLINE_FUNCTION void team_items(Member const& member,
                                        Cache const& cache, int items,
                                        int per_item, Body const& body) {
-  if constexpr (Cache::enabled) {
+  if constexpr (Cache::enabled && !device_shapes<ExecutionSpace>::value) {
+    // Hosts: one scratch row a team thread, each pool written at once.
+    using A = typename Cache::arithmetic_type;
+    (void)per_item;
+    CacheScratch<ExecutionSpace, A> const s(member, member.team_size(),
+                                            cache.head_dim());
+    DirectCacheHook<ExecutionSpace, Cache> const hook{&cache,
+                                                      s.row(member.team_rank())};
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items),
+                         [&](int i) { body(i, hook); });
+  } else if constexpr (Cache::enabled) {
     using A = typename Cache::arithmetic_type;
     CacheScratch<ExecutionSpace, A> const s(member, items * per_item,
                                             cache.head_dim());

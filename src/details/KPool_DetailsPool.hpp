@@ -139,13 +139,20 @@ KOKKOS_FORCEINLINE_FUNCTION A softmax_pool(A const (&logit)[KS],
 // cache write passes its team-scratch stage (KPool_DetailsCacheWrite.hpp),
 // which receives each channel's value from the registers that just rounded
 // it into T, so the pool never makes a second trip through memory.
+// After the pool is complete, thread_vector_pool calls finish(member, out,
+// out_c) with the output row it wrote (a host's cache write reads it back
+// from there while it is still in the core's L1 cache).
 struct NoStage {
   template <class T>
   KOKKOS_FORCEINLINE_FUNCTION void operator()(int, T const&) const {}
+  template <class Member, class T>
+  KOKKOS_FORCEINLINE_FUNCTION void finish(Member const&, T const*,
+                                          std::ptrdiff_t) const {}
 };
 
 /// One pool, computed by the calling team thread's vector lanes, written
-/// to out[c * out_c] for c in [0, D), and each value handed to stage(c, v).
+/// to out[c * out_c] for c in [0, D), each value handed to stage(c, v), and
+/// then stage.finish(member, out, out_c).
 /// Lanes own channel packets [p * Width, (p + 1) * Width), the same mapping
 /// thread_vector_copy uses, so a lane only ever reads ring entries it wrote
 /// itself.
@@ -191,6 +198,7 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
       }
       store_packet<W>(out + c0, o);
     });
+    stage.finish(member, out, std::ptrdiff_t(1));
   } else if constexpr (P::contiguous) {
     KokkosExt::vector_for<ExecutionSpace>(member, head_dim / W, [&](int p) {
       int const c0 = p * W;
@@ -214,6 +222,7 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
         stage(c, v);
       }
     });
+    stage.finish(member, out, std::ptrdiff_t(1));
   } else {
     static_assert(W == 1, "strided views are read one channel a lane");
     KokkosExt::vector_for<ExecutionSpace>(member, head_dim, [&](int c) {
@@ -236,6 +245,7 @@ KOKKOS_INLINE_FUNCTION void thread_vector_pool(Member const& member, int K,
       out[c * out_c] = v;
       stage(c, v);
     });
+    stage.finish(member, out, out_c);
   }
 }
 
