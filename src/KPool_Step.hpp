@@ -256,25 +256,27 @@ auto step_cache_target(Arg const& arg) {
 
 // A step functor's launch: `items` work items, with `per_item` scratch
 // slots each when it writes a cache.
-template <class ExecutionSpace, class T, class Cache, class Functor>
+// Stage is the functor's team_items type (T, or void for a decode step).
+template <class ExecutionSpace, class T, class Cache, class Functor,
+          class Stage = T>
 LaunchShape step_items_shape(Checker const& chk, std::string const& argument,
                              ExecutionSpace const& space, Functor const& f,
                              std::uint64_t items, int head_dim, int width,
                              int per_item, int team_size) {
-  if constexpr (Cache::enabled && !device_shapes<ExecutionSpace>::value) {
-    // Hosts write each pool as it is made: one scratch row a team thread.
+  using A = accumulator_t<T>;
+  if constexpr (Cache::enabled && !device_shapes<ExecutionSpace>::value &&
+                !host_stages_cache<ExecutionSpace, Stage, A>()) {
+    // A host writing each pool at once: one scratch row a team thread.
     LaunchShape l = items_shape(chk, argument, space, f, items, head_dim,
                                 width, team_size);
-    l.scratch_bytes =
-        CacheScratch<ExecutionSpace, accumulator_t<T>>::bytes(l.team_size, head_dim);
+    l.scratch_bytes = CacheScratch<ExecutionSpace, A>::bytes(l.team_size, head_dim);
     return l;
-  } else if constexpr (Cache::enabled) {
+  } else if constexpr (Cache::enabled)
     return cache_items_shape<ExecutionSpace, accumulator_t<T>>(
         chk, argument, space, f, items, head_dim, width, per_item, team_size);
-  } else {
+  else
     return items_shape(chk, argument, space, f, items, head_dim, width,
                        team_size);
-  }
 }
 
 template <class ExecutionSpace, class T, class M, class KeyView,
@@ -447,7 +449,8 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
     f.ring_length = ring.ring_length();
     f.cache = cache;
     f.cache_slots = per_row;
-    LaunchShape const shape = step_items_shape<ExecutionSpace, T, Cache>(
+    LaunchShape const shape = step_items_shape<ExecutionSpace, T, Cache,
+                                               decltype(f), void>(
         chk, "num_requests", space, f,
         static_cast<std::uint64_t>(num_requests), D, P::width, per_row,
         options.team_size);

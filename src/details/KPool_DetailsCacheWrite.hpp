@@ -459,32 +459,14 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
   }
 }
 
-/// Phases 2 and 3 for every slot of the team: call it from every team
-/// thread, outside any TeamThreadRange, after every slot in [0, slots) was
-/// staged or skipped. It starts with a team barrier (the staging must be
-/// visible) and does not end with one: a caller reusing the scratch
-/// afterwards barriers first.
-template <class ExecutionSpace, class Member, class C, class A, class M>
-KOKKOS_INLINE_FUNCTION void cache_team_write(
-    Member const& member, CacheScratch<ExecutionSpace, A> const& s,
-    CacheTarget<C, A, M> const& t) {
-  member.team_barrier();
-  if (t.rotate) cache_team_butterflies<ExecutionSpace>(member, s);
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
-    CacheSlot const where{s.dest(slot, 0), s.dest(slot, 1)};
-    if (where.block < 0) return;
-    cache_quantize_row<ExecutionSpace>(member, s.row(slot), t, where);
-  });
-}
-
-// --- Hosts: each pool written at once by the thread that made it ---------
+// --- Hosts: phases 2 and 3 by one thread --------------------------------
 //
-// Without device shapes a team thread's vector lanes run in turn, so the
-// phases above need neither a team barrier nor a scratch slot per pool: as
-// soon as a pool is complete, the thread that made it reads it back from
-// the row it has just written (still in that core's L1 cache), rotates it,
-// quantizes it and stores it. The operations and their order are those of
-// phases 1 to 3, so the cache holds the same bytes either way.
+// Without device shapes a team thread's vector lanes run in turn, so one
+// thread can rotate and quantize a pool by itself, with no team barrier:
+// cache_write_row from the pool as stored (read back from the output row
+// just written), cache_write_staged from a scratch slot. The operations
+// and their order are those of phases 1 to 3, so the cache holds the same
+// bytes either way (HostCacheHook below says which a step takes).
 
 #if defined(KPOOL_IMPL_GNU_VECTORS)
 // D = 128 with f32 arithmetic into an fp8 cache (the checkpoint's shape):
@@ -568,12 +550,66 @@ KPOOL_IMPL_NOINLINE void cache_write_row(Member const& member,
   cache_quantize_row<ExecutionSpace>(member, row, t, where);
 }
 
+/// Writes slot row `row` (a pool staged unrotated in A; overwritten) to
+/// cache entry `where` (not empty), by the calling thread alone. Hosts
+/// only: phases 2 and 3 of one slot.
+template <class ExecutionSpace, class Member, class C, class A, class M>
+KOKKOS_INLINE_FUNCTION void cache_write_staged(Member const& member,
+                                               CacheTarget<C, A, M> const& t,
+                                               CacheSlot where, A* row) {
+  static_assert(!device_shapes<ExecutionSpace>::value,
+                "device shapes write the cache as a team (cache_team_write)");
+  int const D = t.head_dim();
+#if defined(KPOOL_IMPL_GNU_VECTORS)
+  if constexpr (std::is_same<C, float8_e4m3>::value) {
+    if (D == 128) {
+      float s;
+      if (e4m3_row_128(row, t.rotate, t.rsqrt, t.scale, t.row(where), s, row))
+        t.scale_at(where) = s;
+      else
+        cache_quantize_row<ExecutionSpace>(member, row, t, where);
+      return;
+    }
+  }
+#endif
+  if (t.rotate) rotate_row_serial(row, D);
+  cache_quantize_row<ExecutionSpace>(member, row, t, where);
+}
+
+/// Phases 2 and 3 for every slot of the team: call it from every team
+/// thread, outside any TeamThreadRange, after every slot in [0, slots) was
+/// staged or skipped. It starts with a team barrier (the staging must be
+/// visible) and does not end with one: a caller reusing the scratch
+/// afterwards barriers first.
+template <class ExecutionSpace, class Member, class C, class A, class M>
+KOKKOS_INLINE_FUNCTION void cache_team_write(
+    Member const& member, CacheScratch<ExecutionSpace, A> const& s,
+    CacheTarget<C, A, M> const& t) {
+  member.team_barrier();
+  if constexpr (!device_shapes<ExecutionSpace>::value) {
+    // Hosts: one thread a slot, in vector registers where it can.
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
+      CacheSlot const where{s.dest(slot, 0), s.dest(slot, 1)};
+      if (where.block >= 0)
+        cache_write_staged<ExecutionSpace>(member, t, where, s.row(slot));
+    });
+    return;
+  }
+  if (t.rotate) cache_team_butterflies<ExecutionSpace>(member, s);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
+    CacheSlot const where{s.dest(slot, 0), s.dest(slot, 1)};
+    if (where.block < 0) return;
+    cache_quantize_row<ExecutionSpace>(member, s.row(slot), t, where);
+  });
+}
+
 // --- The steps' cache writes --------------------------------------------
 
 // A step without a cache: its functors compile to what they were before
 // caches existed (no scratch, no barrier, nothing staged).
 struct NoCache {
   static constexpr bool enabled = false;
+  using arithmetic_type = void;
 };
 
 // thread_vector_pool's stage for a cache write: channel c of the pool, as
@@ -604,15 +640,21 @@ struct NoCacheHook {
   }
 };
 
-// A host's hook: the stage does nothing per channel, and its finish writes
-// the completed pool from its output row (cache_write_row). Every item may
-// write any number of pools: nothing is held per pool.
+// A host's hook for pools written at once (no device shapes: a team
+// thread's lanes run in turn, so nothing needs a barrier): the stage does
+// nothing per channel, and finish reads the completed pool back from the
+// output row just written (still in the core's L1 cache) and writes it
+// (cache_write_row). `row` is the thread's D-value buffer. Nothing is held
+// per pool, so an item may write any number (holds is always true: a
+// decode row whose positions are not consecutive, possible only without
+// validation, caches every pool it makes, where a device caches as many as
+// it has slots).
 template <class ExecutionSpace, class Target>
 struct DirectCacheStage {
   using A = typename Target::arithmetic_type;
   Target const* target;
   CacheSlot where;
-  A* row;  // the calling thread's D-value buffer
+  A* row;
 
   template <class T>
   KOKKOS_FORCEINLINE_FUNCTION void operator()(int, T const&) const {}
@@ -641,6 +683,20 @@ struct DirectCacheHook {
   }
 };
 
+/// How a host writes a step's pools (measured on x86 hosts; the README's
+/// "Writing the pool cache"; both store the same bytes): f32 pools of a
+/// step's prefill and continuation items are staged from the pooling
+/// loop's registers into scratch slots, as on a device, and each thread
+/// writes its items' slots after them (cache_write_staged); 16-bit pools,
+/// whose staging slows the pooling loop by about 40%, and decode items,
+/// which make one pool or none, are written at once (DirectCacheHook).
+/// T is the pools' storage type, void for a decode step.
+template <class ExecutionSpace, class T, class A>
+constexpr bool host_stages_cache() {
+  return !device_shapes<ExecutionSpace>::value && std::is_same<T, float>::value &&
+         std::is_same<A, float>::value;
+}
+
 template <class ExecutionSpace, class Target>
 struct TeamCacheHook {
   static constexpr bool enabled = true;
@@ -661,24 +717,26 @@ struct TeamCacheHook {
 };
 
 /// The team loop of every step functor: body(i, hook) for each item i in
-/// [0, items), over the team's threads. With a cache and device shapes
-/// each item owns `per_item` scratch slots, marked empty before its body
-/// runs; after the loop the team writes every staged pool
-/// (cache_team_write). The loop body holds no barrier and the write phase
-/// is team-uniform, so every team thread reaches every barrier however
-/// many pools its items made. With a cache on a host each team thread owns
-/// one scratch row and writes each pool as soon as it is made
-/// (DirectCacheHook). Without a cache it is the plain TeamThreadRange.
-template <class ExecutionSpace, class Cache, class Member, class Body>
+/// [0, items), over the team's threads, T the pools' storage type (void
+/// for a decode step). With a cache, on a device or staged on a host
+/// (host_stages_cache), each item owns `per_item` scratch slots, marked
+/// empty before its body runs, and the team writes every staged pool after
+/// the loop (cache_team_write); the loop body holds no barrier and the
+/// write phase is team-uniform, so every team thread reaches every barrier
+/// however many pools its items made. Otherwise, on a host, each pool is
+/// written as soon as it is made (DirectCacheHook), each team thread with
+/// one scratch row. Without a cache it is the plain TeamThreadRange.
+template <class ExecutionSpace, class T, class Cache, class Member, class Body>
 KOKKOS_INLINE_FUNCTION void team_items(Member const& member,
                                        Cache const& cache, int items,
                                        int per_item, Body const& body) {
-  if constexpr (Cache::enabled && !device_shapes<ExecutionSpace>::value) {
-    // Hosts: one scratch row a team thread, each pool written at once.
+  if constexpr (Cache::enabled && !device_shapes<ExecutionSpace>::value &&
+                !host_stages_cache<ExecutionSpace, T,
+                                   typename Cache::arithmetic_type>()) {
     using A = typename Cache::arithmetic_type;
-    (void)per_item;
     CacheScratch<ExecutionSpace, A> const s(member, member.team_size(),
                                             cache.head_dim());
+    (void)per_item;
     DirectCacheHook<ExecutionSpace, Cache> const hook{&cache,
                                                       s.row(member.team_rank())};
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items),

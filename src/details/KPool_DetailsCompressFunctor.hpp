@@ -24,7 +24,7 @@ struct CompressFunctor {
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     std::uint64_t const begin =
         static_cast<std::uint64_t>(member.league_rank()) * items_per_team;
-    team_items<execution_space>(
+    team_items<execution_space, typename Writer::value_type>(
         member, cache, items_per_team, 1, [&](int i, auto const& hook) {
           writer.pool_row(member, begin + i, hook);
         });

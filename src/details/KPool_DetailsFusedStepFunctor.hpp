@@ -34,7 +34,7 @@ struct FusedStepFunctor {
     int const team = member.league_rank();
     if (team < request_teams) {
       int const begin = team * items_per_team;
-      team_items<execution_space>(
+      team_items<execution_space, typename Writer::value_type>(
           member, cache, items_per_team, 1, [&](int i, auto const& hook) {
             writer.close(member, begin + i, hook);
             writer.seed(member, begin + i);
@@ -42,7 +42,7 @@ struct FusedStepFunctor {
     } else {
       std::uint64_t const begin =
           static_cast<std::uint64_t>(team - request_teams) * items_per_team;
-      team_items<execution_space>(
+      team_items<execution_space, typename Writer::value_type>(
           member, cache, items_per_team, 1, [&](int i, auto const& hook) {
             writer.pool_row(member, begin + i, hook);
           });

@@ -59,6 +59,7 @@ template <class ExecutionSpace, class T, class P, bool StepMode,
           class RingValue = T>
 struct RaggedWriter {
   using execution_space = ExecutionSpace;
+  using value_type = T;
   using member_type =
       typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
 

@@ -22,7 +22,7 @@ struct RingCloseFunctor {
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     int const begin = member.league_rank() * items_per_team;
-    team_items<execution_space>(
+    team_items<execution_space, typename Writer::value_type>(
         member, cache, items_per_team, 1, [&](int i, auto const& hook) {
           writer.close(member, begin + i, hook);
         });

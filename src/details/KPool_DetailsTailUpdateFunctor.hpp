@@ -65,7 +65,7 @@ struct TailUpdateFunctor {
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     int const begin = member.league_rank() * items_per_team;
-    team_items<ExecutionSpace>(
+    team_items<ExecutionSpace, void>(
         member, cache, items_per_team, cache_slots,
         [&](int i, auto const& hook) { update(member, begin + i, hook); });
   }
