@@ -265,7 +265,7 @@ LaunchShape step_items_shape(Checker const& chk, std::string const& argument,
                              int per_item, int team_size) {
   using A = accumulator_t<T>;
   if constexpr (Cache::enabled && !device_shapes<ExecutionSpace>::value &&
-                !host_stages_cache<ExecutionSpace, Stage, A>()) {
+                !host_stages_cache<ExecutionSpace, Stage, A>::value) {
     // A host writing each pool at once: one scratch row a team thread.
     LaunchShape l = items_shape(chk, argument, space, f, items, head_dim,
                                 width, team_size);

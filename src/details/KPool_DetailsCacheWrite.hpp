@@ -691,11 +691,12 @@ struct DirectCacheHook {
 /// whose staging slows the pooling loop by about 40%, and decode items,
 /// which make one pool or none, are written at once (DirectCacheHook).
 /// T is the pools' storage type, void for a decode step.
+/// (A trait rather than a constexpr function: device code may read it.)
 template <class ExecutionSpace, class T, class A>
-constexpr bool host_stages_cache() {
-  return !device_shapes<ExecutionSpace>::value && std::is_same<T, float>::value &&
-         std::is_same<A, float>::value;
-}
+struct host_stages_cache
+    : std::integral_constant<bool, !device_shapes<ExecutionSpace>::value &&
+                                       std::is_same<T, float>::value &&
+                                       std::is_same<A, float>::value> {};
 
 template <class ExecutionSpace, class Target>
 struct TeamCacheHook {
@@ -732,7 +733,7 @@ KOKKOS_INLINE_FUNCTION void team_items(Member const& member,
                                        int per_item, Body const& body) {
   if constexpr (Cache::enabled && !device_shapes<ExecutionSpace>::value &&
                 !host_stages_cache<ExecutionSpace, T,
-                                   typename Cache::arithmetic_type>()) {
+                                   typename Cache::arithmetic_type>::value) {
     using A = typename Cache::arithmetic_type;
     CacheScratch<ExecutionSpace, A> const s(member, member.team_size(),
                                             cache.head_dim());
