@@ -653,6 +653,7 @@ class Runner {
     results_.push_back(r);
   }
 
+#if KPOOL_HAS_KOKKOSKERNELS
   // Runs `call(options)` once validated, then timed next to `baseline()`
   // (a same-run GEMM of `baseline_flops`).
   void measure_flops(std::string const& scenario, std::string const& dtype,
@@ -719,6 +720,7 @@ class Runner {
     std::fflush(stdout);
     results_.push_back(r);
   }
+#endif
 
   std::vector<Result> const& results() const { return results_; }
   Space const& space() const { return space_; }
