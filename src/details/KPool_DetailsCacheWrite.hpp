@@ -519,18 +519,17 @@ inline bool e4m3_row_128(T const* x, bool rotate, float rsqrt, CacheScale mode,
 }
 #endif
 
-/// Writes the pool x (D values as stored in T, channel stride `stride`) to
-/// cache entry `where` (not empty), by the calling thread alone; `row` is a
-/// D-value buffer of that thread. Hosts only. Out of line: one copy serves
-/// every writer of a cache type, and the pooling loop before the call
-/// compiles as it does without a cache.
+/// Writes the pool x (D values as stored in T, channel stride `stride`;
+/// x may be `row` itself, a pool staged in A) to cache entry `where` (not
+/// empty), by the calling thread alone; `row` is a D-value buffer of that
+/// thread. Hosts only: phases 2 and 3 of one pool.
 template <class ExecutionSpace, class Member, class C, class A, class M, class T>
-KPOOL_IMPL_NOINLINE void cache_write_row(Member const& member,
+KOKKOS_INLINE_FUNCTION void cache_write_one(Member const& member,
                                             CacheTarget<C, A, M> const& t,
                                             CacheSlot where, T const* x,
                                             std::ptrdiff_t stride, A* row) {
   static_assert(!device_shapes<ExecutionSpace>::value,
-                "device shapes write the cache through team scratch");
+                "device shapes write the cache as a team (cache_team_write)");
   int const D = t.head_dim();
 #if defined(KPOOL_IMPL_GNU_VECTORS)
   if constexpr (std::is_same<C, float8_e4m3>::value) {
@@ -544,36 +543,32 @@ KPOOL_IMPL_NOINLINE void cache_write_row(Member const& member,
     }
   }
 #endif
-  KPOOL_IMPL_IVDEP
-  for (int c = 0; c < D; ++c) row[c] = to_accumulator(x[c * stride]);
+  if (static_cast<void const*>(x) != static_cast<void const*>(row)) {
+    KPOOL_IMPL_IVDEP
+    for (int c = 0; c < D; ++c) row[c] = to_accumulator(x[c * stride]);
+  }
   if (t.rotate) rotate_row_serial(row, D);
   cache_quantize_row<ExecutionSpace>(member, row, t, where);
 }
 
-/// Writes slot row `row` (a pool staged unrotated in A; overwritten) to
-/// cache entry `where` (not empty), by the calling thread alone. Hosts
-/// only: phases 2 and 3 of one slot.
+/// cache_write_one from a pool as stored, out of line: one copy serves
+/// every writer of a cache type, and the pooling loop before the call
+/// compiles as it does without a cache.
+template <class ExecutionSpace, class Member, class C, class A, class M, class T>
+KPOOL_IMPL_NOINLINE void cache_write_row(Member const& member,
+                                         CacheTarget<C, A, M> const& t,
+                                         CacheSlot where, T const* x,
+                                         std::ptrdiff_t stride, A* row) {
+  cache_write_one<ExecutionSpace>(member, t, where, x, stride, row);
+}
+
+/// cache_write_one from a slot row (staged unrotated in A; overwritten).
 template <class ExecutionSpace, class Member, class C, class A, class M>
 KOKKOS_INLINE_FUNCTION void cache_write_staged(Member const& member,
                                                CacheTarget<C, A, M> const& t,
                                                CacheSlot where, A* row) {
-  static_assert(!device_shapes<ExecutionSpace>::value,
-                "device shapes write the cache as a team (cache_team_write)");
-  int const D = t.head_dim();
-#if defined(KPOOL_IMPL_GNU_VECTORS)
-  if constexpr (std::is_same<C, float8_e4m3>::value) {
-    if (D == 128) {
-      float s;
-      if (e4m3_row_128(row, t.rotate, t.rsqrt, t.scale, t.row(where), s, row))
-        t.scale_at(where) = s;
-      else
-        cache_quantize_row<ExecutionSpace>(member, row, t, where);
-      return;
-    }
-  }
-#endif
-  if (t.rotate) rotate_row_serial(row, D);
-  cache_quantize_row<ExecutionSpace>(member, row, t, where);
+  cache_write_one<ExecutionSpace>(member, t, where, static_cast<A const*>(row),
+                                  std::ptrdiff_t(1), row);
 }
 
 /// Phases 2 and 3 for every slot of the team: call it from every team
