@@ -200,6 +200,45 @@ struct CacheArg {
   BlockTable const* block_table;
 };
 
+// The compile-time checks of the steps' arguments, shared by the overloads
+// with and without a cache.
+template <class ExecutionSpace, class T, class KeyView, class GateView,
+          class ApeView, class RowOffsetsView, class CacheLengthsView,
+          class SlotView>
+constexpr void check_step_views() {
+  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
+  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                        "row_offsets");
+  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                        "cache_lengths");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+}
+
+template <class ExecutionSpace, class T, class KeyView, class GateView,
+          class ApeView, class PositionsView, class SlotView>
+constexpr void check_decode_views() {
+  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 3, ExecutionSpace, "key");
+  KPOOL_IMPL_CHECK_VIEW(GateView, T, 3, ExecutionSpace, "gate");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_VIEW(PositionsView, std::int32_t, 2, ExecutionSpace,
+                        "positions");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+}
+
+// A cache of element type C for pools of T, and its block table.
+template <class ExecutionSpace, class T, class C, class BlockTableView>
+constexpr void check_cache_arg() {
+  static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
+                "KPool: a cache holds the pools' own storage type (native) "
+                "or KPool::float8_e4m3");
+  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
+                        "block_table");
+}
+
 // Shapes of a step's cache, checked always: the cache has storage, D the
 // call's, fp8 only for pools that are not f64, rotation only for D a
 // power of two, the block table one row per batch row, and `slots` pools
@@ -530,15 +569,8 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                              typename ExecutionSpace::memory_space>::value,
                 "KPool::step: the ring and the output must live in the "
                 "execution space's memory space");
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
-                        "row_offsets");
-  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
-                        "cache_lengths");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
+  Details::check_step_views<ExecutionSpace, T, KeyView, GateView, ApeView,
+                            RowOffsetsView, CacheLengthsView, SlotView>();
   Details::step_impl(space, ring, key, gate, ape, row_offsets, cache_lengths,
                      slot_idx, num_requests, out, Details::NoCacheArg(),
                      options);
@@ -581,21 +613,9 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                              typename ExecutionSpace::memory_space>::value,
                 "KPool::step: the ring, the output and the cache must live "
                 "in the execution space's memory space");
-  static_assert(std::is_same<C, T>::value ||
-                    std::is_same<C, float8_e4m3>::value,
-                "KPool::step: a cache holds the pools' own storage type "
-                "(native) or KPool::float8_e4m3");
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
-                        "row_offsets");
-  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
-                        "cache_lengths");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
-  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
-                        "block_table");
+  Details::check_step_views<ExecutionSpace, T, KeyView, GateView, ApeView,
+                            RowOffsetsView, CacheLengthsView, SlotView>();
+  Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>();
   if constexpr (is_cache_type<C, T>::value) {
     Details::step_impl(
         space, ring, key, gate, ape, row_offsets, cache_lengths, slot_idx,
@@ -661,13 +681,8 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                              typename ExecutionSpace::memory_space>::value,
                 "KPool::decode_step: the ring and the output must live in "
                 "the execution space's memory space");
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 3, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 3, ExecutionSpace, "gate");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(PositionsView, std::int32_t, 2, ExecutionSpace,
-                        "positions");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
+  Details::check_decode_views<ExecutionSpace, T, KeyView, GateView, ApeView,
+                              PositionsView, SlotView>();
   Details::decode_step_impl(space, ring, key, gate, ape, positions, slot_idx,
                             num_requests, out, Details::NoCacheArg(), options);
 }
@@ -696,19 +711,9 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                              typename ExecutionSpace::memory_space>::value,
                 "KPool::decode_step: the ring, the output and the cache must "
                 "live in the execution space's memory space");
-  static_assert(std::is_same<C, T>::value ||
-                    std::is_same<C, float8_e4m3>::value,
-                "KPool::decode_step: a cache holds the pools' own storage "
-                "type (native) or KPool::float8_e4m3");
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 3, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 3, ExecutionSpace, "gate");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(PositionsView, std::int32_t, 2, ExecutionSpace,
-                        "positions");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
-  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
-                        "block_table");
+  Details::check_decode_views<ExecutionSpace, T, KeyView, GateView, ApeView,
+                              PositionsView, SlotView>();
+  Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>();
   if constexpr (is_cache_type<C, T>::value) {
     Details::decode_step_impl(
         space, ring, key, gate, ape, positions, slot_idx, num_requests, out,
