@@ -24,6 +24,7 @@
 #include <iostream>
 #include <map>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -48,7 +49,8 @@ char const usage_text[] =
     "each sequence's final length as last emitted, then 'emitted E', the\n"
     "fp8 pool cache's entries ('cache' lines), the pools each select block's\n"
     "query tokens selected ('select' lines, through KPool::score_select over\n"
-    "the cache the steps wrote) and 'selects M'.\n"
+    "the cache the steps wrote) and 'selects M'. A build without\n"
+    "Kokkos Kernels has no selection stage and refuses select blocks.\n"
     "Reads standard input when TRACE is '-' or absent.\n"
     "\n"
     "  --fused     one launch per step for ring_close, compress, seed_tail\n"
@@ -64,6 +66,13 @@ char const usage_text[] =
     "Exit status: 0 on success; 2 for a bad command line, an unreadable file\n"
     "or a broken trace ('trace:LINE: what is wrong' on stderr, nothing on\n"
     "stdout).\n";
+
+#if !KPOOL_HAS_KOKKOSKERNELS
+// What a build without the selection stage says of a select block.
+char const* const select_unavailable =
+    "a select block needs the selection stage (KPool::score_select), which "
+    "this kpool_replay was built without: KPool found no Kokkos Kernels";
+#endif
 
 struct Pool {
   std::uint32_t seq;
@@ -260,6 +269,7 @@ class Cache {
   std::int32_t next_ = 0;
 };
 
+#if KPOOL_HAS_KOKKOSKERNELS
 // The select blocks (docs/trace.md, "Blocks"): each runs one
 // KPool::score_select over the cache the steps wrote so far, with the
 // trace's queries and head weights, and records every query token's
@@ -362,6 +372,20 @@ class Selector {
   KPool::SelectWorkspace<T, MemSpace> workspace_;
   ViewT<std::int32_t, 2> pool_ids_;
 };
+#else
+// Without Kokkos Kernels there is no selection stage: main() refuses a
+// trace with select blocks before anything runs, so none reaches here.
+template <class T>
+class Selector {
+ public:
+  Selector(ExecSpace const&, KPoolTrace::Trace const&) {}
+  template <class ReplayCache>
+  void run(ExecSpace const&, KPoolTrace::Trace const&, KPoolTrace::Block const&,
+           std::size_t, ReplayCache&, KPool::Options const&, ReplayResult&) {
+    throw std::runtime_error(select_unavailable);
+  }
+};
+#endif
 
 template <class T, class ReplayCache>
 void run_step(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
@@ -786,6 +810,11 @@ int main(int argc, char* argv[]) {
   } catch (std::exception const& e) {
     return fail(0, std::string("reading the trace: ") + e.what());
   }
+
+#if !KPOOL_HAS_KOKKOSKERNELS
+  for (auto const& b : trace.blocks)
+    if (b.kind == KPoolTrace::BlockKind::select) return fail(b.line, select_unavailable);
+#endif
 
   std::string output;
   int status;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 #include <vector>
+#include <utility>
 
 // A stand-in for a GPU backend whose memory the host can read (CUDA with
 // UVM, a GH200, HIP on an MI300A): Kokkos Tools tag it as CUDA, its memory
@@ -85,6 +86,83 @@ TEST(LaunchShapes, OffsetScanTeamIsAPowerOfTwoWithinTheLimit) {
       ASSERT_EQ(t & (t - 1), 0) << "limit " << limit << " rows " << rows << ": " << t;
       ASSERT_LE(t, cap) << "limit " << limit << " rows " << rows;
       ASSERT_GT(2 * t, cap) << "limit " << limit << " rows " << rows;
+    }
+}
+
+// Team sizes of kernels that scan over their team (Kokkos before 3.7
+// aborts a CUDA team scan otherwise): the largest power of two not above
+// what was asked, for every size a team can have.
+TEST(LaunchShapes, TeamScanSizesRoundDownToAPowerOfTwo) {
+  std::vector<int> sizes;
+  for (int n = -2; n <= 4100; ++n) sizes.push_back(n);
+  for (int n : {0x3FFFFFFF, 0x40000000, 0x40000001, 0x7FFFFFFE, 0x7FFFFFFF}) sizes.push_back(n);
+  for (int n : sizes) {
+    int const p = KPool::Details::power_of_two_floor(n);
+    ASSERT_GE(p, 1) << n;
+    ASSERT_EQ(p & (p - 1), 0) << n << " gave " << p;
+    if (n >= 1) {
+      ASSERT_LE(p, n) << n;
+      ASSERT_GT(2 * static_cast<std::int64_t>(p), n) << n;
+    } else {
+      ASSERT_EQ(p, 1) << n;
+    }
+  }
+}
+
+// A row's pools go up to 2^32 - 1, past an int: the team loops over them
+// (KokkosExt::team_range) visit every index of [begin, end) exactly once,
+// in parallel_for and in parallel_scan (whose prefix counts the indices
+// before), for ranges that cross 2^31 and end just below 2^32, with one
+// thread a team and with as many as the backend gives (device shapes: the
+// device's team size).
+struct TeamRangeVisits {
+  using member_type = KPool::Details::KokkosExt::TeamPolicy<E>::member_type;
+  std::uint64_t begin, end;
+  Kokkos::View<int*, M> visits;       // [end - begin]
+  Kokkos::View<std::int64_t*, M> scanned;  // [end - begin]: the prefix seen
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    using KPool::Details::KokkosExt::team_range;
+    Kokkos::parallel_for(team_range(member, begin, end), [&](std::int64_t i) {
+      std::int64_t const k = i - static_cast<std::int64_t>(begin);
+      if (k >= 0 && k < static_cast<std::int64_t>(visits.extent(0)))
+        Kokkos::atomic_add(&visits(k), 1);
+      else
+        Kokkos::atomic_add(&visits(0), 1000);  // outside the range
+    });
+    member.team_barrier();
+    Kokkos::parallel_scan(team_range(member, begin, end),
+                          [&](std::int64_t i, std::int64_t& prefix, bool final) {
+                            std::int64_t const k = i - static_cast<std::int64_t>(begin);
+                            if (final && k >= 0 && k < static_cast<std::int64_t>(scanned.extent(0)))
+                              scanned(k) = prefix;
+                            prefix += 1;
+                          });
+  }
+};
+
+TEST(LaunchShapes, TeamRangesOverLongRowsAre64Bit) {
+  E space;
+  KPool::Details::KokkosExt::TeamPolicy<E> const probe(space, 1, 1, 1);
+  int const max = probe.team_size_max(TeamRangeVisits{}, Kokkos::ParallelForTag());
+  for (int team : {1, KPool::Details::power_of_two_floor(max)})
+    for (auto const& [begin, end] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+             {0, 1000},
+             {0x7FFFFFFFull - 3000, 0x7FFFFFFFull},
+             {0x80000000ull - 2500, 0x80000000ull + 2500},
+             {0xFFFFFFFFull - 3000, 0xFFFFFFFFull}}) {
+      SCOPED_TRACE("team size " + std::to_string(team) + ", range [" + std::to_string(begin) +
+                   ", " + std::to_string(end) + ")");
+      std::size_t const n = end - begin;
+      TeamRangeVisits f{begin, end, Kokkos::View<int*, M>("visits", n),
+                        Kokkos::View<std::int64_t*, M>("scanned", n)};
+      Kokkos::deep_copy(f.scanned, -1);
+      Kokkos::parallel_for("team_range", KPool::Details::KokkosExt::TeamPolicy<E>(space, 1, team, 1), f);
+      auto const v = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f.visits);
+      auto const p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f.scanned);
+      for (std::size_t k = 0; k < n; ++k) {
+        ASSERT_EQ(v(k), 1) << "index " << begin + k << " visited " << v(k) << " times";
+        ASSERT_EQ(p(k), static_cast<std::int64_t>(k)) << "scan prefix at " << begin + k;
+      }
     }
 }
 

@@ -406,7 +406,7 @@ TYPED_TEST(Select, ExactTiesGoToTheLowerIdsOnEveryRun) {
     }
     std::vector<std::int32_t> first;
     for (KPool::ScoreEngine engine : tie_exact_engines<E>())
-      for (int team_size : {1, 2, 0})
+      for (int team_size : {1, 2, 3, 6, 0})
         for (int again = 0; again < 2; ++again) {
           SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine) +
                        " team_size " + std::to_string(team_size));
@@ -533,6 +533,30 @@ TYPED_TEST(Select, LongRows) {
       std::string const why = SR::check_selection(ref, l.s.topk, ids.data());
       EXPECT_TRUE(why.empty()) << why;
     }
+  }
+}
+
+// select_tokens with a topk whose ids would not fit a device team's fast
+// scratch (12000 ids are 48 KB): one query over 2^14 pools, K = 4, on every
+// engine, is the expansion of score_select's conforming selection. A
+// device-shapes build refuses any launch that would take level-1 scratch.
+TYPED_TEST(Select, SelectTokensWithATopkPastFastScratch) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  if (TypeParam::dtype != DType::bf16) GTEST_SKIP() << "bf16 covers it";
+  Shape const s{4, 1, 8, 12000, true, false, 512};
+  Scenario const sc = make_scenario(s, TypeParam::dtype, {{(1u << 14) * 4 - 1, 1}}, 1, 0, 53);
+  for (KPool::ScoreEngine engine : engines<E>()) {
+    SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine));
+    KPool::Options const o = options_for<E>(engine, 0);
+    std::vector<std::int32_t> const ids = run<E, T>(sc, o);
+    ASSERT_TRUE(conforms(sc, ids));
+    std::vector<std::int32_t> want;
+    KPoolRef::expand_topk(s.K, ids, s.topk, sc.batch.reference, true, want);
+    std::vector<std::int32_t> const got = run<E, T>(sc, o, true);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << "token column " << i;
   }
 }
 
@@ -775,6 +799,38 @@ TEST(SelectDetails, Fp8DecodeMatchesTheCacheType) {
       EXPECT_TRUE(std::isnan(got));
     else
       EXPECT_EQ(static_cast<double>(got), ref) << "code " << b;
+  }
+}
+
+// The selection's launch: a power-of-two team (its team scan needs one on
+// CUDA before Kokkos 3.7) not above what Options::team_size asked, and the
+// same few bytes of level-0 scratch whatever topk is, within what a device
+// team has.
+TEST(SelectDetails, SelectLaunchTakesPowerOfTwoTeamsAndLevelZeroScratch) {
+  using E = Kokkos::DefaultExecutionSpace;
+  using F = KPool::Details::SelectFunctor<E, std::uint32_t, true>;
+  E space;
+  F f{};
+  std::size_t const bytes = F::scratch_bytes();
+  EXPECT_LE(bytes, KPool::Details::device_scratch0<E>());
+  EXPECT_LE(bytes, KPool::Details::scratch_max<E>(0));
+  for (int topk : {1, 2048, 12000, 1 << 20}) {
+    f.topk = topk;
+    f.out_columns = topk * 4 + 3;
+    for (int requested = 0; requested <= 70; ++requested) {
+      KPool::Options o;
+      o.team_size = requested;
+      KPool::Details::LaunchShape const shape =
+          KPool::Details::select_shape(space, f, 100, o);
+      ASSERT_GE(shape.team_size, 1);
+      ASSERT_EQ(shape.team_size & (shape.team_size - 1), 0)
+          << "team_size " << requested << " gave " << shape.team_size;
+      if (requested > 0) {
+        ASSERT_LE(shape.team_size, requested);
+      }
+      ASSERT_EQ(shape.scratch_level, 0) << "topk " << topk;
+      ASSERT_EQ(shape.scratch_bytes, bytes) << "topk " << topk;
+    }
   }
 }
 

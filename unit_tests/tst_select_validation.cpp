@@ -370,6 +370,29 @@ TEST(SelectValidation, CacheMustBeAllocated) {
                         [&] { w.run_with(e, w.q, w.weights, empty); }));
 }
 
+// team_gemm never takes level-1 team scratch on a device (on CUDA it
+// allocates and fences, breaking graph capture): 1024 heads of 16 channels
+// (64 KB of rotated queries for one row) are refused before anything is
+// launched where launches take device shapes (a device, or a device-shapes
+// build); a host runs them from its level-1 scratch.
+TEST(SelectValidation, TeamGemmHeadsMustFitADevicesFastScratch) {
+  World w;
+  w.opts.score_engine = KPool::ScoreEngine::team_gemm;
+  int const H = 1024;
+  w.ws_heads = H;
+  Q3 q("q", w.rows, H, w.D);
+  F2 weights("weights", w.rows, H);
+  w.fill(q);
+  w.fill(weights);
+  for (Entry e : kBoth) {
+    if (KPool::Details::device_shapes<E>::value)
+      EXPECT_TRUE(rejects(w, e, at_extent("q", 1, H),
+                          [&] { w.run_with(e, q, weights, w.cache); }));
+    else
+      EXPECT_NO_THROW(w.run_with(e, q, weights, w.cache)) << entry_name(e);
+  }
+}
+
 TEST(SelectValidation, HostEnginesNeedAHostSpace) {
   if (!KPool::Details::KokkosExt::is_device_backend<E>::value)
     GTEST_SKIP() << "every engine runs on a host execution space";

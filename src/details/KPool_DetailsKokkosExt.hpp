@@ -19,6 +19,24 @@
 #error "KPool needs Kokkos 3.4 or newer"
 #endif
 
+// The pool cache's contract is byte-exact (docs/indexer.md, "The pool
+// cache"): the same pool has the same bits from every writer, on host and
+// device. Fast math lets the compiler reassociate, contract, flush
+// subnormals and assume no NaN or infinity, so those bits would depend on
+// inlining and vector width, and a NaN score could rank as a number.
+// GCC, Clang and hipcc say so with __FAST_MATH__ (-ffast-math, also
+// nvcc's host pass under -Xcompiler=-ffast-math) and __FINITE_MATH_ONLY__
+// (-ffinite-math-only). nvcc's --use_fast_math defines no macro at all
+// (CUDA 13.0): KPool's CMake refuses that flag instead (docs/api.md,
+// "Building"). There is no opt-out: a build that wants fast math for its
+// own code compiles KPool's translation units without it.
+#if defined(__FAST_MATH__)
+#error "KPool refuses fast-math builds (-ffast-math): the pool cache's byte-exact contract and the NaN rules of the selection need IEEE arithmetic; compile the translation units that include KPool without it"
+#endif
+#if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "KPool refuses -ffinite-math-only builds: the selection ranks NaN and infinite scores by the contract's rules, which need IEEE arithmetic; compile the translation units that include KPool without it"
+#endif
+
 namespace KPool {
 namespace Details {
 namespace KokkosExt {
@@ -142,12 +160,44 @@ auto create_host_mirror_view_uninitialized(View const& v) {
 #endif
 }
 
+// The bits of `from` as a To (C++20's std::bit_cast). Never std::memcpy:
+// under HIP, a <cstring> included before KPool resolves std::memcpy to
+// the host function, which a host-device function cannot call. The
+// compiler builtin where there is one (GCC 11, Clang 9, nvcc 11.7 and
+// later, hipcc), which is also usable in constant expressions; else a copy
+// of the object representation byte by byte, which is valid everywhere
+// and which compilers fold into one move.
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_bit_cast) && \
+    !(defined(__NVCC__) && (__CUDACC_VER_MAJOR__ < 11 ||                  \
+                            (__CUDACC_VER_MAJOR__ == 11 && __CUDACC_VER_MINOR__ < 7)))
+#define KPOOL_IMPL_BUILTIN_BIT_CAST 1
+#endif
+#endif
+#ifndef KPOOL_IMPL_BUILTIN_BIT_CAST
+#define KPOOL_IMPL_BUILTIN_BIT_CAST 0
+#endif
+
 template <class To, class From>
-KOKKOS_FORCEINLINE_FUNCTION To bit_cast(From const& from) {
+KOKKOS_FORCEINLINE_FUNCTION
+#if KPOOL_IMPL_BUILTIN_BIT_CAST
+    constexpr
+#endif
+    To
+    bit_cast(From const& from) {
   static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
-  To to;
-  std::memcpy(&to, &from, sizeof(To));
+  static_assert(std::is_trivially_copyable<To>::value &&
+                    std::is_trivially_copyable<From>::value,
+                "bit_cast needs trivially copyable types");
+#if KPOOL_IMPL_BUILTIN_BIT_CAST
+  return __builtin_bit_cast(To, from);
+#else
+  To to{};
+  unsigned char* dst = reinterpret_cast<unsigned char*>(&to);
+  unsigned char const* src = reinterpret_cast<unsigned char const*>(&from);
+  for (std::size_t i = 0; i < sizeof(To); ++i) dst[i] = src[i];
   return to;
+#endif
 }
 
 // a * b + c, fused where the target has a fused multiply-add and plain
@@ -286,6 +336,19 @@ KOKKOS_FORCEINLINE_FUNCTION void vector_for(Member const& member, int n,
     KPOOL_IMPL_IVDEP
     for (int i = 0; i < n; ++i) f(i);
   }
+}
+
+// A team's loop over [begin, end), for ranges as long as a row's visible
+// pools (up to 2^32 - 1). Kokkos computes a TeamThreadRange's per-thread
+// bounds in the index type it is given: with int, begin + rank * chunk and
+// i += team_size overflow for ends near 2^31, on hosts and on CUDA alike.
+// Every loop over pools of a row goes through here, in 64 bits; the body
+// takes a std::int64_t index.
+template <class Member>
+KOKKOS_FORCEINLINE_FUNCTION auto team_range(Member const& member, std::uint64_t begin,
+                                            std::uint64_t end) {
+  return Kokkos::TeamThreadRange(member, static_cast<std::int64_t>(begin),
+                                 static_cast<std::int64_t>(end));
 }
 
 template <class Member, class Functor>

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace KPool {
@@ -49,6 +50,17 @@ int vector_lanes(int channels_per_row) {
 // Threads a device block holds when Kokkos recommends nothing better; a
 // host backend under device shapes takes as many of them as it allows.
 constexpr int device_block_threads = 256;
+
+// The largest power of two not above n (1 for n below 2). Kokkos before
+// 3.7 aborts a CUDA team scan (a parallel_scan over a TeamThreadRange)
+// whose team size is anything else, so every launch whose kernel scans
+// over its team rounds its team size down through here, whatever
+// Options::team_size asked for.
+constexpr int power_of_two_floor(int n) {
+  int p = 1;
+  while (p <= n / 2) p *= 2;
+  return p;
+}
 
 template <class ExecutionSpace, class Functor>
 int team_size_for(ExecutionSpace const& space, Functor const& f, int lanes,
@@ -99,6 +111,29 @@ inline int league_for(Checker const& chk, std::string const& argument,
   return static_cast<int>(teams);
 }
 
+template <class ExecutionSpace>
+std::size_t scratch_max(int level) {
+  return static_cast<std::size_t>(
+      KokkosExt::TeamPolicy<ExecutionSpace>::scratch_size_max(level));
+}
+
+// The level-0 (fast) team scratch a device-shaped launch must fit: the
+// backend's own on a device. Level 1 is never taken there: on CUDA it
+// allocates device memory and fences, which also breaks graph capture. A
+// host under device shapes (KPool_TEST_DEVICE_SHAPES) checks against 40 KB,
+// Kokkos 3.4's level-0 limit for CUDA and HIP (later releases allow
+// more), so that it refuses what a GPU would; its own level 0 is smaller,
+// but a host's level 1 is the same memory and costs nothing.
+constexpr std::size_t modeled_device_scratch0 = 40 * 1024;
+
+template <class ExecutionSpace>
+std::size_t device_scratch0() {
+  if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value)
+    return scratch_max<ExecutionSpace>(0);
+  else
+    return modeled_device_scratch0;
+}
+
 // A launch as planned before anything is queued.
 struct LaunchShape {
   int league = 0;
@@ -107,6 +142,9 @@ struct LaunchShape {
   int items_per_team = 1;
   std::size_t scratch_bytes = 0;  // team scratch a team (cache writes, selection)
   int scratch_level = 0;          // where: 0 fast, 1 large
+  // A host-only kernel (ScoreEngine::register_tiles), exempt from the
+  // device scratch rule even under device shapes.
+  bool host_only = false;
 };
 
 // The usual shape: `items` work items, items_per_team of them a team.
@@ -147,6 +185,15 @@ void launch(ExecutionSpace const& space, std::string const& label,
                 "KPool: a functor of 512 bytes or more launches through CUDA "
                 "constant memory, which waits on the host; hold Strided "
                 "arrays and a few ints, never copies of other functors");
+  if constexpr (device_shapes<ExecutionSpace>::value) {
+    // Never level-1 scratch on a device (device_scratch0): a kernel whose
+    // team scratch could outgrow it is refused, or tiled, before this.
+    if (!shape.host_only && shape.scratch_bytes > device_scratch0<ExecutionSpace>())
+      throw std::logic_error("KPool: " + label + " asked for " +
+                             std::to_string(shape.scratch_bytes) +
+                             " bytes of team scratch, more than a device's fast (level-0) " +
+                             std::to_string(device_scratch0<ExecutionSpace>()));
+  }
   if (shape.league <= 0) return;
   KokkosExt::TeamPolicy<ExecutionSpace> policy(space, shape.league,
                                                shape.team_size, shape.lanes);

@@ -73,10 +73,8 @@ struct OffsetsScanFunctor {
 // CUDA team_scan over any other team size (96 or 160 threads, say).
 inline int scan_team_size(int limit, int rows) {
   std::int64_t const need = (static_cast<std::int64_t>(rows) + 1 + 31) / 32 * 32;
-  std::int64_t const cap = std::min<std::int64_t>(std::max(limit, 1), need);
-  int team = 1;
-  while (2 * static_cast<std::int64_t>(team) <= cap) team *= 2;
-  return team;
+  return power_of_two_floor(
+      static_cast<int>(std::min<std::int64_t>(std::max(limit, 1), need)));
 }
 
 // One team scans rows + 1 entries, on the caller's instance. rows is a

@@ -91,11 +91,6 @@ struct TileShape {
   std::size_t bytes;
 };
 
-template <class ExecutionSpace>
-std::size_t scratch_max(int level) {
-  return static_cast<std::size_t>(
-      KokkosExt::TeamPolicy<ExecutionSpace>::scratch_size_max(level));
-}
 
 template <class ExecutionSpace, class F>
 TileShape tile_shape(std::size_t total_rows, int num_requests, int heads,
@@ -106,20 +101,20 @@ TileShape tile_shape(std::size_t total_rows, int num_requests, int heads,
   TileShape s;
   s.rows = static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
   s.pools = device ? 32 : 64;
-  s.level = 0;
-  std::size_t const max0 = scratch_max<ExecutionSpace>(0);
-  // Devices shrink the tiles into fast scratch; hosts keep them (their
-  // level-1 scratch is the same memory).
-  if (device)
-    while (F::scratch_bytes(s.rows, s.pools, heads, head_dim) > max0 &&
-           (s.rows > 1 || s.pools > 8)) {
+  // Devices shrink the tiles into fast scratch, down to one row and one
+  // pool; hosts keep them (their level-1 scratch is the same memory).
+  if (device) {
+    std::size_t const budget = device_scratch0<ExecutionSpace>();
+    while (F::scratch_bytes(s.rows, s.pools, heads, head_dim) > budget &&
+           (s.rows > 1 || s.pools > 1)) {
       if (s.rows > 1)
         s.rows /= 2;
       else
         s.pools /= 2;
     }
+  }
   s.bytes = F::scratch_bytes(s.rows, s.pools, heads, head_dim);
-  if (s.bytes > max0) s.level = 1;
+  s.level = s.bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
   return s;
 }
 
@@ -161,6 +156,16 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
   int const D = in.cache.head_dim();
   TileShape const tiles = tile_shape<ExecutionSpace, F>(
       in.batch.total_rows, in.batch.num_requests, in.heads, D);
+  if (device_shapes<ExecutionSpace>::value &&
+      tiles.bytes > device_scratch0<ExecutionSpace>())
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) + " channels need " +
+                 std::to_string(tiles.bytes) +
+                 " bytes of team scratch for one query row and one pool, more "
+                 "than the " + std::to_string(device_scratch0<ExecutionSpace>()) +
+                 " bytes of fast (level-0) scratch a device team has; the "
+                 "team_gemm engine never takes level-1 scratch on a device (on "
+                 "CUDA it allocates and fences, breaking graph capture)");
   if (tiles.bytes > scratch_max<ExecutionSpace>(1))
     chk.fail("q", "extent 1", -1, std::to_string(in.heads),
              "heads of " + std::to_string(D) +
@@ -220,6 +225,7 @@ void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
   shape.team_size = 1;
   shape.scratch_bytes = bytes;
   shape.scratch_level = f.scratch_level;
+  shape.host_only = true;
   launch(space, chk.entry_point() + "::score_register_tiles", shape, f);
 }
 
@@ -238,6 +244,20 @@ void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
     launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in);
 }
 
+// The selection's launch: a team per row of q, a power-of-two team size
+// (its team scan needs one on CUDA before Kokkos 3.7, and Options::team_size
+// may ask for any), and level-0 scratch whatever topk is.
+template <class ExecutionSpace, class F>
+LaunchShape select_shape(ExecutionSpace const& space, F const& f, std::size_t rows,
+                         Options const& options) {
+  LaunchShape shape;
+  shape.league = static_cast<int>(rows);
+  shape.team_size = power_of_two_floor(team_size_for(space, f, 1, options.team_size));
+  shape.scratch_bytes = F::scratch_bytes();
+  shape.scratch_level = 0;
+  return shape;
+}
+
 template <bool Expand, class ExecutionSpace, class Key, class OutView>
 void launch_select(Checker const& chk, ExecutionSpace const& space,
                    SelectBatch const& batch, Key const* keys, OutView const& out,
@@ -249,14 +269,8 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
   f.out = out;
   f.out_columns = static_cast<int>(out.extent(1));
   f.topk = topk;
-  std::size_t const bytes = F::scratch_bytes(topk);
-  f.scratch_level = bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
-  LaunchShape shape;
-  shape.league = static_cast<int>(batch.total_rows);
-  shape.team_size = team_size_for(space, f, 1, options.team_size);
-  shape.scratch_bytes = bytes;
-  shape.scratch_level = f.scratch_level;
-  launch(space, chk.entry_point() + "::select", shape, f);
+  launch(space, chk.entry_point() + "::select", select_shape(space, f, batch.total_rows, options),
+         f);
 }
 
 // score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens

@@ -11,8 +11,16 @@
 //      selected pools before it: that count is its column, so the selected
 //      ids come out ascending with no sort.
 // Counts are exact integers, so the selection is the same whatever the
-// team size or backend. Expand (select_tokens) keeps the ids in team
-// scratch and writes the expanded token row instead (expanded_column).
+// team size or backend. Expand (select_tokens) writes the expanded token
+// row instead (expanded_column): the row's K - 1 tail columns and -1s
+// first, then each selected pool's K positions at its column, so no
+// team scratch grows with topk.
+// Team scratch is a 256-bin histogram and two keys whatever topk is, so
+// it always fits level 0 (a device never takes level-1 scratch, which on
+// CUDA allocates and fences, and breaks graph capture). The loops over a
+// row's pools are 64-bit (KokkosExt::team_range). The team scan needs a
+// power-of-two team size on CUDA before Kokkos 3.7: launch_select rounds
+// it, and a device-shapes build checks it here.
 
 #include <details/KPool_DetailsExpandTopkFunctor.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
@@ -44,22 +52,23 @@ struct SelectFunctor {
   Strided<std::int32_t, 2> out;
   int out_columns;
   int topk;
-  int scratch_level;
 
-  static std::size_t scratch_bytes(int topk) {
-    return Scratch<std::uint32_t>::shmem_size(bins) +
-           Scratch<Key>::shmem_size(2) +
-           (Expand ? Scratch<std::int32_t>::shmem_size(topk) : 0);
+  // Level-0 team scratch, the same for every topk.
+  static std::size_t scratch_bytes() {
+    return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<Key>::shmem_size(2);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    if constexpr (device_shapes<ExecutionSpace>::value) {
+      int const ts = member.team_size();
+      if ((ts & (ts - 1)) != 0)
+        Kokkos::abort("KPool: the selection's team scan needs a power-of-two team size");
+    }
     std::uint64_t const t = member.league_rank();
     SelectRequest req;
     if (t >= batch.total_rows || batch.owner(t, req) < 0) return;
-    Scratch<std::uint32_t> hist(member.team_scratch(scratch_level), bins);
-    Scratch<Key> shared(member.team_scratch(scratch_level), 2);
-    Scratch<std::int32_t> ids;
-    if (Expand) ids = Scratch<std::int32_t>(member.team_scratch(scratch_level), topk);
+    Scratch<std::uint32_t> hist(member.team_scratch(0), bins);
+    Scratch<Key> shared(member.team_scratch(0), 2);
 
     std::uint64_t const n = batch.visible(req, t);
     Key const* row = keys + t * batch.max_visible;
@@ -76,19 +85,22 @@ struct SelectFunctor {
       take = static_cast<Key>(n);
     }
 
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, topk), [&](int j) {
-      if (Expand)
-        ids(j) = -1;
-      else
-        out(t, j) = -1;
+    // Every column as if nothing were selected: -1, and with Expand the
+    // row's incomplete tail pool's positions after the selected columns.
+    int const K = batch.kpool;
+    int const selected = topk * K;
+    std::int64_t const positions =
+        static_cast<std::int64_t>(req.cache_length + (t - req.begin) + 1);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, out_columns), [&](int j) {
+      out(t, j) = Expand ? expanded_column(j, -1, positions, K, selected) : -1;
     });
     member.team_barrier();
 
     // (selected above thr so far) in the low half, (equal to thr so far) in
     // the high half: visible < 2^32 pools, so neither overflows.
     Kokkos::parallel_scan(
-        Kokkos::TeamThreadRange(member, static_cast<int>(n)),
-        [&](int p, std::uint64_t& prefix, bool final) {
+        KokkosExt::team_range(member, 0, n),
+        [&](std::int64_t p, std::uint64_t& prefix, bool final) {
           Key const key = row[p];
           bool const above = key > thr;
           bool const equal = key == thr;
@@ -98,28 +110,16 @@ struct SelectFunctor {
               std::uint64_t const taken_eq =
                   eq_before < static_cast<std::uint64_t>(take) ? eq_before : take;
               int const col = static_cast<int>((prefix & 0xFFFFFFFFull) + taken_eq);
-              if (Expand)
-                ids(col) = p;
-              else
-                out(t, col) = p;
+              if (Expand) {
+                for (int m = 0; m < K; ++m)
+                  out(t, col * K + m) = expanded_column(col * K + m, p, positions, K, selected);
+              } else {
+                out(t, col) = static_cast<std::int32_t>(p);
+              }
             }
           }
           prefix += (above ? 1ull : 0ull) + (equal ? (1ull << 32) : 0ull);
         });
-
-    if (Expand) {
-      member.team_barrier();
-      int const K = batch.kpool;
-      int const selected = topk * K;
-      std::int64_t const positions =
-          static_cast<std::int64_t>(req.cache_length + (t - req.begin) + 1);
-      Kokkos::parallel_for(
-          Kokkos::TeamThreadRange(member, out_columns),
-          [&](int j) {
-            std::int64_t const pid = j < selected ? ids(j / K) : -1;
-            out(t, j) = expanded_column(j, pid, positions, K, selected);
-          });
-    }
   }
 
   // The k-th largest of row[0, n) (k < n) into thr, and into take how many
@@ -139,7 +139,7 @@ struct SelectFunctor {
                            [&](int d) { hist(d) = 0; });
       member.team_barrier();
       Kokkos::parallel_for(
-          Kokkos::TeamThreadRange(member, static_cast<int>(n)), [&](int p) {
+          KokkosExt::team_range(member, 0, n), [&](std::int64_t p) {
             Key const key = row[p];
             if ((key & mask) != prefix) return;
             int const d = static_cast<int>((key >> shift) & (bins - 1));

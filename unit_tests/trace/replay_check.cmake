@@ -11,7 +11,8 @@
 #   -DMODE=tamper               the checker must reject altered output
 #   -DMODE=bad -DTRACE=         exit status 2, 'trace:LINE:' on stderr with
 #                               LINE from the file's '# expect trace:LINE:',
-#                               empty stdout
+#                               empty stdout; any text after it on that
+#                               line must be in the message too
 #   -DMODE=cli                  --help, an unknown option, a bad option
 #                               value, a missing file
 cmake_minimum_required(VERSION 3.16)
@@ -272,10 +273,11 @@ elseif(MODE STREQUAL "tamper")
 
 elseif(MODE STREQUAL "bad")
   file(STRINGS "${TRACE}" head LIMIT_COUNT 1)
-  if(NOT head MATCHES "^# expect (trace:[0-9]+:)")
+  if(NOT head MATCHES "^# expect (trace:[0-9]+:)(.*)$")
     message(FATAL_ERROR "${TRACE}: the first line must be '# expect trace:LINE:'")
   endif()
   set(want "${CMAKE_MATCH_1}")
+  string(STRIP "${CMAKE_MATCH_2}" want_text)
   run_replay(bad rc err "${TRACE}")
   file(READ "${WORK}/bad.out" out)
   if(NOT rc EQUAL 2)
@@ -287,6 +289,12 @@ elseif(MODE STREQUAL "bad")
   string(FIND "${err}" "${want} " at)
   if(NOT at EQUAL 0)
     message(FATAL_ERROR "stderr should start with '${want} ', got:\n${err}")
+  endif()
+  if(NOT want_text STREQUAL "")
+    string(FIND "${err}" "${want_text}" at)
+    if(at LESS 0)
+      message(FATAL_ERROR "stderr should say '${want_text}', got:\n${err}")
+    endif()
   endif()
   message(STATUS "rejected: ${err}")
 
