@@ -17,12 +17,18 @@
 struct UnifiedMemoryGpu {
   using memory_space = Kokkos::HostSpace;
 };
+// A stand-in for an AMD GPU backend, known only by its Kokkos Tools tag.
+struct WavefrontGpu {};
 namespace Kokkos {
 namespace Tools {
 namespace Experimental {
 template <>
 struct DeviceTypeTraits<UnifiedMemoryGpu> {
   static constexpr DeviceType id = DeviceType::Cuda;
+};
+template <>
+struct DeviceTypeTraits<WavefrontGpu> {
+  static constexpr DeviceType id = DeviceType::HIP;
 };
 }  // namespace Experimental
 }  // namespace Tools
@@ -70,6 +76,29 @@ TEST(LaunchShapes, DeviceShapesFollowTheTestOption) {
   EXPECT_EQ(KPool::Details::items_per_thread<H>(), host_device_shapes ? 1 : 16);
   EXPECT_EQ(KPool::Details::vector_lanes<H>(16), host_device_shapes ? 16 : 1);
   EXPECT_EQ(KPool::Details::vector_lanes<H>(100), host_device_shapes ? 32 : 1);
+}
+
+// Vector lanes stop at the backend's lock-step group: a CUDA warp, an AMD
+// wavefront; host backends under device shapes mimic CUDA.
+TEST(LaunchShapes, VectorLanesStopAtTheBackendsLockStepGroup) {
+  using KPool::Details::KokkosExt::max_vector_lanes;
+  EXPECT_EQ(max_vector_lanes<UnifiedMemoryGpu>::value, 32);
+  EXPECT_EQ(max_vector_lanes<WavefrontGpu>::value, 64);
+  EXPECT_EQ(max_vector_lanes<Kokkos::DefaultHostExecutionSpace>::value, 32);
+#if defined(KOKKOS_ENABLE_CUDA)
+  EXPECT_EQ(max_vector_lanes<Kokkos::Cuda>::value, 32);
+#endif
+#if defined(KOKKOS_ENABLE_HIP)
+  EXPECT_EQ(max_vector_lanes<KPool::Details::KokkosExt::HIP>::value, 64);
+#endif
+  for (int packets : {1, 2, 3, 16, 17, 32, 33, 64, 65, 1000}) {
+    int expect = 1;
+    while (expect < packets && expect < 64) expect *= 2;
+    EXPECT_EQ(KPool::Details::vector_lanes<WavefrontGpu>(packets), expect) << packets;
+    EXPECT_EQ(KPool::Details::vector_lanes<UnifiedMemoryGpu>(packets),
+              expect < 32 ? expect : 32)
+        << packets;
+  }
 }
 
 // The single scanning team: a power of two (Kokkos before 3.7 aborts a

@@ -79,6 +79,22 @@ struct is_device_backend {
                                 id == device_type::OpenMPTarget;
 };
 
+// The most vector lanes one team thread takes: the lanes that run in
+// lock-step on the backend, a CUDA warp (32) or an AMD wavefront (64), so
+// a vector range never spans two of them and its reductions stay in
+// registers. Other backends (SYCL sub-groups are 16 or 32 wide; host
+// backends under KPool_TEST_DEVICE_SHAPES mimic CUDA) take 32. Decided by
+// Kokkos Tools' backend tag like is_device_backend. README.md ("AMD GPUs,
+// HIP") argues the choice.
+template <class ExecutionSpace>
+struct max_vector_lanes {
+  static constexpr int value =
+      Kokkos::Tools::Experimental::DeviceTypeTraits<ExecutionSpace>::id ==
+              Kokkos::Tools::Experimental::DeviceType::HIP
+          ? 64
+          : 32;
+};
+
 // Backend names, where releases moved them.
 #if defined(KOKKOS_ENABLE_HIP)
 #if KOKKOS_VERSION >= 40000
@@ -268,9 +284,9 @@ class ScopedProfileRegion {
 }  // namespace KokkosExt
 
 /// Whether kernels on ExecutionSpace take device launch shapes: 16-byte
-/// channel packets per vector lane, up to 32 lanes, one work item per team
-/// thread, device-like team sizes, ThreadVectorRange channel loops. True
-/// for device backends. A build with the CMake option
+/// channel packets per vector lane, up to KokkosExt::max_vector_lanes
+/// lanes, one work item per team thread, device-like team sizes,
+/// ThreadVectorRange channel loops. True for device backends. A build with the CMake option
 /// KPool_TEST_DEVICE_SHAPES (which defines KPOOL_TEST_DEVICE_SHAPES for
 /// KPool's own programs) makes it true for host backends too, so the host
 /// test suite runs the code paths a GPU runs. Every launch-shape decision

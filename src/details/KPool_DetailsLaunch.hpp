@@ -36,14 +36,14 @@ constexpr int items_per_thread() {
   return device_shapes<ExecutionSpace>::value ? 1 : 16;
 }
 
-// Lanes per team thread: enough for a row's packets, at most a warp.
-constexpr int max_vector_lanes = 32;
-
+// Lanes per team thread: enough for a row's packets, at most the
+// backend's lock-step group (a warp on CUDA, a wavefront on HIP).
 template <class ExecutionSpace>
 int vector_lanes(int channels_per_row) {
   if (!device_shapes<ExecutionSpace>::value) return 1;
+  int const cap = KokkosExt::max_vector_lanes<ExecutionSpace>::value;
   int lanes = 1;
-  while (lanes < channels_per_row && lanes < max_vector_lanes) lanes *= 2;
+  while (lanes < channels_per_row && lanes < cap) lanes *= 2;
   return lanes;
 }
 
