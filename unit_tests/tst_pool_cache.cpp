@@ -34,6 +34,8 @@ struct Kind {
   bool fp8;
   KPool::CacheScale scale;
   bool rotate;
+  bool serving = false;  // the serving profile (fp8, pow2)
+  bool fused = false;    // in the engines' fused byte layout (serving only)
 };
 
 std::vector<Kind> kinds(DType t, int D) {
@@ -45,17 +47,35 @@ std::vector<Kind> kinds(DType t, int D) {
     if (t == DType::f64) continue;
     v.push_back({true, KPool::CacheScale::amax, rotate});
     v.push_back({true, KPool::CacheScale::pow2, rotate});
+    v.push_back({true, KPool::CacheScale::pow2, rotate, true});
+    if (D % 4 == 0) v.push_back({true, KPool::CacheScale::pow2, rotate, true, true});
   }
   return v;
 }
 
 std::string name(Kind const& k) {
   return std::string(k.fp8 ? "fp8 " : "native ") + KPool::cache_scale_name(k.scale) +
-         (k.rotate ? " rotated" : "");
+         (k.rotate ? " rotated" : "") + (k.serving ? " serving" : "") +
+         (k.fused ? " fused" : "");
 }
 
 CacheKind ref_kind(DType t, Kind const& k) {
-  return CacheKind{t, k.fp8, ref_scale(k.scale), k.rotate};
+  return CacheKind{t, k.fp8, ref_scale(k.scale), k.rotate, k.serving};
+}
+
+// An fp8 cache of kind k: split (allocated by the cache) or fused (over a
+// zeroed byte buffer of its own).
+template <class E, class M>
+KPool::PoolCache<KPool::float8_e4m3, M> fp8_cache(Kind const& k, int num_blocks,
+                                                 int block_pools, int D) {
+  if (k.fused) {
+    typename KPool::PoolCache<KPool::float8_e4m3, M>::bytes_type bytes(
+        "fused", num_blocks, static_cast<std::size_t>(block_pools) * (D + 4));
+    return KPool::PoolCache<KPool::float8_e4m3, M>(bytes, block_pools, D, k.rotate);
+  }
+  return KPool::PoolCache<KPool::float8_e4m3, M>(
+      E(), num_blocks, block_pools, D, k.scale, k.rotate,
+      k.serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
 }
 
 // A pooled row of D values, representable in t, of one of several shapes:
@@ -79,6 +99,14 @@ std::vector<double> pool_values(Rng& rng, DType t, int D, int shape) {
       case 4: x = rng.uniform(-tiny, tiny); break;
       case 5: x = (c % 2 ? -1.0 : 1.0) * 1e-44 * (1 + rng.below(4)); break;
       case 6: x = rng.uniform(-1, 1) * std::ldexp(1.0, rng.below(40) - 20); break;
+      case 7:
+        // Next to the type's largest finite values: in f32 some round to
+        // a bf16 infinity (the serving profile then saturates them).
+        if (c % 4 == 1)
+          x = (c % 8 == 1 ? 1 : -1) *
+              (t == DType::f16 ? 65504.0 : t == DType::f64 ? 1.7e308
+                                                           : 3.4e38 - rng.uniform(0, 1e36));
+        break;
       default: break;
     }
     v[c] = KPoolRef::round_to(t, x);
@@ -159,7 +187,7 @@ TYPED_TEST(PoolCacheTest, StorePoolsWritesTheReferenceBytes) {
       for (int j = 0; j < 7; ++j) {
         batch_row.push_back(r);
         pool_id.push_back(ids[j]);
-        pools.push_back(pool_values(rng, t, D, static_cast<int>(pools.size()) % 7));
+        pools.push_back(pool_values(rng, t, D, static_cast<int>(pools.size()) % 8));
       }
     }
     KPool::StepOutput<T, M> out(E(), pools.size() + 9, 6, D);
@@ -187,8 +215,7 @@ TYPED_TEST(PoolCacheTest, StorePoolsWritesTheReferenceBytes) {
         };
         if (k.fp8) {
           if constexpr (!std::is_same<T, double>::value)
-            run(KPool::PoolCache<KPool::float8_e4m3, M>(E(), b.num_blocks, b.block_pools, D,
-                                                        k.scale, k.rotate));
+            run(fp8_cache<E, M>(k, b.num_blocks, b.block_pools, D));
         } else {
           run(KPool::PoolCache<T, M>(E(), b.num_blocks, b.block_pools, D, k.scale, k.rotate));
         }
