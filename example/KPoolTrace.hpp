@@ -45,14 +45,17 @@ inline char const* dtype_name(DType t) {
 }
 
 /// The pool cache's element type (docs/indexer.md): the storage type itself, or
-/// E4M3 with the amax or the power-of-two scale mode.
-enum class PoolCache { native, fp8, fp8_pow2 };
+/// E4M3 with the amax or the power-of-two scale mode, or E4M3 in the
+/// serving profile (bf16-rounded rotation, 1e-4 floor, UE8M0 scales; its
+/// select blocks quantize the queries the same way).
+enum class PoolCache { native, fp8, fp8_pow2, fp8_serving };
 
 inline char const* pool_cache_name(PoolCache c) {
   switch (c) {
     case PoolCache::native: return "native";
     case PoolCache::fp8: return "fp8";
     case PoolCache::fp8_pow2: return "fp8_pow2";
+    case PoolCache::fp8_serving: return "fp8_serving";
   }
   return "?";
 }
@@ -480,9 +483,10 @@ class Parser {
         if (v == "native") t_.pool_cache = PoolCache::native;
         else if (v == "fp8") t_.pool_cache = PoolCache::fp8;
         else if (v == "fp8_pow2") t_.pool_cache = PoolCache::fp8_pow2;
+        else if (v == "fp8_serving") t_.pool_cache = PoolCache::fp8_serving;
         else
           throw TraceError(ln, "unknown pool_cache '" + v +
-                                   "' (expected native, fp8 or fp8_pow2)");
+                                   "' (expected native, fp8, fp8_pow2 or fp8_serving)");
         // docs/indexer.md: an fp8 cache of f64 pools is refused.
         if (t_.pool_cache != PoolCache::native && t_.dtype == DType::f64)
           throw TraceError(ln, "pool_cache " + v +

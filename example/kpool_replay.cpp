@@ -6,7 +6,8 @@
 // its select blocks run KPool::score_select over that cache ('select'
 // lines: the pool ids each query token selected).
 //
-//   kpool_replay [--fused | --unfused] [--engine E] [--block-pools N] [TRACE | -]
+//   kpool_replay [--fused | --unfused] [--engine E] [--block-pools N]
+//                [--cache-layout split|fused] [TRACE | -]
 
 #include "KPoolTrace.hpp"
 
@@ -39,7 +40,7 @@ namespace {
 
 char const usage_text[] =
     "usage: kpool_replay [--fused | --unfused] [--engine E] [--block-pools N]\n"
-    "                    [TRACE | -]\n"
+    "                    [--cache-layout split|fused] [TRACE | -]\n"
     "\n"
     "Replays a KPool serving trace (format: docs/trace.md) through KPool::step and\n"
     "KPool::decode_step on Kokkos' default execution space and prints the\n"
@@ -61,6 +62,10 @@ char const usage_text[] =
     "  --block-pools N\n"
     "              pools a block of the pool cache holds (default 16; the\n"
     "              output does not depend on it)\n"
+    "  --cache-layout L\n"
+    "              split (the default) or fused: a pool_cache fp8_serving\n"
+    "              cache in the engines' fused byte layout (docs/indexer.md;\n"
+    "              the output does not depend on it)\n"
     "  --help      print this and exit\n"
     "\n"
     "Exit status: 0 on success; 2 for a bad command line, an unreadable file\n"
@@ -187,8 +192,10 @@ struct NoCache {
 template <class C>
 class Cache {
  public:
+  // fused: a serving cache in the engines' fused byte layout
+  // (--cache-layout fused), over a buffer of this program's.
   Cache(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::CacheScale scale,
-        int block_pools)
+        int block_pools, bool fused)
       : kpool_(t.kpool), block_pools_(block_pools) {
     std::uint64_t const block_pools_u = static_cast<std::uint64_t>(block_pools);
     // Every block any row will need: one per 16 pools of the highest pool
@@ -206,9 +213,22 @@ class Cache {
     if (total > 0x7FFFFFFFull)
       throw std::runtime_error("the trace's pools need more cache blocks than a "
                                "block number holds");
+    int const blocks = static_cast<int>(std::max<std::uint64_t>(total, 1));
+    bool const serving = t.pool_cache == KPoolTrace::PoolCache::fp8_serving;
+    if (fused && !serving)
+      throw std::runtime_error("--cache-layout fused needs a trace with pool_cache fp8_serving");
+    if constexpr (std::is_same<C, KPool::float8_e4m3>::value) {
+      if (fused) {
+        typename KPool::PoolCache<C, MemSpace>::bytes_type bytes(
+            "kpool_replay::fused_cache", blocks,
+            static_cast<std::size_t>(block_pools_) * (t.head_dim + 4));
+        cache_ = KPool::PoolCache<C, MemSpace>(bytes, block_pools_, t.head_dim, t.rotate);
+        return;
+      }
+    }
     cache_ = KPool::PoolCache<C, MemSpace>(
-        space, static_cast<int>(std::max<std::uint64_t>(total, 1)), block_pools_,
-        t.head_dim, scale, t.rotate);
+        space, blocks, block_pools_, t.head_dim, scale, t.rotate,
+        serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
   }
 
   // call(cache, block_table) with the block's block table: row r holds its
@@ -239,20 +259,35 @@ class Cache {
   void read(ExecSpace const& space, ReplayResult& result) const {
     if constexpr (std::is_same<C, KPool::float8_e4m3>::value) {
       space.fence();
+      bool const fused = cache_.layout() == KPool::CacheLayout::fused;
       auto const values =
           Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache_.values());
       auto const scales =
           Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache_.scales());
+      auto const bytes =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache_.bytes());
+      int const D = cache_.head_dim();
       result.has_cache_lines = true;
       for (auto const& p : result.emitted) {
         std::vector<std::int32_t> const& have = blocks_.at(p.seq);
         std::int32_t const block = have.at(static_cast<std::size_t>(p.id / block_pools_));
         int const entry = p.id % block_pools_;
         CacheEntry e;
-        e.scale = scales(block, entry);
-        e.values.resize(cache_.head_dim());
-        for (int c = 0; c < cache_.head_dim(); ++c)
-          e.values[c] = static_cast<float>(values(block, entry, c));
+        e.values.resize(D);
+        if (fused) {
+          // docs/indexer.md, "The engines' byte layout": the block's
+          // entries, then its scales.
+          std::size_t const scale_at =
+              static_cast<std::size_t>(block_pools_) * D + 4 * static_cast<std::size_t>(entry);
+          std::memcpy(&e.scale, &bytes(block, scale_at), sizeof(float));
+          for (int c = 0; c < D; ++c)
+            e.values[c] = static_cast<float>(KPool::float8_e4m3::from_bits(
+                bytes(block, static_cast<std::size_t>(entry) * D + c)));
+        } else {
+          e.scale = scales(block, entry);
+          for (int c = 0; c < D; ++c)
+            e.values[c] = static_cast<float>(values(block, entry, c));
+        }
         result.cache[PoolKey(p.seq, p.id)] = std::move(e);
       }
     } else {
@@ -538,7 +573,7 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
 // the one its header names (native: a cache of T, printed nowhere).
 template <class T>
 ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
-                    int block_pools, int& line) {
+                    int block_pools, bool fused_layout, int& line) {
   ExecSpace const space;
   if (t.version < 2) {
     NoCache none;
@@ -551,11 +586,11 @@ ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
                                     t.pool_cache == KPoolTrace::PoolCache::fp8
                                         ? KPool::CacheScale::amax
                                         : KPool::CacheScale::pow2,
-                                    block_pools);
+                                    block_pools, fused_layout);
       return replay_with<T>(t, options, fp8, line);
     }
   }
-  Cache<T> native(space, t, KPool::CacheScale::none, block_pools);
+  Cache<T> native(space, t, KPool::CacheScale::none, block_pools, fused_layout);
   return replay_with<T>(t, options, native, line);
 }
 
@@ -702,7 +737,8 @@ int fail(int line, std::string const& what) {
 
 // Kokkos' whole life, and every view's, is inside this function.
 int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
-               KPool::Options const& options, int block_pools, std::string& output) {
+               KPool::Options const& options, int block_pools, bool fused_layout,
+               std::string& output) {
   int line = 0;
   try {
     Kokkos::ScopeGuard guard(argc, argv);
@@ -710,16 +746,16 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
       ReplayResult result;
       switch (trace.dtype) {
         case KPoolTrace::DType::f32:
-          result = replay<float>(trace, options, block_pools, line);
+          result = replay<float>(trace, options, block_pools, fused_layout, line);
           break;
         case KPoolTrace::DType::f64:
-          result = replay<double>(trace, options, block_pools, line);
+          result = replay<double>(trace, options, block_pools, fused_layout, line);
           break;
         case KPoolTrace::DType::bf16:
-          result = replay<KPool::bfloat16>(trace, options, block_pools, line);
+          result = replay<KPool::bfloat16>(trace, options, block_pools, fused_layout, line);
           break;
         case KPoolTrace::DType::f16:
-          result = replay<KPool::float16>(trace, options, block_pools, line);
+          result = replay<KPool::float16>(trace, options, block_pools, fused_layout, line);
           break;
       }
       output = format(trace, result);
@@ -741,6 +777,7 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
 int main(int argc, char* argv[]) {
   KPool::Options options;
   int block_pools = 16;
+  bool fused_layout = false;
   std::string path = "-";
   bool have_path = false;
   for (int i = 1; i < argc; ++i) {
@@ -752,6 +789,14 @@ int main(int argc, char* argv[]) {
       options.fused = true;
     } else if (a == "--unfused") {
       options.fused = false;
+    } else if (a == "--cache-layout") {
+      std::string const v = i + 1 < argc ? argv[++i] : "";
+      if (v != "split" && v != "fused") {
+        std::cerr << "kpool_replay: bad value '" << v << "' for " << a << "\n\n"
+                  << usage_text;
+        return 2;
+      }
+      fused_layout = v == "fused";
     } else if (a == "--engine" || a == "--block-pools") {
       std::string const v = i + 1 < argc ? argv[++i] : "";
       bool ok = true;
@@ -820,7 +865,7 @@ int main(int argc, char* argv[]) {
   int status;
   {
     StdoutToStderr const redirect;
-    status = replay_all(argc, argv, trace, options, block_pools, output);
+    status = replay_all(argc, argv, trace, options, block_pools, fused_layout, output);
   }
   if (status != 0) return status;
   std::fwrite(output.data(), 1, output.size(), stdout);

@@ -45,7 +45,7 @@ char const usage_text[] =
     "                  K * next_pow2(ceil((K + S) / K)), K without drafts)\n"
     "  --index-heads H, --index-topk N\n"
     "                  selection sizes; with both, select blocks too\n"
-    "  --pool-cache C  native | fp8 | fp8_pow2\n"
+    "  --pool-cache C  native | fp8 | fp8_pow2 | fp8_serving\n"
     "  --rotate 0|1    Walsh-Hadamard rotation (head_dim a power of two)\n"
     "  --help          print this and exit\n";
 
@@ -131,7 +131,7 @@ int main(int argc, char* argv[]) {
       continue;
     }
     if (a == "--pool-cache") {
-      if (v != "native" && v != "fp8" && v != "fp8_pow2")
+      if (v != "native" && v != "fp8" && v != "fp8_pow2" && v != "fp8_serving")
         return bad("unknown pool cache '" + v + "'");
       pool_cache = v;
       continue;

@@ -34,6 +34,11 @@
 // store_pools_fp8 writes the same cache from the step's output in its own
 // pass, reported beside the step without a cache the same way: its
 // overhead + 1 is the standalone write's time as a share of the step's.
+// step_fused_cache_serving and decode_step_cache_serving write the serving
+// profile's cache (docs/indexer.md, "The serving profile") on the same
+// cases, reported beside step_fused_cache_fp8 and decode_step_cache_fp8:
+// their overhead + 1 is the serving profile's cost relative to the amax
+// one (target: at most 1.10).
 //
 // The selection stage (op `select`, when KPool has Kokkos Kernels) is
 // compute-bound and measured in FLOPs instead: `flops` = 2 * H * D per
@@ -41,7 +46,10 @@
 // KokkosBlas::gemm of f32 [T * H, D] x [D, P] (P the mean visible pools, so
 // the FLOP count matches): `gemm_gflops`, and `ratio` = gflops /
 // gemm_gflops. Ops `select_<engine>` time the other scoring engines on the
-// same inputs.
+// same inputs; `select_serving` the default engine over a serving-profile
+// cache of the same bytes (its queries quantized inside the call), reported
+// beside `select` with `baseline_op`, `baseline_seconds` and `overhead` as
+// above (target: overhead + 1 at most 1.10).
 //
 // Writes perf_report.json (or --out) in the current directory and prints its
 // absolute path; perf_tests/perf_table.py prints it as a table.
@@ -418,8 +426,10 @@ struct CacheData {
   KPool::PoolCache<KPool::float8_e4m3, Mem> cache;
   View2<std::int32_t> block_table;
 
+  // serving: the serving profile (scale pow2) instead of the amax one.
   CacheData(Space const& space,
-            std::vector<std::pair<std::int64_t, std::int64_t>> const& pools) {
+            std::vector<std::pair<std::int64_t, std::int64_t>> const& pools,
+            bool serving = false) {
     std::size_t const B = pools.size();
     std::int64_t cols = 1;
     for (auto const& p : pools)
@@ -437,8 +447,9 @@ struct CacheData {
     }
     Kokkos::deep_copy(space, block_table, h);
     cache = KPool::PoolCache<KPool::float8_e4m3, Mem>(
-        space, std::max(blocks, 1), kBlockPools, kD, KPool::CacheScale::amax,
-        /*rotate=*/true);
+        space, std::max(blocks, 1), kBlockPools, kD,
+        serving ? KPool::CacheScale::pow2 : KPool::CacheScale::amax, /*rotate=*/true,
+        serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
     space.fence();
   }
 };
@@ -661,7 +672,9 @@ class Runner {
                      double flops, int launches,
                      std::function<void(KPool::Options const&)> const& call,
                      double baseline_flops,
-                     std::function<void()> const& baseline) {
+                     std::function<void()> const& baseline,
+                     std::string const& versus_op = "",
+                     std::function<void(KPool::Options const&)> const& versus = {}) {
     std::string const name = scenario + "/" + dtype + "/" + op;
     if (!selected(name)) return;
     KPool::Options checked;
@@ -669,18 +682,23 @@ class Runner {
     KPool::Options fast;
     fast.validate = false;
     call(checked);
+    if (versus) versus(checked);
     space_.fence();
     Clock::time_point const w0 = Clock::now();
     for (int i = 0;; ++i) {
       call(fast);
       space_.fence();
+      if (versus) {
+        versus(fast);
+        space_.fence();
+      }
       baseline();
       space_.fence();
       if (i >= 1 && seconds_between(w0, Clock::now()) >= 0.05 * s_.min_time)
         break;
       if (i >= 20) break;
     }
-    std::vector<double> kt, gt;
+    std::vector<double> kt, gt, vt, ratio;
     Clock::time_point const start = Clock::now();
     for (;;) {
       space_.fence();
@@ -693,6 +711,13 @@ class Runner {
       Clock::time_point const t2 = Clock::now();
       kt.push_back(seconds_between(t0, t1));
       gt.push_back(seconds_between(t1, t2));
+      if (versus) {
+        Clock::time_point const v0 = Clock::now();
+        versus(fast);
+        space_.fence();
+        vt.push_back(seconds_between(v0, Clock::now()));
+        ratio.push_back(kt.back() / vt.back());
+      }
       int const runs = static_cast<int>(kt.size());
       if (runs >= s_.max_runs) break;
       if (runs >= s_.min_runs &&
@@ -712,11 +737,20 @@ class Runner {
     r.gemm_seconds = median(gt);
     r.runs = static_cast<int>(kt.size());
     r.launches = launches;
+    if (versus) {
+      r.baseline_op = versus_op;
+      r.baseline_seconds = median(vt);
+      r.overhead = median(ratio) - 1.0;
+    }
     double const gf = r.flops / r.seconds * 1e-9;
     double const ggf = r.gemm_flops / r.gemm_seconds * 1e-9;
     std::printf("%-44s %8.2f GF/s  gemm %8.2f GF/s  ratio %5.2f  %10.4f ms  "
-                "(%d runs)\n",
+                "(%d runs)",
                 name.c_str(), gf, ggf, gf / ggf, r.seconds * 1e3, r.runs);
+    if (versus)
+      std::printf("  overhead %+.1f%% over %s (%.4f ms)", 100.0 * r.overhead,
+                  versus_op.c_str(), r.baseline_seconds * 1e3);
+    std::printf("\n");
     std::fflush(stdout);
     results_.push_back(r);
   }
@@ -746,7 +780,8 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
   // Build nothing when the filter skips every op of this scenario.
   std::string const prefix = scenario + "/" + dtype + "/";
   char const* ops[] = {"compress", "ring_close", "seed_tail", "step3",
-                       "step_fused", "step_fused_cache_fp8"};
+                       "step_fused", "step_fused_cache_fp8",
+                       "step_fused_cache_serving", "store_pools_fp8"};
   bool any = false;
   for (char const* op : ops) any = any || run.selected(prefix + op);
   if (!any) return;
@@ -797,19 +832,26 @@ void run_step_cache(Runner& run, std::string const& scenario,
                     RaggedDesc const& d, RaggedData<T>& data) {
   std::string const dtype = KPool::storage_name<T>();
   if (!run.selected(scenario + "/" + dtype + "/step_fused_cache_fp8") &&
+      !run.selected(scenario + "/" + dtype + "/step_fused_cache_serving") &&
       !run.selected(scenario + "/" + dtype + "/store_pools_fp8"))
     return;
   Space const space = run.space();
   auto const pools = ragged_pools(d);
   CacheData cd(space, pools);
+  CacheData serving(space, pools, /*serving=*/true);
   int const B = d.batch();
+  auto const step_into = [&](KPool::Options const& o, CacheData const& c) {
+    KPool::Options p = o;
+    p.fused = true;
+    KPool::step(space, data.ring, data.key, data.gate, data.ape, data.row_offsets,
+                data.cache_lengths, data.slot_idx, B, data.out, c.cache,
+                c.block_table, p);
+  };
   auto const step = [&](KPool::Options const& o, bool cached) {
     KPool::Options p = o;
     p.fused = true;
     if (cached)
-      KPool::step(space, data.ring, data.key, data.gate, data.ape,
-                  data.row_offsets, data.cache_lengths, data.slot_idx, B,
-                  data.out, cd.cache, cd.block_table, p);
+      step_into(o, cd);
     else
       KPool::step(space, data.ring, data.key, data.gate, data.ape,
                   data.row_offsets, data.cache_lengths, data.slot_idx, B,
@@ -820,6 +862,15 @@ void run_step_cache(Runner& run, std::string const& scenario,
       step_bytes(d, sizeof(T)) + cache_bytes(pools), 2, d.ring,
       [&](KPool::Options const& o) { step(o, true); }, "step_fused",
       [&](KPool::Options const& o) { step(o, false); });
+  // step_fused_cache_serving: the same step writing the serving profile's
+  // rotated cache (bf16-rounded, UE8M0 scales), timed beside
+  // step_fused_cache_fp8: its overhead + 1 is the serving profile's cost
+  // relative to the amax one.
+  run.measure(
+      scenario, dtype, "step_fused_cache_serving", d.tokens(), B,
+      step_bytes(d, sizeof(T)) + cache_bytes(pools), 2, d.ring,
+      [&](KPool::Options const& o) { step_into(o, serving); }, "step_fused_cache_fp8",
+      [&](KPool::Options const& o) { step(o, true); });
   // store_pools_fp8: the same cache written by its own pass from the step's
   // output rows (read from memory), beside the step without a cache: its
   // overhead + 1 is what the write costs on its own, as a share of the
@@ -846,6 +897,7 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
   if (!run.selected(prefix + "tail_update") &&
       !run.selected(prefix + "decode_step") &&
       !run.selected(prefix + "decode_step_cache_fp8") &&
+      !run.selected(prefix + "decode_step_cache_serving") &&
       !run.selected(prefix + "step_fused"))
     return;
 
@@ -867,22 +919,32 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
               });
   // decode_step_cache_fp8: the same call writing an fp8 amax rotated
   // cache, timed beside it.
-  if (run.selected(prefix + "decode_step_cache_fp8")) {
+  if (run.selected(prefix + "decode_step_cache_fp8") ||
+      run.selected(prefix + "decode_step_cache_serving")) {
     auto const pools = decode_pools(d);
     CacheData cd(space, pools);
+    CacheData serving(space, pools, /*serving=*/true);
+    auto const decode_into = [&](KPool::Options const& o, CacheData const& c) {
+      KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
+                         data.positions, data.slot_idx, B, data.out, c.cache,
+                         c.block_table, o);
+    };
     run.measure(
         scenario, dtype, "decode_step_cache_fp8", tokens, B,
         decode_step_bytes(d, S) + cache_bytes(pools), 2, d.ring,
-        [&](KPool::Options const& o) {
-          KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
-                             data.positions, data.slot_idx, B, data.out,
-                             cd.cache, cd.block_table, o);
-        },
+        [&](KPool::Options const& o) { decode_into(o, cd); },
         "decode_step",
         [&](KPool::Options const& o) {
           KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
                              data.positions, data.slot_idx, B, data.out, o);
         });
+    // decode_step_cache_serving: the serving profile's cache, timed beside
+    // decode_step_cache_fp8 (its overhead + 1 is the ratio to it).
+    run.measure(
+        scenario, dtype, "decode_step_cache_serving", tokens, B,
+        decode_step_bytes(d, S) + cache_bytes(pools), 2, d.ring,
+        [&](KPool::Options const& o) { decode_into(o, serving); },
+        "decode_step_cache_fp8", [&](KPool::Options const& o) { decode_into(o, cd); });
   }
   // The same tokens through the general (fused) step, for comparison.
   if (run.selected(prefix + "step_fused")) {
@@ -1064,6 +1126,8 @@ struct SelectData {
   View3<KPool::bfloat16> q;
   View2<float> weights;
   Cache cache;
+  // The same bytes as a serving-profile cache (pow2 scales).
+  Cache serving_cache;
   View2<std::int32_t> pool_ids;
   KPool::SelectWorkspace<KPool::bfloat16, Mem> workspace;
   // The same-run GEMM: f32 [T * H, D] x [D, P]^T.
@@ -1098,6 +1162,10 @@ struct SelectData {
                   true);
     fill(space, cache.values().data(), cache.values().size(), 0x3131u);
     Kokkos::deep_copy(space, cache.scales(), 0.01f);
+    serving_cache = Cache(space, std::max(total, 1), d.block_pools, kD,
+                          KPool::CacheScale::pow2, true, KPool::CacheProfile::serving);
+    Kokkos::deep_copy(space, serving_cache.values(), cache.values());
+    Kokkos::deep_copy(space, serving_cache.scales(), 0.0078125f);
     q = View3<KPool::bfloat16>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
                                                   "kpool_perf::q"),
                                T, d.heads, kD);
@@ -1136,7 +1204,7 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
     engines.push_back({"select_register_tiles", KPool::ScoreEngine::register_tiles});
     engines.push_back({"select_blas", KPool::ScoreEngine::blas});
   }
-  bool any = false;
+  bool any = run.selected(prefix + "select_serving");
   for (auto const& e : engines) any = any || run.selected(prefix + e.first);
   if (!any) return;
   SelectData data(run.space(), d, rng);
@@ -1159,6 +1227,20 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
         data.gemm_flops(),
         [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); });
   }
+  // select_serving: the default engine over the serving-profile cache (the
+  // queries quantized in the same launches), timed beside "select" over
+  // the exact profile's: its overhead + 1 is the serving profile's cost.
+  auto const select_over = [&](KPool::Options const& o, SelectData::Cache const& cache) {
+    KPool::score_select(space, data.row_offsets, data.cache_lengths, data.block_table,
+                        d.batch(), kK, data.q, data.weights, cache, d.topk,
+                        data.pool_ids, data.workspace, o);
+  };
+  run.measure_flops(
+      scenario, "bf16", "select_serving", d.tokens(), d.batch(), flops, 2,
+      [&](KPool::Options const& o) { select_over(o, data.serving_cache); },
+      data.gemm_flops(),
+      [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); },
+      "select", [&](KPool::Options const& o) { select_over(o, data.cache); });
 }
 
 void run_selects(Runner& run, Settings const& s) {

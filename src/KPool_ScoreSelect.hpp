@@ -93,6 +93,7 @@ class SelectWorkspace {
                           chunks_.pools * head_dim);
       blas_products_ = buffer(space, "KPool::SelectWorkspace::blas_products",
                               rows * chunks_.pools);
+      blas_weights_ = buffer(space, "KPool::SelectWorkspace::blas_weights", rows);
     }
   }
 
@@ -118,6 +119,9 @@ class SelectWorkspace {
   score_type* blas_keys() const { return blas_keys_.data(); }
   /// @return the BLAS engine's products (host memory spaces).
   score_type* blas_products() const { return blas_products_.data(); }
+  /// @return the BLAS engine's per query head row weights (host memory
+  /// spaces).
+  score_type* blas_weights() const { return blas_weights_.data(); }
 
  private:
   template <class ExecutionSpace>
@@ -136,6 +140,7 @@ class SelectWorkspace {
   Kokkos::View<score_type*, MemorySpace> blas_queries_;
   Kokkos::View<score_type*, MemorySpace> blas_keys_;
   Kokkos::View<score_type*, MemorySpace> blas_products_;
+  Kokkos::View<score_type*, MemorySpace> blas_weights_;
 };
 
 /// Scoring and top-k selection over the pool cache (docs/indexer.md, "Scoring"

@@ -90,6 +90,7 @@ struct CacheKind {
   bool fp8;       // C = E4M3FN (else C = T, native)
   Scale scale;    // none for native
   bool rotate;
+  bool serving = false;  // the serving profile (fp8, pow2)
 };
 
 // One cache entry: the D values' bytes as C stores them, and the scale.
@@ -144,6 +145,45 @@ inline float scale_of(std::vector<float> const& v, Scale mode) {
   return mode == Scale::pow2 ? pow2_at_least(q) : q;
 }
 
+// ---------------------------------------------------------------------------
+// The serving profile (docs/indexer.md, "The serving profile")
+// ---------------------------------------------------------------------------
+
+// The f32 nearest 1/448, through double: 1/448 = (1/7) 2^-6 has a
+// periodic binary expansion (001 repeating), so neither rounding lands on
+// a tie and the double rounding is the single correct one.
+inline float serving_inv448() { return static_cast<float>(1.0 / 448.0); }
+
+// ceil_to_ue8m0 as the page words it: the smallest power of two at least
+// q (q itself when it is one), its exponent kept within the f32 normal
+// range [2^-126, 2^127].
+inline float ue8m0_ceil(float q) {
+  if (!(q > 0.0f)) return std::ldexp(1.0f, -126);
+  int e = 0;
+  float const fr = std::frexp(q, &e);  // q = fr * 2^e, fr in [0.5, 1)
+  int const k = fr == 0.5f ? e - 1 : e;
+  return std::ldexp(1.0f, std::min(127, std::max(-126, k)));
+}
+
+// bf16 round trip, nearest even (KPoolReference.hpp's encoder).
+inline float bf16_round(float f) { return KPoolRef::bf16_value(KPoolRef::bf16_bits(f)); }
+
+// One serving row: the D values R(x) (rotated when the cache is, in f32)
+// rounded to bf16, the amax of the finite ones floored at 1e-4, the scale
+// ue8m0_ceil(amax * f32(1/448)), and each value's E4M3 code of value / s
+// (NaN as 0x7F). Used for cache entries and for queries alike.
+inline Entry serving_quantize(std::vector<float> v) {
+  for (float& f : v) f = bf16_round(f);
+  float amax = 0.0f;
+  for (float f : v)
+    if (std::isfinite(f)) amax = std::max(amax, std::fabs(f));
+  amax = std::max(amax, 1e-4f);
+  Entry e;
+  e.scale = ue8m0_ceil(amax * serving_inv448());
+  for (float f : v) e.bytes.push_back(std::isnan(f) ? 0x7F : e4m3_bits(f / e.scale));
+  return e;
+}
+
 template <class U>
 void append(std::vector<std::uint8_t>& out, U const& u) {
   std::uint8_t b[sizeof(U)];
@@ -165,6 +205,11 @@ inline Entry quantize(CacheKind const& k, std::vector<double> const& x) {
   std::vector<float> v(x.size());
   for (std::size_t c = 0; c < x.size(); ++c) v[c] = static_cast<float>(x[c]);  // exact
   if (k.rotate) rotate(v);
+  if (k.serving) {
+    KPoolRef::require(k.fp8 && k.scale == Scale::pow2,
+                      "the serving profile is fp8 with pow2 scales");
+    return serving_quantize(v);
+  }
   if (k.fp8) {
     e.scale = scale_of(v, k.scale);
     for (float f : v) e.bytes.push_back(std::isnan(f) ? 0x7F : e4m3_bits(f / e.scale));

@@ -17,9 +17,25 @@ namespace KPoolCacheTest {
 
 using namespace KPoolTest;
 
+// A fused cache's values or scales (the engines' layout, docs/indexer.md),
+// gathered into the split layout's order: per block, the block_pools * D
+// value bytes first, then block_pools f32 scales.
+template <class C, class M>
+std::vector<std::uint8_t> fused_part(KPool::PoolCache<C, M> const& cache, bool scales) {
+  auto const h = on_host(cache.bytes());
+  std::size_t const nb = h.extent(0);
+  std::size_t const values = static_cast<std::size_t>(cache.block_pools()) * cache.head_dim();
+  std::size_t const part = scales ? 4 * static_cast<std::size_t>(cache.block_pools()) : values;
+  std::vector<std::uint8_t> b(nb * part);
+  for (std::size_t blk = 0; blk < nb; ++blk)
+    std::memcpy(b.data() + blk * part, &h(blk, scales ? values : 0), part);
+  return b;
+}
+
 // Host view of a whole cache, as bytes.
 template <class C, class M>
 std::vector<std::uint8_t> value_bytes(KPool::PoolCache<C, M> const& cache) {
+  if (cache.layout() == KPool::CacheLayout::fused) return fused_part(cache, false);
   auto const h = on_host(cache.values());
   std::vector<std::uint8_t> b(h.size() * sizeof(C));
   std::memcpy(b.data(), h.data(), b.size());
@@ -28,6 +44,7 @@ std::vector<std::uint8_t> value_bytes(KPool::PoolCache<C, M> const& cache) {
 
 template <class C, class M>
 std::vector<std::uint8_t> scale_bytes(KPool::PoolCache<C, M> const& cache) {
+  if (cache.layout() == KPool::CacheLayout::fused) return fused_part(cache, true);
   auto const h = on_host(cache.scales());
   std::vector<std::uint8_t> b(h.size() * sizeof(float));
   std::memcpy(b.data(), h.data(), b.size());

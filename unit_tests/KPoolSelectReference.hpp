@@ -11,8 +11,14 @@
 //  * check_selection() applies docs/indexer.md's tolerance rule to a row the
 //    library selected; select_exact() is the ranking itself (for planted
 //    exact ties, where any conforming selection must take the lower ids).
+//  * The serving profile ("The serving profile"): cache entries and query
+//    rows quantized by KPoolCacheReference.hpp's serving_quantize (its f32
+//    rotation, bf16 rounding, floored amax, UE8M0 scale); a query row then
+//    scores with its E4M3 codes as values and its weight times its scale,
+//    and S is taken over those quantized operands.
 #pragma once
 
+#include <KPoolCacheReference.hpp>
 #include <KPoolReference.hpp>
 
 #include <algorithm>
@@ -92,6 +98,7 @@ struct Cache {
   int num_blocks = 0, block_pools = 0, D = 0;
   bool fp8 = false;
   bool rotated = false;
+  bool serving = false;            // the serving profile (fp8 only)
   std::vector<double> value;       // [num_blocks][block_pools][D] as numbers
   std::vector<std::uint8_t> code;  // fp8 codes, same shape (fp8 only)
   std::vector<double> scale;       // [num_blocks][block_pools]
@@ -114,6 +121,15 @@ struct Cache {
   // Native caches round R(x) into t (scale 1); fp8 caches scale by
   // amax / 448 (f32), or its next power of two (pow2).
   void store(int block, int e, std::vector<double> x, DType t, bool pow2 = false) {
+    if (serving) {
+      // x as stored (exact in f32): the serving profile's own arithmetic.
+      KPoolCacheRef::CacheKind const kind{DType::f32, true, KPoolCacheRef::Scale::pow2,
+                                          rotated, true};
+      KPoolCacheRef::Entry const q = KPoolCacheRef::quantize(kind, x);
+      scale[entry(block, e)] = q.scale;
+      for (int c = 0; c < D; ++c) set_code(block, e, c, q.bytes[c]);
+      return;
+    }
     if (rotated) wht(x);
     std::size_t const base = entry(block, e) * D;
     if (!fp8) {
@@ -162,9 +178,22 @@ struct Query {
   std::vector<double> rq;  // R(q[h]) [H][D]
   std::vector<double> w;   // [H]
 
+  // serving: each q[h] (exact in f32) quantized as a serving row; rq holds
+  // its E4M3 codes as values and w[h] the weight times the row's scale.
   Query(std::vector<double> const& q, std::vector<double> const& weights, int heads,
-        int d, bool rotated)
+        int d, bool rotated, bool serving = false)
       : H(heads), D(d), rq(q), w(weights) {
+    if (serving) {
+      for (int h = 0; h < H; ++h) {
+        std::vector<float> v(D);
+        for (int c = 0; c < D; ++c) v[c] = static_cast<float>(q[h * D + c]);
+        if (rotated) KPoolCacheRef::rotate(v);
+        KPoolCacheRef::Entry const e = KPoolCacheRef::serving_quantize(v);
+        for (int c = 0; c < D; ++c) rq[h * D + c] = fp8_decode(e.bytes[c]);
+        w[h] = weights[h] * e.scale;
+      }
+      return;
+    }
     if (!rotated) return;
     for (int h = 0; h < H; ++h) {
       std::vector<double> v(q.begin() + h * D, q.begin() + (h + 1) * D);

@@ -137,6 +137,31 @@ kpool_trace_replay(trace_select_fp8_rot_bf16_k4_d16_blas check
   --index-topk 3 --pool-cache fp8 --rotate 1 --sequences 16 --calls 60
   REPLAY_ARGS --engine blas)
 
+# (a5) the serving profile (pool_cache fp8_serving, docs/indexer.md): cache
+# lines bit for bit the reference's serving entries (bf16-rounded R(x),
+# floored amax, UE8M0 scales), select lines by the tolerance rule with the
+# queries quantized the same way; rotated and not, with rewinds, f32 (whose
+# bf16 rounding is not a no-op) and f16, every engine, and the cache in the
+# engines' fused byte layout (--cache-layout fused).
+kpool_trace_replay(trace_serving_rot_bf16_k4_d128_h32_s3 check
+  --dtype bf16 --seed 71 --kpool 4 --head-dim 128 --drafts 3 --index-heads 32
+  --index-topk 4 --pool-cache fp8_serving --rotate 1 --sequences 10 --calls 40)
+kpool_trace_replay(trace_serving_f32_k3_d7 check
+  --dtype f32 --seed 72 --kpool 3 --head-dim 7 --version 2 --index-heads 3
+  --index-topk 5 --pool-cache fp8_serving --sequences 30 --calls 100)
+kpool_trace_replay(trace_serving_fused_f16_k4_d16_s3 check
+  --dtype f16 --seed 73 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
+  --index-topk 3 --pool-cache fp8_serving --rotate 1 --sequences 16 --calls 60
+  REPLAY_ARGS --cache-layout fused)
+kpool_trace_replay(trace_serving_rot_f32_k4_d16_team_gemm check
+  --dtype f32 --seed 74 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
+  --index-topk 3 --pool-cache fp8_serving --rotate 1 --sequences 16 --calls 60
+  REPLAY_ARGS --engine team_gemm)
+kpool_trace_replay(trace_serving_bf16_k2_d32_blas check
+  --dtype bf16 --seed 75 --kpool 2 --head-dim 32 --drafts 1 --index-heads 4
+  --index-topk 6 --pool-cache fp8_serving --sequences 16 --calls 60
+  REPLAY_ARGS --engine blas)
+
 # Hand-written traces in trace/good/ (edge cases the generator may miss).
 file(GLOB _kpool_good_traces CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/trace/good/*.trace)
@@ -175,6 +200,9 @@ kpool_trace_replay(trace_fused_unfused_identical_spec_bf16_k4_d128_s3 identical
 kpool_trace_replay(trace_fused_unfused_identical_select_fp8_rot_bf16_k4_d16 identical
   --dtype bf16 --seed 68 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
   --index-topk 3 --pool-cache fp8 --rotate 1 --sequences 12 --calls 40)
+kpool_trace_replay(trace_fused_unfused_identical_serving_rot_bf16_k4_d16 identical
+  --dtype bf16 --seed 76 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
+  --index-topk 3 --pool-cache fp8_serving --rotate 1 --sequences 12 --calls 40)
 kpool_trace_replay(trace_fused_unfused_identical_cache_fp8_rot_bf16_k4_d128 identical
   --dtype bf16 --seed 26 --kpool 4 --head-dim 128 --drafts 3 --pool-cache fp8
   --rotate 1 --sequences 12 --calls 40)
@@ -193,6 +221,9 @@ kpool_trace_replay(trace_check_detects_tampering_v2 tamper
 kpool_trace_replay(trace_check_detects_tampering_select tamper
   --dtype bf16 --seed 28 --kpool 2 --head-dim 8 --drafts 1 --index-heads 4
   --index-topk 2 --pool-cache fp8 --calls 30)
+kpool_trace_replay(trace_check_detects_tampering_serving tamper
+  --dtype f32 --seed 77 --kpool 2 --head-dim 8 --drafts 1 --index-heads 4
+  --index-topk 2 --pool-cache fp8_serving --rotate 1 --calls 30)
 kpool_trace_replay(trace_check_detects_tampering_cache tamper
   --dtype bf16 --seed 27 --kpool 4 --head-dim 8 --drafts 3 --pool-cache fp8
   --rotate 1 --calls 30)

@@ -8,7 +8,7 @@
 // values last sent for each position (streaming invariance and rewinds,
 // docs/ring.md). Version 2 also: 'emitted E' counts one emission each time
 // a pool's last member was sent, 'selects M' ends the output, and with an
-// fp8 pool cache ('pool_cache fp8 | fp8_pow2') one 'cache' line follows
+// fp8 pool cache ('pool_cache fp8 | fp8_pow2 | fp8_serving') one 'cache' line follows
 // 'emitted E' per printed pool, in the same order, holding exactly the
 // independent cache reference's Q(R(x)) (KPoolCacheReference.hpp, bit for
 // bit: scale and every E4M3 value) of the pool as printed. The printed pool
@@ -298,7 +298,7 @@ KPoolCacheRef::CacheKind cache_kind(KPoolTrace::Trace const& t, KPoolRef::DType 
       !fp8 ? KPoolCacheRef::Scale::none
            : t.pool_cache == KPoolTrace::PoolCache::fp8 ? KPoolCacheRef::Scale::amax
                                                         : KPoolCacheRef::Scale::pow2,
-      t.rotate};
+      t.rotate, t.pool_cache == KPoolTrace::PoolCache::fp8_serving};
 }
 
 // The cached key of a pool of value x (as stored in T): Q(R(x)),
@@ -422,7 +422,7 @@ SelectSummary check_selects(KPoolTrace::Trace const& trace, KPoolRef::DType dt,
         q[static_cast<std::size_t>(h) * D + c] = KPoolRef::round_to(
             dt, KPoolTrace::query_value(trace.seed, e.seq, e.pos, h, c, D, e.revision));
     }
-    KPoolSelectRef::Query const query(q, w, H, D, trace.rotate);
+    KPoolSelectRef::Query const query(q, w, H, D, trace.rotate, kind.serving);
     SeenPools const& sp = seen[e.seen];
     KPoolSelectRef::RowScores scores;
     scores.score.resize(static_cast<std::size_t>(visible));
@@ -656,11 +656,7 @@ int main(int argc, char* argv[]) {
     if (tail.cache.size() != printed.size())
       mismatch(std::to_string(tail.cache.size()) + " cache lines for " +
                std::to_string(printed.size()) + " pools");
-    KPoolCacheRef::CacheKind const kind{
-        dt, true,
-        trace.pool_cache == KPoolTrace::PoolCache::fp8 ? KPoolCacheRef::Scale::amax
-                                                       : KPoolCacheRef::Scale::pow2,
-        trace.rotate};
+    KPoolCacheRef::CacheKind const kind = cache_kind(trace, dt);
     auto same = [](float a, float b) {
       return (std::isnan(a) && std::isnan(b)) ||
              std::memcmp(&a, &b, sizeof(float)) == 0;

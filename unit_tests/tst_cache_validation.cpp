@@ -137,6 +137,58 @@ TEST(CacheValidation, RotationNeedsAPowerOfTwoHeadDim) {
   EXPECT_TRUE(ok.rotated());
 }
 
+// The serving profile (docs/indexer.md, "The serving profile") is fp8 with
+// pow2 scales only.
+TEST(CacheValidation, ServingProfileNeedsAnFp8Cache) {
+  EXPECT_TRUE(throws(
+      [] {
+        KPool::PoolCache<T, M> c(E(), 2, 2, D, KPool::CacheScale::none, false,
+                                 KPool::CacheProfile::serving);
+      },
+      "KPool::PoolCache", "profile", -1, "serving"));
+}
+
+TEST(CacheValidation, ServingProfileNeedsPow2Scales) {
+  EXPECT_TRUE(throws(
+      [] {
+        KPool::PoolCache<F8, M> c(E(), 2, 2, D, KPool::CacheScale::amax, true,
+                                  KPool::CacheProfile::serving);
+      },
+      "KPool::PoolCache", "scale", -1, "amax"));
+  KPool::PoolCache<F8, M> ok(E(), 2, 2, D, KPool::CacheScale::pow2, true,
+                             KPool::CacheProfile::serving);
+  EXPECT_EQ(ok.profile(), KPool::CacheProfile::serving);
+  EXPECT_EQ(ok.layout(), KPool::CacheLayout::split);
+}
+
+// The fused layout (docs/indexer.md, "The engines' byte layout"): a block
+// holds block_pools * (D + 4) bytes, its f32 scales are aligned, and its
+// entries are fp8.
+TEST(CacheValidation, FusedLayoutNeedsWholeAlignedBlocks) {
+  using Bytes = KPool::PoolCache<F8, M>::bytes_type;
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 4 * (D + 4) - 1), 4, D); },
+                     "KPool::PoolCache", "bytes", -1, std::to_string(4 * (D + 4) - 1)));
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 3 * (7 + 4)), 3, 7); },
+                     "KPool::PoolCache", "head_dim", -1, "7"));
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 0, 4 * (D + 4)), 4, D); },
+                     "KPool::PoolCache", "num_blocks", -1, "0"));
+  EXPECT_TRUE(throws([] { KPool::PoolCache<T, M> c(Bytes("b", 2, 4 * (D + 4)), 4, D); },
+                     "KPool::PoolCache", "bytes", -1, "bf16"));
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 4 * (48 + 4)), 4, 48, true); },
+                     "KPool::PoolCache", "head_dim", -1, "48"));
+  // A buffer one byte into an allocation: its scales would be misaligned.
+  Kokkos::View<std::uint8_t*, M> raw("raw", 2 * 4 * (D + 4) + 4);
+  Bytes const shifted(raw.data() + 1, 2, 4 * (D + 4));
+  EXPECT_TRUE(throws([&] { KPool::PoolCache<F8, M> c(shifted, 4, D); }, "KPool::PoolCache",
+                     "bytes", -1, "data()"));
+  KPool::PoolCache<F8, M> ok(Bytes("b", 2, 4 * (D + 4)), 4, D, true);
+  EXPECT_EQ(ok.profile(), KPool::CacheProfile::serving);
+  EXPECT_EQ(ok.scale(), KPool::CacheScale::pow2);
+  EXPECT_EQ(ok.layout(), KPool::CacheLayout::fused);
+  EXPECT_EQ(ok.num_blocks(), 2);
+  EXPECT_TRUE(ok.is_allocated());
+}
+
 // --- KPool::store_pools ------------------------------------------------------
 
 TEST(CacheValidation, StoreCacheHeadDimMustBeThePools) {
@@ -157,6 +209,37 @@ TEST(CacheValidation, StoreFp8CacheNeedsPoolsThatAreNotF64) {
   EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), cache, validated()); },
                      "KPool::store_pools", "cache", -1, "fp8_e4m3"));
   EXPECT_TRUE(before.unchanged(cache));
+}
+
+TEST(CacheValidation, StoreServingCacheNeedsPoolsThatAreNotF64) {
+  Rng rng(2);
+  KPool::PoolCache<F8, M> cache(E(), kBlocks, kBlockPools, D, KPool::CacheScale::pow2, true,
+                                KPool::CacheProfile::serving);
+  Snapshot<F8> const before(cache);
+  auto const out = two_row_output<double>(rng);
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), cache, validated()); },
+                     "KPool::store_pools", "cache", -1, "fp8_e4m3"));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
+// A fused cache (the engines' layout) is left byte for byte as it was too.
+TEST(CacheValidation, StoreFusedBlocksMustBeAssigned) {
+  Rng rng(4);
+  KPool::PoolCache<F8, M>::bytes_type bytes("fused", kBlocks, kBlockPools * (D + 4));
+  auto h = Kokkos::create_mirror_view(bytes);
+  for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = rng.next() & 0xFF;
+  Kokkos::deep_copy(bytes, h);
+  KPool::PoolCache<F8, M> cache(bytes, kBlockPools, D);
+  Snapshot<F8> const before(cache);
+  auto const out = two_row_output<T>(rng);
+  EXPECT_TRUE(throws(
+      [&] {
+        KPool::store_pools(E(), out, 2, table_of({{0, 1, 2}, {3, -1, 5}}), cache, validated());
+      },
+      "KPool::store_pools", "block_table", 1, "-1"));
+  EXPECT_TRUE(before.unchanged(cache));
+  KPool::store_pools(E(), out, 2, good_table(), cache, validated());
+  EXPECT_FALSE(before.unchanged(cache));
 }
 
 TEST(CacheValidation, StoreCacheMustHaveStorage) {

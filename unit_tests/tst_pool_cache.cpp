@@ -34,6 +34,8 @@ struct Kind {
   bool fp8;
   KPool::CacheScale scale;
   bool rotate;
+  bool serving = false;  // the serving profile (fp8, pow2)
+  bool fused = false;    // in the engines' fused byte layout (serving only)
 };
 
 std::vector<Kind> kinds(DType t, int D) {
@@ -45,17 +47,35 @@ std::vector<Kind> kinds(DType t, int D) {
     if (t == DType::f64) continue;
     v.push_back({true, KPool::CacheScale::amax, rotate});
     v.push_back({true, KPool::CacheScale::pow2, rotate});
+    v.push_back({true, KPool::CacheScale::pow2, rotate, true});
+    if (D % 4 == 0) v.push_back({true, KPool::CacheScale::pow2, rotate, true, true});
   }
   return v;
 }
 
 std::string name(Kind const& k) {
   return std::string(k.fp8 ? "fp8 " : "native ") + KPool::cache_scale_name(k.scale) +
-         (k.rotate ? " rotated" : "");
+         (k.rotate ? " rotated" : "") + (k.serving ? " serving" : "") +
+         (k.fused ? " fused" : "");
 }
 
 CacheKind ref_kind(DType t, Kind const& k) {
-  return CacheKind{t, k.fp8, ref_scale(k.scale), k.rotate};
+  return CacheKind{t, k.fp8, ref_scale(k.scale), k.rotate, k.serving};
+}
+
+// An fp8 cache of kind k: split (allocated by the cache) or fused (over a
+// zeroed byte buffer of its own).
+template <class E, class M>
+KPool::PoolCache<KPool::float8_e4m3, M> fp8_cache(Kind const& k, int num_blocks,
+                                                 int block_pools, int D) {
+  if (k.fused) {
+    typename KPool::PoolCache<KPool::float8_e4m3, M>::bytes_type bytes(
+        "fused", num_blocks, static_cast<std::size_t>(block_pools) * (D + 4));
+    return KPool::PoolCache<KPool::float8_e4m3, M>(bytes, block_pools, D, k.rotate);
+  }
+  return KPool::PoolCache<KPool::float8_e4m3, M>(
+      E(), num_blocks, block_pools, D, k.scale, k.rotate,
+      k.serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
 }
 
 // A pooled row of D values, representable in t, of one of several shapes:
@@ -79,6 +99,14 @@ std::vector<double> pool_values(Rng& rng, DType t, int D, int shape) {
       case 4: x = rng.uniform(-tiny, tiny); break;
       case 5: x = (c % 2 ? -1.0 : 1.0) * 1e-44 * (1 + rng.below(4)); break;
       case 6: x = rng.uniform(-1, 1) * std::ldexp(1.0, rng.below(40) - 20); break;
+      case 7:
+        // Next to the type's largest finite values: in f32 some round to
+        // a bf16 infinity (the serving profile then saturates them).
+        if (c % 4 == 1)
+          x = (c % 8 == 1 ? 1 : -1) *
+              (t == DType::f16 ? 65504.0 : t == DType::f64 ? 1.7e308
+                                                           : 3.4e38 - rng.uniform(0, 1e36));
+        break;
       default: break;
     }
     v[c] = KPoolRef::round_to(t, x);
@@ -159,7 +187,7 @@ TYPED_TEST(PoolCacheTest, StorePoolsWritesTheReferenceBytes) {
       for (int j = 0; j < 7; ++j) {
         batch_row.push_back(r);
         pool_id.push_back(ids[j]);
-        pools.push_back(pool_values(rng, t, D, static_cast<int>(pools.size()) % 7));
+        pools.push_back(pool_values(rng, t, D, static_cast<int>(pools.size()) % 8));
       }
     }
     KPool::StepOutput<T, M> out(E(), pools.size() + 9, 6, D);
@@ -187,8 +215,7 @@ TYPED_TEST(PoolCacheTest, StorePoolsWritesTheReferenceBytes) {
         };
         if (k.fp8) {
           if constexpr (!std::is_same<T, double>::value)
-            run(KPool::PoolCache<KPool::float8_e4m3, M>(E(), b.num_blocks, b.block_pools, D,
-                                                        k.scale, k.rotate));
+            run(fp8_cache<E, M>(k, b.num_blocks, b.block_pools, D));
         } else {
           run(KPool::PoolCache<T, M>(E(), b.num_blocks, b.block_pools, D, k.scale, k.rotate));
         }
@@ -444,3 +471,93 @@ TYPED_TEST(PoolCacheTest, StreamedCachesEqualOneShotCaches) {
 }
 
 }  // namespace
+
+namespace {
+
+// The UE8M0 rounding (docs/indexer.md, "The serving profile") against the
+// reference's own reading of it: exact at every f32 power of two, the next
+// power up one ulp above, the same one ulp below; 0, subnormals and the
+// largest values clamped into [2^-126, 2^127].
+TEST(ServingScale, Ue8m0IsExactAtPowersOfTwoAndOneUlpEitherSide) {
+  for (int k = -149; k <= 127; ++k) {
+    float const p = std::ldexp(1.0f, k);
+    float const below = std::nextafter(p, 0.0f);
+    float const above = std::nextafter(p, std::numeric_limits<float>::infinity());
+    for (float x : {p, below, above}) {
+      SCOPED_TRACE(x);
+      float const got = KPool::Details::ceil_ue8m0(x);
+      float const want = KPoolCacheRef::ue8m0_ceil(x);
+      ASSERT_EQ(got, want);
+    }
+    if (k >= -126 && k < 127) {
+      ASSERT_EQ(KPool::Details::ceil_ue8m0(p), p);
+      ASSERT_EQ(KPool::Details::ceil_ue8m0(above), 2 * p);
+      ASSERT_EQ(KPool::Details::ceil_ue8m0(below), p);
+    }
+  }
+  EXPECT_EQ(KPool::Details::ceil_ue8m0(0.0f), std::ldexp(1.0f, -126));
+  EXPECT_EQ(KPool::Details::ceil_ue8m0(std::numeric_limits<float>::max()),
+            std::ldexp(1.0f, 127));
+  // The scale of an amax: f32(1/448) times it, then the rounding; the
+  // floor for an all-zero row.
+  EXPECT_EQ(KPool::Details::serving_scale(0u), std::ldexp(1.0f, -22));
+  for (float amax : {1.0f, 448.0f, 3.5f, 1e-4f, 2e-4f, 57344.0f}) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &amax, 4);
+    EXPECT_EQ(KPool::Details::serving_scale(bits),
+              KPoolCacheRef::ue8m0_ceil(std::max(amax, 1e-4f) * KPoolCacheRef::serving_inv448()))
+        << amax;
+  }
+}
+
+}  // namespace
+
+// Serving entries whose amax makes amax * f32(1/448) exactly a power of two
+// (amax = 448 * 2^k: the scale is 2^k and that value's code is 448), and
+// the bf16 neighbours of such an amax on either side (scales 2^(k+1) and
+// 2^k), all-zero rows (the 1e-4 floor) and rows below it, through
+// store_pools on both host paths (D = 128, the vector path, and D = 16):
+// bytes and scales equal to the reference's.
+TYPED_TEST(PoolCacheTest, ServingScalesAtPowersOfTwo) {
+  using T = typename TypeParam::value_type;
+  using E = typename TypeParam::execution_space;
+  using M = typename TypeParam::memory_space;
+  constexpr DType t = TypeParam::dtype;
+  if constexpr (t != DType::f64) {
+    Rng rng(991);
+    int const lo = t == DType::f16 ? -12 : -30, hi = t == DType::f16 ? 6 : 30;
+    for (int D : {128, 16}) {
+      SCOPED_TRACE("D=" + std::to_string(D));
+      std::vector<std::vector<double>> pools;
+      for (int k = lo; k <= hi; k += 3)
+        for (int step : {0, 1, -1}) {
+          // 448 * 2^k and its bf16 neighbours (spacing 2^(k + 1) there).
+          std::vector<double> v(D);
+          double const amax = std::ldexp(448.0 + 2.0 * step, k);
+          for (int c = 0; c < D; ++c)
+            v[c] = KPoolRef::round_to(t, rng.uniform(-1, 1) * amax * 0.9);
+          v[rng.below(D)] = (rng.below(2) ? 1 : -1) * amax;
+          pools.push_back(v);
+        }
+      pools.push_back(std::vector<double>(D, 0.0));
+      std::vector<double> tiny(D);
+      for (double& x : tiny) x = KPoolRef::round_to(t, rng.uniform(-5e-5, 5e-5));
+      pools.push_back(tiny);
+      int const n = static_cast<int>(pools.size());
+      Blocks const b = make_blocks(rng, 1, (n + 3) / 4, 4);
+      auto const table = table_view<M>(b);
+      std::vector<int> rows(n, 0), ids(n);
+      std::iota(ids.begin(), ids.end(), 0);
+      KPool::StepOutput<T, M> out(E(), n, 1, D);
+      fill_output(out, 1, rows, ids, pools);
+      Kind const k{true, KPool::CacheScale::pow2, false, true};
+      CacheKind const rk = ref_kind(t, k);
+      ExpectedCache want(b, D, 1);
+      for (int o = 0; o < n; ++o) want.put(b, 0, o, KPoolCacheRef::quantize(rk, pools[o]));
+      auto cache = fp8_cache<E, M>(k, b.num_blocks, b.block_pools, D);
+      KPool::store_pools(E(), out, 1, table, cache, test_options<E>());
+      EXPECT_TRUE(same_bytes(value_bytes(cache), want.values, 1, "values"));
+      EXPECT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));
+    }
+  }
+}

@@ -9,6 +9,7 @@
 #include <KPoolTestUtils.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <iomanip>
 #include <limits>
 #include <numeric>
@@ -33,12 +34,15 @@ struct Shape {
   int K = 4, H = 4, D = 64, topk = 16;
   bool fp8 = false, rotated = false;
   int block_pools = 16;
+  bool serving = false;  // the serving profile (fp8): cache and queries
+  bool fused = false;    // the serving cache in the engines' fused layout
 };
 
 inline std::string describe(Shape const& s) {
   std::ostringstream o;
   o << "K=" << s.K << " H=" << s.H << " D=" << s.D << " topk=" << s.topk
     << (s.fp8 ? " fp8" : " native") << (s.rotated ? " rotated" : "")
+    << (s.serving ? " serving" : "") << (s.fused ? " fused" : "")
     << " block_pools=" << s.block_pools;
   return o.str();
 }
@@ -83,7 +87,7 @@ struct Scenario {
                            q.begin() + static_cast<std::size_t>(t + 1) * s.H * s.D);
     std::vector<double> ws(w.begin() + static_cast<std::size_t>(t) * s.H,
                            w.begin() + static_cast<std::size_t>(t + 1) * s.H);
-    return SR::Query(qs, ws, s.H, s.D, s.rotated);
+    return SR::Query(qs, ws, s.H, s.D, s.rotated, s.serving);
   }
   SR::RowScores scores(int t, std::vector<bool> const* counted = nullptr) const {
     int const r = owner(t);
@@ -135,6 +139,7 @@ Scenario make_scenario(Shape const& s, DType t,
       sc.table[r * sc.max_blocks + j] = static_cast<std::int32_t>(rng.next());
 
   sc.cache = SR::Cache(num_blocks, s.block_pools, s.D, s.fp8, s.rotated);
+  sc.cache.serving = s.serving;
   std::vector<bool> live_entry(static_cast<std::size_t>(num_blocks) * s.block_pools, false);
   // Pools as the step stores them in T; an fp8 cache quantizes them anyway,
   // so cheap f32 draws serve there.
@@ -161,11 +166,35 @@ Scenario make_scenario(Shape const& s, DType t,
 
 // ----------------------------------------------------------- device calls
 
+// A serving cache in the fused layout (docs/indexer.md): per block the
+// entries' bytes, then their f32 scales.
+template <class M>
+KPool::PoolCache<KPool::float8_e4m3, M> load_fused_cache(SR::Cache const& ref) {
+  std::size_t const values = static_cast<std::size_t>(ref.block_pools) * ref.D;
+  typename KPool::PoolCache<KPool::float8_e4m3, M>::bytes_type bytes(
+      "fused", ref.num_blocks, values + 4 * static_cast<std::size_t>(ref.block_pools));
+  auto h = Kokkos::create_mirror_view(bytes);
+  for (int b = 0; b < ref.num_blocks; ++b)
+    for (int e = 0; e < ref.block_pools; ++e) {
+      float const sc = static_cast<float>(ref.scale[ref.entry(b, e)]);
+      std::memcpy(&h(b, values + 4 * static_cast<std::size_t>(e)), &sc, 4);
+      for (int c = 0; c < ref.D; ++c)
+        h(b, static_cast<std::size_t>(e) * ref.D + c) = ref.code[ref.entry(b, e) * ref.D + c];
+    }
+  Kokkos::deep_copy(bytes, h);
+  return KPool::PoolCache<KPool::float8_e4m3, M>(bytes, ref.block_pools, ref.D, ref.rotated);
+}
+
 template <class T, class C, class M, class E>
-KPool::PoolCache<C, M> load_cache(E const& space, SR::Cache const& ref) {
+KPool::PoolCache<C, M> load_cache(E const& space, SR::Cache const& ref, bool fused = false) {
+  if constexpr (std::is_same<C, KPool::float8_e4m3>::value) {
+    if (fused) return load_fused_cache<M>(ref);
+  }
   KPool::PoolCache<C, M> cache(
       space, ref.num_blocks, ref.block_pools, ref.D,
-      ref.fp8 ? KPool::CacheScale::amax : KPool::CacheScale::none, ref.rotated);
+      !ref.fp8 ? KPool::CacheScale::none
+               : ref.serving ? KPool::CacheScale::pow2 : KPool::CacheScale::amax,
+      ref.rotated, ref.serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
   auto v = Kokkos::create_mirror_view(cache.values());
   auto s = Kokkos::create_mirror_view(cache.scales());
   for (int b = 0; b < ref.num_blocks; ++b)
@@ -200,7 +229,7 @@ struct Inputs {
         table("block_table", sc.B(), sc.max_blocks),
         q("q", sc.rows, sc.s.H, sc.s.D),
         w("weights", sc.rows, sc.s.H),
-        cache(load_cache<T, C, M>(space, sc.cache)) {
+        cache(load_cache<T, C, M>(space, sc.cache, sc.s.fused)) {
     auto ht = Kokkos::create_mirror_view(table);
     for (int r = 0; r < sc.B(); ++r)
       for (int j = 0; j < sc.max_blocks; ++j) ht(r, j) = sc.table[r * sc.max_blocks + j];
@@ -327,8 +356,15 @@ std::vector<Shape> grid(DType t) {
       {2, 32, 7, 12, true, false, 7},   {8, 1, 64, 2, true, true, 4},
   };
   // An fp8 cache serves every storage type but f64.
-  if (t == DType::f64)
+  if (t == DType::f64) {
     for (Shape& s : g) s.fp8 = false;
+    return g;
+  }
+  // The serving profile, its caches split and fused.
+  g.push_back({4, 32, 128, 32, true, true, 16, true});
+  g.push_back({2, 4, 64, 16, true, true, 8, true, true});
+  g.push_back({1, 32, 64, 8, true, false, 3, true, true});
+  g.push_back({2, 8, 7, 12, true, false, 7, true});
   return g;
 }
 
@@ -385,8 +421,12 @@ TYPED_TEST(Select, ExactTiesGoToTheLowerIdsOnEveryRun) {
   using E = typename TypeParam::execution_space;
   using T = typename TypeParam::value_type;
   for (Shape s : {Shape{2, 4, 64, 20, true, true, 8}, Shape{1, 32, 128, 40, true, false, 16},
-                  Shape{4, 1, 7, 6, false, false, 5}}) {
-    if (TypeParam::dtype == DType::f64) s.fp8 = false;
+                  Shape{4, 1, 7, 6, false, false, 5},
+                  Shape{2, 4, 64, 20, true, true, 8, true, true}}) {
+    if (TypeParam::dtype == DType::f64) {
+      if (s.serving) continue;
+      s.fp8 = false;
+    }
     Scenario sc = make_scenario(s, TypeParam::dtype, {{0, 3}, {90, 4}, {200, 1}}, 3, 0, 11);
     Rng rng(5);
     for (int r = 0; r < 3; ++r) {
@@ -427,8 +467,11 @@ TYPED_TEST(Select, ZeroScoreTiesGoToTheLowerIds) {
   using E = typename TypeParam::execution_space;
   using T = typename TypeParam::value_type;
   DType const t = TypeParam::dtype;
-  for (bool rotated : {false, true}) {
-    Shape s{1, 4, 64, 12, t != DType::f64, rotated, 8};
+  for (int mode = 0; mode < 4; ++mode) {
+    bool const rotated = mode % 2 == 1;
+    bool const serving = mode >= 2;  // the serving profile's cache and queries
+    if (serving && t == DType::f64) continue;
+    Shape s{1, 4, 64, 12, t != DType::f64, rotated, 8, serving};
     Scenario sc = make_scenario(s, t, {{39, 1}}, 1, 0, 21);
     // Every head asks the same question, so a key opposite to it makes
     // every product negative.
@@ -444,7 +487,8 @@ TYPED_TEST(Select, ZeroScoreTiesGoToTheLowerIds) {
       sc.cache.store(be.first, be.second, x, t);
     }
     for (KPool::ScoreEngine engine : engines<E>()) {
-      SCOPED_TRACE(std::string(rotated ? "rotated " : "") + KPool::Details::engine_name(engine));
+      SCOPED_TRACE(std::string(rotated ? "rotated " : "") + (serving ? "serving " : "") +
+                   KPool::Details::engine_name(engine));
       std::vector<std::int32_t> const ids = run<E, T>(sc, options_for<E>(engine));
       ASSERT_TRUE(exact(sc, ids));
       // 4 positive pools, then the 8 lowest zero-score ids.

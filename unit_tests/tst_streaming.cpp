@@ -52,12 +52,17 @@ struct CacheKind {
   bool fp8 = false;
   KPool::CacheScale scale = KPool::CacheScale::none;
   bool rotate = false;
+  bool serving = false;  // the serving profile (fp8, pow2)
+
+  KPool::CacheProfile profile() const {
+    return serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact;
+  }
 };
 
 std::string cache_name(CacheKind const& k) {
   if (!k.on) return "no cache";
   return std::string(k.fp8 ? "fp8 " : "native ") + KPool::cache_scale_name(k.scale) +
-         (k.rotate ? " rotated" : "");
+         (k.rotate ? " rotated" : "") + (k.serving ? " serving" : "");
 }
 
 // Every cache kind for storage type t and head_dim D, "none" first.
@@ -414,7 +419,8 @@ class Simulation {
 
   template <class Cc>
   KPool::PoolCache<Cc, Mem> grown(KPool::PoolCache<Cc, Mem> const& c, int blocks) const {
-    KPool::PoolCache<Cc, Mem> g(E(), blocks, block_pools_, D_, kind_.scale, kind_.rotate);
+    KPool::PoolCache<Cc, Mem> g(E(), blocks, block_pools_, D_, kind_.scale, kind_.rotate,
+                                kind_.profile());
     if (c.is_allocated()) {
       auto const head = std::make_pair(0, c.num_blocks());
       Kokkos::deep_copy(Kokkos::subview(g.values(), head, Kokkos::ALL, Kokkos::ALL), c.values());
@@ -434,7 +440,7 @@ class Simulation {
         kind_.scale == KPool::CacheScale::amax   ? KPoolCacheRef::Scale::amax
         : kind_.scale == KPool::CacheScale::pow2 ? KPoolCacheRef::Scale::pow2
                                                  : KPoolCacheRef::Scale::none,
-        kind_.rotate};
+        kind_.rotate, kind_.serving};
     // The one-shot pools through store_pools, batch row i = sequence
     // seqs[i], into a fresh cache with the same blocks.
     std::vector<int> seqs;
@@ -473,7 +479,7 @@ class Simulation {
       Kokkos::deep_copy(out.pool_id(), hi);
     }
     KPool::PoolCache<Cc, Mem> one_shot(E(), streamed.num_blocks(), block_pools_, D_,
-                                       kind_.scale, kind_.rotate);
+                                       kind_.scale, kind_.rotate, kind_.profile());
     KPool::store_pools(E(), out, B, table, one_shot, test_options<E>());
 
     auto const sv = on_host(streamed.values());
@@ -583,6 +589,32 @@ TYPED_TEST(Streaming, RejectedDraftsReSentGiveOneShotPools) {
       EXPECT_GT(sim.re_emissions(), 0);
       EXPECT_TRUE(sim.used_both_step_paths());
     }
+}
+
+// The serving profile's cache (docs/indexer.md, "The serving profile"),
+// written by every step path, with and without rotation, with verify
+// rounds whose rewinds re-emit pools: byte-identical to the reference and
+// to store_pools of the one-shot pools, as the other caches.
+TYPED_TEST(Streaming, ServingCachesStreamAndRewind) {
+  if constexpr (TypeParam::dtype != DType::f64) {
+    int i = 0;
+    for (int D : {128, 8})
+      for (bool rotate : {false, true}) {
+        int const K = D == 128 ? 4 : 3;
+        int const S = rotate ? 3 : 0;
+        CacheKind const kind{true, true, KPool::CacheScale::pow2, rotate, true};
+        SCOPED_TRACE(shape(K, D) + " S=" + std::to_string(S) + ", " + cache_name(kind));
+        Simulation<TypeParam> sim(K, D, 4099 * K + D + i++, S, kind);
+        sim.run(40);
+        sim.verify();
+        EXPECT_GT(sim.cache_entries_checked(), 10);
+        EXPECT_TRUE(sim.used_both_step_paths());
+        if (S > 0) {
+          EXPECT_GT(sim.rewinds(), 5);
+          EXPECT_GT(sim.re_emissions(), 0);
+        }
+      }
+  }
 }
 
 // The vLLM #58454 scenario, K = 4: positions 0..5 one per call, a verify

@@ -44,6 +44,7 @@
 #include <details/KPool_DetailsKokkosExt.hpp>
 #include <details/KPool_DetailsLaunch.hpp>
 #include <details/KPool_DetailsPool.hpp>
+#include <details/KPool_DetailsQueryQuant.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -130,8 +131,13 @@ struct CacheTarget {
   static constexpr bool enabled = true;
   using arithmetic_type = A;
 
-  C* values;                        // [num_blocks][block_pools][head_dim]
-  float* scales;                    // [num_blocks][block_pools]
+  // Entry e of block b: values + b * values_block_stride + e * dim, its
+  // scale scales[b * scales_block_stride + e] (PoolCache's addressing,
+  // the same code for the split and the fused layout).
+  C* values;
+  float* scales;
+  std::int64_t values_block_stride;
+  std::int64_t scales_block_stride;
   std::int32_t const* block_table;  // [table_rows][table_cols], strided
   std::int64_t table_row_stride;
   std::int64_t table_col_stride;
@@ -143,6 +149,7 @@ struct CacheTarget {
   A rsqrt;  // the A nearest 1/sqrt(D); used when rotate
   CacheScale scale;
   bool rotate;
+  bool serving;  // CacheProfile::serving (fp8, scale pow2)
 
   KOKKOS_INLINE_FUNCTION int head_dim() const { return dim; }
 
@@ -162,15 +169,17 @@ struct CacheTarget {
     return s;
   }
 
-  KOKKOS_INLINE_FUNCTION std::int64_t entry_index(CacheSlot w) const {
-    return static_cast<std::int64_t>(w.block) * block_pools + w.entry;
-  }
   /// The D values of entry `w`.
   KOKKOS_INLINE_FUNCTION C* row(CacheSlot w) const {
-    return values + entry_index(w) * dim;
+    return values + static_cast<std::int64_t>(w.block) * values_block_stride +
+           static_cast<std::int64_t>(w.entry) * dim;
   }
   KOKKOS_INLINE_FUNCTION float& scale_at(CacheSlot w) const {
-    return scales[entry_index(w)];
+    return scales[static_cast<std::int64_t>(w.block) * scales_block_stride + w.entry];
+  }
+  /// What prepare_query_row needs to meet this cache's keys.
+  KOKKOS_INLINE_FUNCTION QueryPrep<A> query_prep() const {
+    return QueryPrep<A>{rsqrt, rotate, serving};
   }
 };
 
@@ -178,8 +187,10 @@ template <class C, class A, class MemorySpace, class BlockTable>
 CacheTarget<C, A, MemorySpace> cache_target(
     PoolCache<C, MemorySpace> const& cache, BlockTable const& block_table) {
   CacheTarget<C, A, MemorySpace> t;
-  t.values = cache.values().data();
-  t.scales = cache.scales().data();
+  t.values = cache.values_data();
+  t.scales = cache.scales_data();
+  t.values_block_stride = cache.values_block_stride();
+  t.scales_block_stride = cache.scales_block_stride();
   t.block_table = block_table.data();
   t.table_row_stride = static_cast<std::int64_t>(block_table.stride(0));
   t.table_col_stride = static_cast<std::int64_t>(block_table.stride(1));
@@ -193,6 +204,7 @@ CacheTarget<C, A, MemorySpace> cache_target(
   t.rsqrt = nearest_rsqrt<A>(cache.head_dim());
   t.scale = cache.scale();
   t.rotate = cache.rotated();
+  t.serving = cache.profile() == CacheProfile::serving;
   return t;
 }
 
@@ -422,6 +434,20 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
   auto const rx = [&](int c) { return x[c] * r; };
   if constexpr (std::is_same<C, float8_e4m3>::value) {
     static_assert(std::is_same<A, float>::value, "fp8 caches quantize in f32");
+    if (t.serving) {
+      // The serving profile (docs/indexer.md): each value is R(x)[c]
+      // rounded to bf16, recomputed identically for amax and codes; amax
+      // over the finite ones, floored; a UE8M0 scale, so the quotient is
+      // the exact product with its reciprocal.
+      auto const sv = [&](int c) { return round_to_bf16(rx(c)); };
+      float const s = serving_scale(vector_max_u32<ExecutionSpace>(
+          member, D, [&](int c) { return serving_magnitude_bits(sv(c)); }));
+      float const inv = 1.0f / s;
+      KokkosExt::vector_for<ExecutionSpace>(
+          member, D, [&](int c) { out[c] = serving_code(sv(c), inv); });
+      KokkosExt::single_per_thread(member, [&]() { t.scale_at(where) = s; });
+      return;
+    }
     // The largest finite |x[c] * r| is (the largest finite |x[c]|) * r: r
     // is positive and at most 1 (no product overflows, a finite x gives a
     // finite product), and rounding is monotone and symmetric. One
@@ -517,6 +543,51 @@ inline bool e4m3_row_128(T const* x, bool rotate, float rsqrt, CacheScale mode,
   }
   return true;
 }
+
+// e4m3_row_128 in the serving profile: every value R(x)[c] rounded to
+// bf16 in registers, a UE8M0 scale from the floored amax. Returns false,
+// with the butterflied row in `spill`, when a value is not finite or
+// rounds to a bf16 infinity (at or above 0x7F7F8000): the general
+// quantizer takes those. Otherwise amax is the rounded largest magnitude
+// (rounding is monotone), s >= amax * f32(1/448) rounded, a power of two
+// of at least 2^-22, and every |value / s| is at most 448 (1 + 2^-22),
+// inside e4m3_store16's range.
+template <class T>
+inline bool e4m3_row_128_serving(T const* x, bool rotate, float rsqrt,
+                                 void* out, float& scale, float* spill) {
+  f32x16 r[8];
+  if constexpr (std::is_same<T, float>::value) {
+    std::memcpy(r, x, sizeof r);
+  } else {
+    alignas(64) float row[128];
+    KPOOL_IMPL_IVDEP
+    for (int c = 0; c < 128; ++c) row[c] = to_accumulator(x[c]);
+    std::memcpy(r, row, sizeof r);
+  }
+  if (rotate) rotate_vectors(r);
+  f32x16 v[8];
+  float const factor = rotate ? rsqrt : 1.0f;
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) v[i] = r[i] * factor;
+  std::uint32_t const m = max_magnitude_bits(v);
+  if (m >= 0x7F7F8000u) {
+    std::memcpy(spill, r, sizeof r);
+    return false;
+  }
+  std::uint32_t const amax = (m + 0x7FFFu + ((m >> 16) & 1u)) & 0xFFFF0000u;
+  float const s = serving_scale(amax);
+  float const inv = 1.0f / s;
+  scale = s;
+  auto* const dst = static_cast<std::uint8_t*>(out);
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    u32x16 const u = reinterpret_cast<u32x16>(v[i]);
+    u32x16 const b = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    f32x16 const q = reinterpret_cast<f32x16>(b) * inv;
+    e4m3_store16(q, dst + 16 * i);
+  }
+  return true;
+}
 #endif
 
 /// Writes the pool x (D values as stored in T, channel stride `stride`;
@@ -535,7 +606,10 @@ KOKKOS_INLINE_FUNCTION void cache_write_one(Member const& member,
   if constexpr (std::is_same<C, float8_e4m3>::value) {
     if (D == 128 && stride == 1) {
       float s;
-      if (e4m3_row_128(x, t.rotate, t.rsqrt, t.scale, t.row(where), s, row))
+      bool const done =
+          t.serving ? e4m3_row_128_serving(x, t.rotate, t.rsqrt, t.row(where), s, row)
+                    : e4m3_row_128(x, t.rotate, t.rsqrt, t.scale, t.row(where), s, row);
+      if (done)
         t.scale_at(where) = s;
       else
         cache_quantize_row<ExecutionSpace>(member, row, t, where);

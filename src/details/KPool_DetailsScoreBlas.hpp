@@ -6,13 +6,15 @@
 // (converted, unscaled) and a chunk of rotated query rows into the
 // workspace, one KokkosBlas::gemm multiplies them ([rows * H, D] x
 // [D, pools]), and one launch folds the products into keys, pool by pool:
-// sum_h w_h relu(s_p * product). The gemm runs on the calling thread, so
+// sum_h w_h relu(s_p * product), w_h the weight prepare_query_row gave the
+// query head row (the serving profile folds the query's scale into it). The gemm runs on the calling thread, so
 // the engine reads the request layout on the host after fencing the
 // execution space instance.
 
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
 #include <details/KPool_DetailsLaunch.hpp>
+#include <details/KPool_DetailsQueryQuant.hpp>
 #include <details/KPool_DetailsSelect.hpp>
 #include <details/KPool_DetailsStrided.hpp>
 
@@ -36,8 +38,10 @@ struct BlasStageFunctor {
   SelectBatch batch;
   Strided<const T, 3> q;
   SelectCache<C, A, memory_space> cache;
+  Strided<const float, 2> weights;
   A* keys_out;     // [pools, D]
   A* queries_out;  // [rows * H, D]
+  A* weights_out;  // [rows * H]: each query head row's folding weight
   int request;
   std::uint64_t pool0;
   std::uint64_t row0;
@@ -63,7 +67,7 @@ struct BlasStageFunctor {
       int const h = ih % heads;
       A* x = queries_out + static_cast<std::size_t>(ih) * D;
       for (int c = 0; c < D; ++c) x[c] = to_accumulator(q(t, h, c));
-      if (cache.rotate) rotate_query(x, D, cache.rsqrt);
+      weights_out[ih] = prepare_query_row(x, D, cache.query_prep(), weights(t, h));
     }
   }
 };
@@ -76,7 +80,7 @@ struct BlasReduceFunctor {
 
   SelectBatch batch;
   SelectRequest req;
-  Strided<const float, 2> weights;
+  A const* weights;   // [rows * H], as the stage prepared them
   SelectCache<C, A, memory_space> cache;
   A const* products;  // [rows * H, pools]
   Key* keys;
@@ -108,7 +112,7 @@ struct BlasReduceFunctor {
       acc[j] = A(0);
     }
     for (int h = 0; h < heads; ++h) {
-      A const w = static_cast<A>(weights(t, h));
+      A const w = weights[static_cast<std::size_t>(i) * heads + h];
       A const* prod = products + (static_cast<std::size_t>(i) * heads + h) * pools + j0;
       KPOOL_IMPL_IVDEP
       for (int j = 0; j < n; ++j) acc[j] += w * relu(s[j] * prod[j]);
@@ -145,7 +149,8 @@ void score_blas(std::string const& entry, ExecutionSpace const& space,
                 View2<const float, typename ExecutionSpace::memory_space> const& weights,
                 SelectCache<C, accumulator_t<T>, typename ExecutionSpace::memory_space> const& cache,
                 Key* keys, accumulator_t<T>* queries, accumulator_t<T>* pool_keys,
-                accumulator_t<T>* products, BlasChunks const& chunks, int heads) {
+                accumulator_t<T>* products, accumulator_t<T>* query_weights,
+                BlasChunks const& chunks, int heads) {
   using M = typename ExecutionSpace::memory_space;
   using A = accumulator_t<T>;
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible,
@@ -178,6 +183,8 @@ void score_blas(std::string const& entry, ExecutionSpace const& space,
         BlasStageFunctor<ExecutionSpace, T, C> stage;
         stage.batch = batch;
         stage.q = q;
+        stage.weights = weights;
+        stage.weights_out = query_weights;
         stage.cache = cache;
         stage.keys_out = pool_keys;
         stage.queries_out = queries;
@@ -201,7 +208,7 @@ void score_blas(std::string const& entry, ExecutionSpace const& space,
         BlasReduceFunctor<ExecutionSpace, C, A> reduce;
         reduce.batch = batch;
         reduce.req = req;
-        reduce.weights = weights;
+        reduce.weights = query_weights;
         reduce.cache = cache;
         reduce.products = products;
         reduce.keys = keys;

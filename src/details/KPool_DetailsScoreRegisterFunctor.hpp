@@ -15,6 +15,7 @@
 
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
+#include <details/KPool_DetailsQueryQuant.hpp>
 #include <details/KPool_DetailsSelect.hpp>
 #include <details/KPool_DetailsStrided.hpp>
 
@@ -115,8 +116,8 @@ struct ScoreRegisterFunctor {
         for (int h = 0; h < HP; ++h) {
           if (h < H) {
             for (int c = 0; c < D; ++c) rot[c] = to_accumulator(q(t0 + i, h, c));
-            if (cache.rotate) rotate_query(rot, D, cache.rsqrt);
-            w[i * H + h] = static_cast<A>(weights(t0 + i, h));
+            w[i * H + h] =
+                prepare_query_row(rot, D, cache.query_prep(), weights(t0 + i, h));
           } else {
             for (int c = 0; c < D; ++c) rot[c] = A(0);
           }

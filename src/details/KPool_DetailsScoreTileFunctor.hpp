@@ -14,6 +14,7 @@
 
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
+#include <details/KPool_DetailsQueryQuant.hpp>
 #include <details/KPool_DetailsSelect.hpp>
 #include <details/KPool_DetailsStrided.hpp>
 
@@ -115,8 +116,7 @@ struct ScoreTileFunctor {
       int const h = ih % H;
       A* row = &qs(ih, 0);
       for (int c = 0; c < D; ++c) row[c] = to_accumulator(q(t0 + i, h, c));
-      if (cache.rotate) rotate_query(row, D, cache.rsqrt);
-      ws(i, h) = static_cast<A>(weights(t0 + i, h));
+      ws(i, h) = prepare_query_row(row, D, cache.query_prep(), weights(t0 + i, h));
     });
     member.team_barrier();
 

@@ -381,7 +381,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       score_blas<ExecutionSpace, T, C>(
           chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
           workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
-          workspace.blas_chunks(), H);
+          workspace.blas_weights(), workspace.blas_chunks(), H);
     }
   } else if (engine == ScoreEngine::register_tiles) {
     if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {

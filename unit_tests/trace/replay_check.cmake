@@ -101,6 +101,17 @@ elseif(MODE STREQUAL "identical")
     message(FATAL_ERROR "3 pools a cache block gave other output: "
       "${WORK}/fused.out ${WORK}/blocks.out")
   endif()
+  # A serving cache in the engines' fused byte layout: the same bytes too.
+  file(STRINGS "${WORK}/trace.txt" serving REGEX "^pool_cache fp8_serving")
+  if(serving)
+    replay_ok(fused_layout --cache-layout fused --block-pools 4 ${replay_args}
+      "${WORK}/trace.txt")
+    file(SHA256 "${WORK}/fused_layout.out" h_layout)
+    if(NOT h_fused STREQUAL h_layout)
+      message(FATAL_ERROR "the fused cache layout gave other output: "
+        "${WORK}/fused.out ${WORK}/fused_layout.out")
+    endif()
+  endif()
   file(STRINGS "${WORK}/fused.out" last REGEX "^(pools|selects) ")
   message(STATUS "identical: ${last}")
 
