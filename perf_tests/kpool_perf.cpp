@@ -840,7 +840,7 @@ void run_step_cache(Runner& run, std::string const& scenario,
   CacheData cd(space, pools);
   CacheData serving(space, pools, /*serving=*/true);
   int const B = d.batch();
-  auto const step_into = [&](KPool::Options const& o, CacheData const& c) {
+  auto const step_into = [&](KPool::Options const& o, CacheData& c) {
     KPool::Options p = o;
     p.fused = true;
     KPool::step(space, data.ring, data.key, data.gate, data.ape, data.row_offsets,
@@ -924,7 +924,7 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
     auto const pools = decode_pools(d);
     CacheData cd(space, pools);
     CacheData serving(space, pools, /*serving=*/true);
-    auto const decode_into = [&](KPool::Options const& o, CacheData const& c) {
+    auto const decode_into = [&](KPool::Options const& o, CacheData& c) {
       KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
                          data.positions, data.slot_idx, B, data.out, c.cache,
                          c.block_table, o);
