@@ -640,12 +640,16 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 }
 
 /// KPool::step writing every pool it emits into a pool cache as well
-/// (docs/indexer.md, "The pool cache"), in the same launches: each pool
-/// goes from the registers that made it into team scratch, is rotated
-/// and quantized there (cached = Q(R(x))) and written to block
-/// block_table(r, p / block_pools), entry p % block_pools, for pool p of
-/// batch row r. A pool re-emitted after a rewind overwrites its entry.
-/// Everything else is KPool::step's.
+/// (docs/indexer.md, "The pool cache"): cached = Q(R(x)) of pool p of
+/// batch row r goes to block block_table(r, p / block_pools), entry p %
+/// block_pools. A pool re-emitted after a rewind overwrites its entry.
+/// On a GPU (and with device shapes) in the same launches: each pool goes
+/// from the registers that made it into team scratch, is rotated and
+/// quantized there. On a host, by whichever path measured cheaper
+/// (src/details/KPool_DetailsCachePath.hpp; the README's "Writing the
+/// pool cache"): in the step, or one more launch on `space` over the
+/// output's rows, store_pools' (the count read on the device). Same bytes
+/// either way. Everything else is KPool::step's.
 ///
 /// @tparam C the cache element type: T (a native cache) or
 /// KPool::float8_e4m3 (T not f64).
@@ -659,8 +663,9 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// output and the cache are unchanged). With validation off such a pool
 /// still reaches `out` and is left out of the cache.
 /// @par Launches and synchronization
-/// As KPool::step; with options.validate the block table's B rows are
-/// copied to the host too.
+/// As KPool::step, plus the cache's launch where a host writes it in a
+/// second pass; nothing more waits for the host. With options.validate the
+/// block table's B rows are copied to the host too.
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
           class GateView, class ApeView, class RowOffsetsView,
           class CacheLengthsView, class SlotView, class C,
@@ -751,8 +756,9 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 }
 
 /// KPool::decode_step writing every pool it closes into a pool cache as
-/// well, in the same launch, as the cache overload of KPool::step does
-/// (docs/indexer.md, "The pool cache"). Everything else is
+/// well, as the cache overload of KPool::step does (docs/indexer.md, "The
+/// pool cache"): in its launch on a GPU, by the cheaper path on a host
+/// (one more launch when that is the second pass). Everything else is
 /// KPool::decode_step's.
 ///
 /// @param cache the layer's cache, head_dim D; written.

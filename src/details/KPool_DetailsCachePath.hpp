@@ -36,16 +36,29 @@ enum class CacheWritePath { automatic, in_step, second_pass };
 // items (by the pools' storage type), or decode_step's rows.
 enum class CacheItems { step, decode };
 
-// The host table: measured on x86 hosts (AVX-512, 1 and 2 threads; the
-// README's "Writing the pool cache"). T is the pools' storage type.
+// The host table, from the perf suite on an x86 host (README, "Writing the
+// pool cache": 1 and 2 threads, prefill at batch 1 and 8, decode at batch
+// 256, the mixed batch; CPU time over the uncached step). T is the pools'
+// storage type.
+//  - 16-bit pools of a step's prefill and continuation items: the second
+//    pass. Written in the step they cost +47 to +75%, more than the step
+//    plus a standalone store_pools; by the pass +22 to +60%.
+//  - f32 (and f64) pools of a step's items: in the step. Their pooling
+//    loop stages each pool into scratch from registers (host_stages_cache):
+//    +9 to +36% at 64K prefill against +11 to +32% by the pass, and the
+//    pass's second launch (waking the thread pool once more) makes it the
+//    dearer one at 2 threads.
+//  - decode rows: in the step. A decode call is short: at 1 thread both
+//    paths cost about the same, at 2 threads the second launch makes the
+//    pass dearer (+30 to +40% against +51%, bf16 batch 256).
 template <class T, CacheItems Items>
 constexpr CacheWritePath host_cache_write_path() {
   if constexpr (Items == CacheItems::decode)
-    return CacheWritePath::second_pass;
+    return CacheWritePath::in_step;
   else if constexpr (sizeof(T) == 2)
     return CacheWritePath::second_pass;  // bf16, f16
   else
-    return CacheWritePath::second_pass;  // f32, f64
+    return CacheWritePath::in_step;  // f32, f64
 }
 
 // The path a cached step takes: Forced when a test forces one (any
