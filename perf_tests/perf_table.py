@@ -87,6 +87,7 @@ OPTIONAL_CASE_FIELDS = {
     "uncached_cpu_seconds": (int, float),
     "store_pools_cpu_seconds": (int, float),
     "rule_ratio_cpu": (int, float),
+    "rule_ratio_cpu_min": (int, float),
 }
 
 # Fields a cached step case carries together (rule_holds is a JSON boolean).
