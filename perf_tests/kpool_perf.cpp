@@ -27,13 +27,24 @@
 // decode_step_cache_fp8 beside decode_step) write every emitted pool into
 // an fp8 (E4M3, amax scale) cache rotated by the Walsh-Hadamard transform,
 // 16 pools a block. Their timed loop also runs the same step without the
-// cache (kernel, uncached kernel, copy, ...), and the entry reports
-// `baseline_op`, `baseline_seconds` and `overhead`: the median over runs of
-// (cached time / uncached time) - 1, so both sides see the same machine
-// state. Their `bytes` add the cache entries written (D + 4 bytes a pool).
-// store_pools_fp8 writes the same cache from the step's output in its own
-// pass, reported beside the step without a cache the same way: its
-// overhead + 1 is the standalone write's time as a share of the step's.
+// cache and then store_pools writing the same cache from that step's
+// output rows (kernel, uncached kernel, store_pools, copy, ...), and the
+// entry reports `baseline_op`, `baseline_seconds` (= `uncached_seconds`)
+// and `overhead`: the median over runs of (cached time / uncached time) -
+// 1, so both sides see the same machine state; `store_pools_seconds`; and
+// the hosts' rule, cached <= uncached + store_pools (+ 5% for noise):
+// `rule_ratio`, the median over runs of cached / (uncached + store_pools),
+// with its 10th and 90th percentiles, the same ratio of the fastest runs
+// (`rule_ratio_min_times`) and of process CPU time (`rule_ratio_cpu`, the
+// median, and `rule_ratio_cpu_min`, of the least CPU times: every
+// thread's, which a loaded machine's time slicing does not inflate), and
+// `rule_holds` = rule_ratio <= 1.05; these entries take at least 15 runs. `cache_path` names the
+// path the build's cached step takes (src/details/KPool_DetailsCachePath.hpp);
+// the ops *_cache_fp8_in_step and *_cache_fp8_second_pass force each path,
+// the measurements the hosts' choice is made from. Their `bytes` add the
+// cache entries written (D + 4 bytes a pool). store_pools_fp8 is also
+// timed alone, beside the step without a cache: its overhead + 1 is the
+// standalone write's time as a share of the step's.
 // step_fused_cache_serving and decode_step_cache_serving write the serving
 // profile's cache (docs/indexer.md, "The serving profile") on the same
 // cases, reported beside step_fused_cache_fp8 and decode_step_cache_fp8:
@@ -63,6 +74,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -125,6 +137,21 @@ struct Result {
   std::string baseline_op;
   double baseline_seconds = 0;
   double overhead = 0;  // median of cached / uncached per run, minus 1
+  // Cache ops: store_pools_fp8 after the uncached step, in the same loop,
+  // and the rule cached <= uncached + store_pools (+ 5%): per run, cached /
+  // (uncached + store_pools); its median and its spread over runs.
+  std::string pass_op;
+  double pass_seconds = 0;
+  double rule_ratio = 0;      // median
+  double rule_ratio_lo = 0;   // 10th percentile
+  double rule_ratio_hi = 0;   // 90th percentile
+  double rule_ratio_best = 0; // min-of-runs cached / (min uncached + min store)
+  std::string cache_path;     // the path the op's cached step took
+  // The same from the process's CPU time (std::clock: every thread's),
+  // which a shared machine's time slicing does not inflate.
+  double rule_ratio_cpu = 0;  // median
+  double rule_ratio_cpu_min = 0;  // of the least CPU time of each
+  double cpu_seconds = 0, baseline_cpu_seconds = 0, pass_cpu_seconds = 0;
 };
 
 // ------------------------------------------------------------ device work
@@ -558,6 +585,13 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The q-quantile of v (nearest rank), q in [0, 1].
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  std::size_t const i = static_cast<std::size_t>(q * (v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
 class Runner {
  public:
   Runner(Space const& space, Settings const& s) : space_(space), s_(s), copy_(space) {}
@@ -574,7 +608,8 @@ class Runner {
                std::string const& op, std::uint64_t tokens, int batch,
                std::uint64_t bytes, int launches, int ring, Call const& call,
                std::string const& baseline_op = "",
-               Call const& baseline = Call()) {
+               Call const& baseline = Call(), std::string const& pass_op = "",
+               Call const& pass = Call()) {
     std::string const name = scenario + "/" + dtype + "/" + op;
     if (!selected(name)) return;
     KPool::Options checked;
@@ -583,6 +618,7 @@ class Runner {
     fast.validate = false;
     call(checked);
     if (baseline) baseline(checked);
+    if (pass) pass(checked);
     space_.fence();
 
     std::size_t const words = CopyBaseline::words_for(bytes);
@@ -596,6 +632,10 @@ class Runner {
         baseline(fast);
         space_.fence();
       }
+      if (pass) {
+        pass(fast);
+        space_.fence();
+      }
       copy_.run(words);
       space_.fence();
       if (i >= 1 && seconds_between(w0, Clock::now()) >= 0.05 * s_.min_time)
@@ -603,29 +643,52 @@ class Runner {
       if (i >= 20) break;
     }
 
-    std::vector<double> kt, ct, bt, ratio;
+    std::vector<double> kt, ct, bt, pt, ratio, rule;
+    std::vector<double> kc, bc, pc, rule_cpu;  // CPU seconds (with a pass)
     Clock::time_point const start = Clock::now();
     for (;;) {
       space_.fence();
+      std::clock_t const c0 = std::clock();
       Clock::time_point const t0 = Clock::now();
       call(fast);
       space_.fence();
       Clock::time_point const t1 = Clock::now();
+      std::clock_t const c1 = std::clock();
       copy_.run(words);
       space_.fence();
       Clock::time_point const t2 = Clock::now();
       kt.push_back(seconds_between(t0, t1));
       ct.push_back(seconds_between(t1, t2));
       if (baseline) {
+        std::clock_t const c2 = std::clock();
         Clock::time_point const b0 = Clock::now();
         baseline(fast);
         space_.fence();
         bt.push_back(seconds_between(b0, Clock::now()));
+        std::clock_t const c3 = std::clock();
         ratio.push_back(kt.back() / bt.back());
+        if (pass) {
+          // After the uncached step: it writes the rows the step left.
+          Clock::time_point const p0 = Clock::now();
+          pass(fast);
+          space_.fence();
+          pt.push_back(seconds_between(p0, Clock::now()));
+          std::clock_t const c4 = std::clock();
+          rule.push_back(kt.back() / (bt.back() + pt.back()));
+          auto const cpu = [](std::clock_t a, std::clock_t b) {
+            return static_cast<double>(b - a) / CLOCKS_PER_SEC;
+          };
+          kc.push_back(cpu(c0, c1));
+          bc.push_back(cpu(c2, c3));
+          pc.push_back(cpu(c3, c4));
+          double const both = bc.back() + pc.back();
+          if (both > 0) rule_cpu.push_back(kc.back() / both);
+        }
       }
       int const runs = static_cast<int>(kt.size());
       if (runs >= s_.max_runs) break;
-      if (runs >= s_.min_runs &&
+      // The rule's entries compare three timings: at least 15 runs.
+      if (runs >= (pass ? std::max(s_.min_runs, 15) : s_.min_runs) &&
           seconds_between(start, Clock::now()) >= s_.min_time)
         break;
     }
@@ -650,6 +713,24 @@ class Runner {
       r.baseline_seconds = median(bt);
       r.overhead = median(ratio) - 1.0;
     }
+    if (pass) {
+      r.pass_op = pass_op;
+      r.pass_seconds = median(pt);
+      r.rule_ratio = median(rule);
+      r.rule_ratio_lo = quantile(rule, 0.1);
+      r.rule_ratio_hi = quantile(rule, 0.9);
+      r.rule_ratio_best = r.seconds_min /
+                          (*std::min_element(bt.begin(), bt.end()) +
+                           *std::min_element(pt.begin(), pt.end()));
+      r.cpu_seconds = median(kc);
+      r.baseline_cpu_seconds = median(bc);
+      r.pass_cpu_seconds = median(pc);
+      r.rule_ratio_cpu = rule_cpu.empty() ? 0.0 : median(rule_cpu);
+      double const cpu_parts = *std::min_element(bc.begin(), bc.end()) +
+                               *std::min_element(pc.begin(), pc.end());
+      r.rule_ratio_cpu_min =
+          cpu_parts > 0 ? *std::min_element(kc.begin(), kc.end()) / cpu_parts : 0.0;
+    }
     double const gbps = r.bytes / r.seconds * 1e-9;
     double const cgbps = r.copy_bytes / r.copy_seconds * 1e-9;
     std::printf("%-44s %8.2f GB/s  copy %8.2f GB/s  ratio %5.2f  %10.4f ms  "
@@ -659,6 +740,12 @@ class Runner {
     if (baseline)
       std::printf("  overhead %+.1f%% over %s (%.4f ms)", 100.0 * r.overhead,
                   baseline_op.c_str(), r.baseline_seconds * 1e3);
+    if (pass)
+      std::printf("  rule %.3f [%.3f, %.3f] best %.3f cpu %.3f best %.3f "
+                  "(%s %.4f ms)",
+                  r.rule_ratio, r.rule_ratio_lo, r.rule_ratio_hi,
+                  r.rule_ratio_best, r.rule_ratio_cpu, r.rule_ratio_cpu_min,
+                  pass_op.c_str(), r.pass_seconds * 1e3);
     std::printf("\n");
     std::fflush(stdout);
     results_.push_back(r);
@@ -757,6 +844,11 @@ class Runner {
 #endif
 
   std::vector<Result> const& results() const { return results_; }
+  // Records which path the cached step of entry `name` took.
+  void set_cache_path(std::string const& name, std::string const& path) {
+    for (Result& r : results_)
+      if (r.name == name) r.cache_path = path;
+  }
   Space const& space() const { return space_; }
 
  private:
@@ -780,7 +872,8 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
   // Build nothing when the filter skips every op of this scenario.
   std::string const prefix = scenario + "/" + dtype + "/";
   char const* ops[] = {"compress", "ring_close", "seed_tail", "step3",
-                       "step_fused", "step_fused_cache_fp8",
+                       "step_fused", "step_fused_cache_fp8_in_step",
+                       "step_fused_cache_fp8_second_pass",
                        "step_fused_cache_serving", "store_pools_fp8"};
   bool any = false;
   for (char const* op : ops) any = any || run.selected(prefix + op);
@@ -825,68 +918,141 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
   run_step_cache<T>(run, scenario, d, data);
 }
 
+// The path a cached step takes in this build, and its name.
+using CachePath = KPool::Details::CacheWritePath;
+constexpr char const* path_name(CachePath p) {
+  return p == CachePath::in_step ? "in_step" : "second_pass";
+}
+template <class T, KPool::Details::CacheItems Items>
+constexpr CachePath build_cache_path() {
+  return KPool::Details::cache_write_path<Space, T, Items>();
+}
+
+// KPool::step writing the cache by path P (automatic: the public call).
+template <CachePath P, class T>
+void cached_step(Space const& space, RaggedData<T>& data, CacheData& cd, int B,
+                 KPool::Options const& o) {
+  KPool::Options p = o;
+  p.fused = true;
+  if constexpr (P == CachePath::automatic) {
+    KPool::step(space, data.ring, data.key, data.gate, data.ape,
+                data.row_offsets, data.cache_lengths, data.slot_idx, B,
+                data.out, cd.cache, cd.block_table, p);
+  } else {
+    KPool::Details::check_step_views<Space, T, decltype(data.key), decltype(data.gate),
+                                     decltype(data.ape), decltype(data.row_offsets),
+                                     decltype(data.cache_lengths),
+                                     decltype(data.slot_idx)>();
+    KPool::Details::step_impl(
+        space, data.ring, data.key, data.gate, data.ape, data.row_offsets,
+        data.cache_lengths, data.slot_idx, B, data.out,
+        KPool::Details::CacheArg<KPool::float8_e4m3, Mem, View2<std::int32_t>, P>{
+            &cd.cache, &cd.block_table},
+        p);
+  }
+}
+
 // step_fused_cache_fp8: the fused step writing an fp8 amax rotated cache,
-// timed beside the same step without it.
+// timed in one loop with the same step without it (baseline) and, after
+// that, store_pools_fp8 writing the same cache from the uncached step's
+// output rows: the entry's rule_ratio is cached / (uncached + store_pools).
+// step_fused_cache_fp8_in_step and _second_pass force each path (what the
+// host table in KPool_DetailsCachePath.hpp is chosen from).
 template <class T>
 void run_step_cache(Runner& run, std::string const& scenario,
                     RaggedDesc const& d, RaggedData<T>& data) {
   std::string const dtype = KPool::storage_name<T>();
-  if (!run.selected(scenario + "/" + dtype + "/step_fused_cache_fp8") &&
-      !run.selected(scenario + "/" + dtype + "/step_fused_cache_serving") &&
-      !run.selected(scenario + "/" + dtype + "/store_pools_fp8"))
+  std::string const prefix = scenario + "/" + dtype + "/";
+  if (!run.selected(prefix + "step_fused_cache_fp8_in_step") &&
+      !run.selected(prefix + "step_fused_cache_fp8_second_pass") &&
+      !run.selected(prefix + "step_fused_cache_serving") &&
+      !run.selected(prefix + "store_pools_fp8"))
     return;
   Space const space = run.space();
   auto const pools = ragged_pools(d);
   CacheData cd(space, pools);
   CacheData serving(space, pools, /*serving=*/true);
   int const B = d.batch();
-  auto const step_into = [&](KPool::Options const& o, CacheData& c) {
+  auto const uncached = [&](KPool::Options const& o) {
     KPool::Options p = o;
     p.fused = true;
-    KPool::step(space, data.ring, data.key, data.gate, data.ape, data.row_offsets,
-                data.cache_lengths, data.slot_idx, B, data.out, c.cache,
-                c.block_table, p);
+    KPool::step(space, data.ring, data.key, data.gate, data.ape,
+                data.row_offsets, data.cache_lengths, data.slot_idx, B,
+                data.out, p);
   };
-  auto const step = [&](KPool::Options const& o, bool cached) {
-    KPool::Options p = o;
-    p.fused = true;
-    if (cached)
-      step_into(o, cd);
-    else
-      KPool::step(space, data.ring, data.key, data.gate, data.ape,
-                  data.row_offsets, data.cache_lengths, data.slot_idx, B,
-                  data.out, p);
+  auto const store = [&](KPool::Options const& o) {
+    KPool::store_pools(space, data.out, B, cd.block_table, cd.cache, o);
   };
+  std::uint64_t const bytes = step_bytes(d, sizeof(T)) + cache_bytes(pools);
+  constexpr CachePath built = build_cache_path<T, KPool::Details::CacheItems::step>();
   run.measure(
-      scenario, dtype, "step_fused_cache_fp8", d.tokens(), B,
-      step_bytes(d, sizeof(T)) + cache_bytes(pools), 2, d.ring,
-      [&](KPool::Options const& o) { step(o, true); }, "step_fused",
-      [&](KPool::Options const& o) { step(o, false); });
+      scenario, dtype, "step_fused_cache_fp8", d.tokens(), B, bytes,
+      built == CachePath::second_pass ? 3 : 2, d.ring,
+      [&](KPool::Options const& o) {
+        cached_step<CachePath::automatic>(space, data, cd, B, o);
+      },
+      "step_fused", uncached, "store_pools_fp8", store);
+  run.set_cache_path(prefix + "step_fused_cache_fp8", path_name(built));
   // step_fused_cache_serving: the same step writing the serving profile's
   // rotated cache (bf16-rounded, UE8M0 scales), timed beside
   // step_fused_cache_fp8: its overhead + 1 is the serving profile's cost
   // relative to the amax one.
   run.measure(
-      scenario, dtype, "step_fused_cache_serving", d.tokens(), B,
-      step_bytes(d, sizeof(T)) + cache_bytes(pools), 2, d.ring,
-      [&](KPool::Options const& o) { step_into(o, serving); }, "step_fused_cache_fp8",
-      [&](KPool::Options const& o) { step(o, true); });
+      scenario, dtype, "step_fused_cache_serving", d.tokens(), B, bytes,
+      built == CachePath::second_pass ? 3 : 2, d.ring,
+      [&](KPool::Options const& o) {
+        cached_step<CachePath::automatic>(space, data, serving, B, o);
+      },
+      "step_fused_cache_fp8",
+      [&](KPool::Options const& o) {
+        cached_step<CachePath::automatic>(space, data, cd, B, o);
+      });
+  run.measure(
+      scenario, dtype, "step_fused_cache_fp8_in_step", d.tokens(), B, bytes, 2,
+      d.ring,
+      [&](KPool::Options const& o) {
+        cached_step<CachePath::in_step>(space, data, cd, B, o);
+      },
+      "step_fused", uncached, "store_pools_fp8", store);
+  run.set_cache_path(prefix + "step_fused_cache_fp8_in_step", "in_step");
+  run.measure(
+      scenario, dtype, "step_fused_cache_fp8_second_pass", d.tokens(), B, bytes,
+      3, d.ring,
+      [&](KPool::Options const& o) {
+        cached_step<CachePath::second_pass>(space, data, cd, B, o);
+      },
+      "step_fused", uncached, "store_pools_fp8", store);
+  run.set_cache_path(prefix + "step_fused_cache_fp8_second_pass", "second_pass");
   // store_pools_fp8: the same cache written by its own pass from the step's
   // output rows (read from memory), beside the step without a cache: its
   // overhead + 1 is what the write costs on its own, as a share of the
-  // step, which bounds from below what writing it inside the step can cost
-  // where the step is bound by arithmetic rather than memory.
-  step(KPool::Options(), false);
+  // step.
+  uncached(KPool::Options());
   space.fence();
   run.measure(
       scenario, dtype, "store_pools_fp8", d.tokens(), B,
       static_cast<std::uint64_t>(pool_count(pools)) * (kD * sizeof(T) + 8) +
           cache_bytes(pools),
-      1, d.ring,
-      [&](KPool::Options const& o) {
-        KPool::store_pools(space, data.out, B, cd.block_table, cd.cache, o);
-      },
-      "step_fused", [&](KPool::Options const& o) { step(o, false); });
+      1, d.ring, store, "step_fused", uncached);
+}
+
+// KPool::decode_step writing the cache by path P (automatic: the public
+// call).
+template <CachePath P, class T>
+void cached_decode(Space const& space, DecodeData<T>& data, CacheData& cd,
+                   int B, KPool::Options const& o) {
+  if constexpr (P == CachePath::automatic) {
+    KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
+                       data.positions, data.slot_idx, B, data.out, cd.cache,
+                       cd.block_table, o);
+  } else {
+    KPool::Details::decode_step_impl(
+        space, data.ring, data.key, data.gate, data.ape, data.positions,
+        data.slot_idx, B, data.out,
+        KPool::Details::CacheArg<KPool::float8_e4m3, Mem, View2<std::int32_t>, P>{
+            &cd.cache, &cd.block_table},
+        o);
+  }
 }
 
 template <class T>
@@ -896,8 +1062,10 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
   std::string const prefix = scenario + "/" + dtype + "/";
   if (!run.selected(prefix + "tail_update") &&
       !run.selected(prefix + "decode_step") &&
-      !run.selected(prefix + "decode_step_cache_fp8") &&
       !run.selected(prefix + "decode_step_cache_serving") &&
+      !run.selected(prefix + "decode_step_cache_fp8_in_step") &&
+      !run.selected(prefix + "decode_step_cache_fp8_second_pass") &&
+      !run.selected(prefix + "store_pools_fp8") &&
       !run.selected(prefix + "step_fused"))
     return;
 
@@ -918,33 +1086,68 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
                                    data.out, o);
               });
   // decode_step_cache_fp8: the same call writing an fp8 amax rotated
-  // cache, timed beside it.
-  if (run.selected(prefix + "decode_step_cache_fp8") ||
-      run.selected(prefix + "decode_step_cache_serving")) {
+  // cache, timed beside it and store_pools_fp8 (as step_fused_cache_fp8),
+  // and with each path forced.
+  if (run.selected(prefix + "decode_step_cache_fp8_in_step") ||
+      run.selected(prefix + "decode_step_cache_fp8_second_pass") ||
+      run.selected(prefix + "decode_step_cache_serving") ||
+      run.selected(prefix + "store_pools_fp8")) {
     auto const pools = decode_pools(d);
     CacheData cd(space, pools);
     CacheData serving(space, pools, /*serving=*/true);
-    auto const decode_into = [&](KPool::Options const& o, CacheData& c) {
+    auto const uncached = [&](KPool::Options const& o) {
       KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
-                         data.positions, data.slot_idx, B, data.out, c.cache,
-                         c.block_table, o);
+                         data.positions, data.slot_idx, B, data.out, o);
     };
+    auto const store = [&](KPool::Options const& o) {
+      KPool::store_pools(space, data.out, B, cd.block_table, cd.cache, o);
+    };
+    std::uint64_t const bytes = decode_step_bytes(d, S) + cache_bytes(pools);
+    constexpr CachePath built =
+        build_cache_path<T, KPool::Details::CacheItems::decode>();
     run.measure(
-        scenario, dtype, "decode_step_cache_fp8", tokens, B,
-        decode_step_bytes(d, S) + cache_bytes(pools), 2, d.ring,
-        [&](KPool::Options const& o) { decode_into(o, cd); },
-        "decode_step",
+        scenario, dtype, "decode_step_cache_fp8", tokens, B, bytes,
+        built == CachePath::second_pass ? 3 : 2, d.ring,
         [&](KPool::Options const& o) {
-          KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
-                             data.positions, data.slot_idx, B, data.out, o);
-        });
+          cached_decode<CachePath::automatic>(space, data, cd, B, o);
+        },
+        "decode_step", uncached, "store_pools_fp8", store);
+    run.set_cache_path(prefix + "decode_step_cache_fp8", path_name(built));
     // decode_step_cache_serving: the serving profile's cache, timed beside
     // decode_step_cache_fp8 (its overhead + 1 is the ratio to it).
     run.measure(
-        scenario, dtype, "decode_step_cache_serving", tokens, B,
-        decode_step_bytes(d, S) + cache_bytes(pools), 2, d.ring,
-        [&](KPool::Options const& o) { decode_into(o, serving); },
-        "decode_step_cache_fp8", [&](KPool::Options const& o) { decode_into(o, cd); });
+        scenario, dtype, "decode_step_cache_serving", tokens, B, bytes,
+        built == CachePath::second_pass ? 3 : 2, d.ring,
+        [&](KPool::Options const& o) {
+          cached_decode<CachePath::automatic>(space, data, serving, B, o);
+        },
+        "decode_step_cache_fp8",
+        [&](KPool::Options const& o) {
+          cached_decode<CachePath::automatic>(space, data, cd, B, o);
+        });
+    run.measure(
+        scenario, dtype, "decode_step_cache_fp8_in_step", tokens, B, bytes, 2,
+        d.ring,
+        [&](KPool::Options const& o) {
+          cached_decode<CachePath::in_step>(space, data, cd, B, o);
+        },
+        "decode_step", uncached, "store_pools_fp8", store);
+    run.set_cache_path(prefix + "decode_step_cache_fp8_in_step", "in_step");
+    run.measure(
+        scenario, dtype, "decode_step_cache_fp8_second_pass", tokens, B, bytes,
+        3, d.ring,
+        [&](KPool::Options const& o) {
+          cached_decode<CachePath::second_pass>(space, data, cd, B, o);
+        },
+        "decode_step", uncached, "store_pools_fp8", store);
+    run.set_cache_path(prefix + "decode_step_cache_fp8_second_pass",
+                       "second_pass");
+    uncached(KPool::Options());
+    space.fence();
+    run.measure(scenario, dtype, "store_pools_fp8", tokens, B,
+                static_cast<std::uint64_t>(pool_count(pools)) * (kD * S + 8) +
+                    cache_bytes(pools),
+                1, d.ring, store, "decode_step", uncached);
   }
   // The same tokens through the general (fused) step, for comparison.
   if (run.selected(prefix + "step_fused")) {
@@ -1354,6 +1557,23 @@ bool write_report(std::string const& path, std::vector<Result> const& results) {
       f << ", \"baseline_op\": " << json_string(r.baseline_op);
       f << ", \"baseline_seconds\": " << json_number(r.baseline_seconds);
       f << ", \"overhead\": " << json_number(r.overhead);
+    }
+    if (!r.pass_op.empty()) {
+      // The rule: cached <= uncached + store_pools, 5% for noise.
+      f << ", \"cache_path\": " << json_string(r.cache_path);
+      f << ", \"uncached_seconds\": " << json_number(r.baseline_seconds);
+      f << ", \"store_pools_op\": " << json_string(r.pass_op);
+      f << ", \"store_pools_seconds\": " << json_number(r.pass_seconds);
+      f << ", \"rule_ratio\": " << json_number(r.rule_ratio);
+      f << ", \"rule_ratio_p10\": " << json_number(r.rule_ratio_lo);
+      f << ", \"rule_ratio_p90\": " << json_number(r.rule_ratio_hi);
+      f << ", \"rule_ratio_min_times\": " << json_number(r.rule_ratio_best);
+      f << ", \"rule_holds\": " << (r.rule_ratio <= 1.05 ? "true" : "false");
+      f << ", \"cpu_seconds\": " << json_number(r.cpu_seconds);
+      f << ", \"uncached_cpu_seconds\": " << json_number(r.baseline_cpu_seconds);
+      f << ", \"store_pools_cpu_seconds\": " << json_number(r.pass_cpu_seconds);
+      f << ", \"rule_ratio_cpu\": " << json_number(r.rule_ratio_cpu);
+      f << ", \"rule_ratio_cpu_min\": " << json_number(r.rule_ratio_cpu_min);
     }
     f << "}";
   }

@@ -68,7 +68,31 @@ OPTIONAL_CASE_FIELDS = {
     "overhead": (int, float),
     "gemm_flops": (int, float),
     "gemm_seconds": (int, float),
+    # Cached steps (step_fused_cache_fp8*, decode_step_cache_fp8*): the path
+    # the cache write took, and the rule cached <= uncached + store_pools
+    # (+ 5%), all three timed in one loop: per run cached / (uncached +
+    # store_pools), its median (rule_ratio), 10th and 90th percentiles, the
+    # same ratio of the fastest runs, and rule_ratio <= 1.05 (rule_holds).
+    "cache_path": str,
+    "uncached_seconds": (int, float),
+    "store_pools_op": str,
+    "store_pools_seconds": (int, float),
+    "rule_ratio": (int, float),
+    "rule_ratio_p10": (int, float),
+    "rule_ratio_p90": (int, float),
+    "rule_ratio_min_times": (int, float),
+    # The same from process CPU time (all threads), which a shared
+    # machine's time slicing does not inflate.
+    "cpu_seconds": (int, float),
+    "uncached_cpu_seconds": (int, float),
+    "store_pools_cpu_seconds": (int, float),
+    "rule_ratio_cpu": (int, float),
+    "rule_ratio_cpu_min": (int, float),
 }
+
+# Fields a cached step case carries together (rule_holds is a JSON boolean).
+RULE_FIELDS = ("cache_path", "uncached_seconds", "store_pools_seconds",
+               "rule_ratio", "rule_holds")
 
 
 def is_type(value, types):
@@ -120,6 +144,19 @@ def check(report):
             if is_type(v, (int, float)) and not v > 0:
                 problems.append("%s: '%s' is %r, not positive"
                                 % (where, field, v))
+        if any(f in case for f in RULE_FIELDS):
+            for field in RULE_FIELDS:
+                if field not in case:
+                    problems.append("%s: missing field '%s'" % (where, field))
+            holds = case.get("rule_holds")
+            if "rule_holds" in case and not isinstance(holds, bool):
+                problems.append("%s: field 'rule_holds' is not a boolean"
+                                % where)
+            elif (isinstance(holds, bool)
+                  and is_type(case.get("rule_ratio"), (int, float))
+                  and holds != (case["rule_ratio"] <= 1.05)):
+                problems.append("%s: 'rule_holds' disagrees with 'rule_ratio'"
+                                % where)
         if case.get("name") in names:
             problems.append("%s: duplicate name" % where)
         names.add(case.get("name"))
@@ -147,6 +184,10 @@ def table(report, sort_key=None):
         if "overhead" in c:
             overhead = "%+.1f%% over %s" % (100.0 * c["overhead"],
                                             c.get("baseline_op", "?"))
+        if "rule_ratio" in c:
+            overhead += "; %s, rule %.3f %s" % (
+                c.get("cache_path", "?"), c["rule_ratio"],
+                "holds" if c.get("rule_holds") else "FAILS")
         rows.append([
             str(c.get("name", "")),
             str(c.get("op", "")),

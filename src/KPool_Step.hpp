@@ -8,6 +8,7 @@
 #include <KPool_TailUpdate.hpp>
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsCacheFunctors.hpp>
+#include <details/KPool_DetailsCachePath.hpp>
 #include <details/KPool_DetailsCacheWrite.hpp>
 #include <details/KPool_DetailsCall.hpp>
 #include <details/KPool_DetailsCompressFunctor.hpp>
@@ -189,16 +190,32 @@ void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
 }
 
 // The cache a step writes: none (NoCacheArg), or a PoolCache and the
-// call's block table.
+// call's block table. Path: where the pools are written
+// (KPool_DetailsCachePath.hpp); the public steps leave it automatic, tests
+// force each path.
 struct NoCacheArg {
   static constexpr bool enabled = false;
+  static constexpr CacheWritePath path = CacheWritePath::automatic;
 };
-template <class C, class M, class BlockTable>
+template <class C, class M, class BlockTable,
+          CacheWritePath Path = CacheWritePath::automatic>
 struct CacheArg {
   static constexpr bool enabled = true;
+  static constexpr CacheWritePath path = Path;
   PoolCache<C, M> const* cache;
   BlockTable const* block_table;
 };
+
+// Whether a cached step of ExecutionSpace, pools of T, items Items writes
+// its cache by a second launch (false without a cache).
+template <class ExecutionSpace, class T, CacheItems Items, class Arg>
+constexpr bool cache_second_pass() {
+  if constexpr (Arg::enabled)
+    return cache_write_path<ExecutionSpace, T, Items, Arg::path>() ==
+           CacheWritePath::second_pass;
+  else
+    return false;
+}
 
 // The compile-time checks of the steps' arguments, shared by the overloads
 // with and without a cache.
@@ -282,15 +299,46 @@ void check_step_blocks(
   }
 }
 
-// What a functor carries of the cache: NoCache, or the CacheTarget.
+// The CacheTarget of a step's cache argument (Arg enabled).
 template <class T, class Arg>
+auto arg_cache_target(Arg const& arg) {
+  return cache_target<typename std::remove_cv_t<
+                          std::remove_pointer_t<decltype(arg.cache)>>::value_type,
+                      accumulator_t<T>>(*arg.cache, *arg.block_table);
+}
+
+// What a step functor carries of the cache: the CacheTarget when it writes
+// the cache in the step, NoCache without a cache or when a second pass
+// writes it.
+template <class T, bool SecondPass, class Arg>
 auto step_cache_target(Arg const& arg) {
-  if constexpr (Arg::enabled)
-    return cache_target<typename std::remove_cv_t<
-                            std::remove_pointer_t<decltype(arg.cache)>>::value_type,
-                        accumulator_t<T>>(*arg.cache, *arg.block_table);
+  if constexpr (Arg::enabled && !SecondPass)
+    return arg_cache_target<T>(arg);
   else
     return NoCache();
+}
+
+// The second pass of a cached step, planned before anything is queued:
+// store_pools' launch over the output's first `rows` rows (the step's
+// bound on its count; the count itself read on the device). A no-op
+// without one.
+struct NoCachePass {
+  template <class ExecutionSpace>
+  void operator()(ExecutionSpace const&, std::string const&) const {}
+};
+
+template <class ExecutionSpace, class T, bool SecondPass, class M, class Arg>
+auto plan_cache_pass(Checker const& chk, ExecutionSpace const& space,
+                     StepOutput<T, M> const& out, Arg const& arg,
+                     std::uint64_t rows, int team_size) {
+  if constexpr (SecondPass)
+    return plan_store_pools<ExecutionSpace, T>(
+        chk, "out", space, out.pooled(), out.batch_row(), out.pool_id(),
+        out.count().data(), rows, arg_cache_target<T>(arg), team_size);
+  else {
+    (void)chk, (void)space, (void)out, (void)arg, (void)rows, (void)team_size;
+    return NoCachePass();
+  }
 }
 
 // A step functor's launch: `items` work items, with `per_item` scratch
@@ -367,8 +415,12 @@ void step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
                        ring_aligned(tail);
   std::uint64_t const requests = static_cast<std::uint64_t>(num_requests);
   std::uint64_t const rows = std::min<std::uint64_t>(bound, out.capacity());
-  auto const cache = step_cache_target<T>(arg);
+  constexpr bool second_pass =
+      cache_second_pass<ExecutionSpace, T, CacheItems::step, Arg>();
+  auto const cache = step_cache_target<T, second_pass>(arg);
   using Cache = std::remove_const_t<decltype(cache)>;
+  auto const cache_pass = plan_cache_pass<ExecutionSpace, T, second_pass>(
+      chk, space, out, arg, rows, options.team_size);
   dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned, [&](auto path) {
     using P = decltype(path);
     using Writer = RaggedWriter<ExecutionSpace, T, P, true>;
@@ -420,6 +472,8 @@ void step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
       launch_items(space, "KPool::step::seed_tail", seed_shape, seed);
     }
   });
+  // After the step on the same instance: it reads the rows the step wrote.
+  cache_pass(space, "KPool::step::cache");
 }
 
 template <class ExecutionSpace, class T, class M, class KeyView,
@@ -468,8 +522,16 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
       k.stride(2) == 1 && g.stride(2) == 1 && a.stride(1) == 1;
   bool const aligned = decode_aligned<ExecutionSpace, T, M>(k, g, a, tail) &&
                        rows_aligned(out.pooled().data(), D, 16);
-  auto const cache = step_cache_target<T>(arg);
+  constexpr bool second_pass =
+      cache_second_pass<ExecutionSpace, T, CacheItems::decode, Arg>();
+  auto const cache = step_cache_target<T, second_pass>(arg);
   using Cache = std::remove_const_t<decltype(cache)>;
+  auto const cache_pass = plan_cache_pass<ExecutionSpace, T, second_pass>(
+      chk, space, out, arg,
+      std::min<std::uint64_t>(static_cast<std::uint64_t>(num_requests) *
+                                  static_cast<std::uint64_t>(per_row),
+                              out.capacity()),
+      options.team_size);
   dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned, [&](auto path) {
     using P = decltype(path);
     TailUpdateFunctor<ExecutionSpace, T, P, true, Cache> f;
@@ -500,6 +562,7 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
                         static_cast<int>(B));
     launch_items(space, "KPool::decode_step::tail_update", shape, f);
   });
+  cache_pass(space, "KPool::decode_step::cache");
 }
 
 }  // namespace Details
@@ -577,12 +640,16 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 }
 
 /// KPool::step writing every pool it emits into a pool cache as well
-/// (docs/indexer.md, "The pool cache"), in the same launches: each pool
-/// goes from the registers that made it into team scratch, is rotated
-/// and quantized there (cached = Q(R(x))) and written to block
-/// block_table(r, p / block_pools), entry p % block_pools, for pool p of
-/// batch row r. A pool re-emitted after a rewind overwrites its entry.
-/// Everything else is KPool::step's.
+/// (docs/indexer.md, "The pool cache"): cached = Q(R(x)) of pool p of
+/// batch row r goes to block block_table(r, p / block_pools), entry p %
+/// block_pools. A pool re-emitted after a rewind overwrites its entry.
+/// On a GPU (and with device shapes) in the same launches: each pool goes
+/// from the registers that made it into team scratch, is rotated and
+/// quantized there. On a host, by whichever path measured cheaper
+/// (src/details/KPool_DetailsCachePath.hpp; the README's "Writing the
+/// pool cache"): in the step, or one more launch on `space` over the
+/// output's rows, store_pools' (the count read on the device). Same bytes
+/// either way. Everything else is KPool::step's.
 ///
 /// @tparam C the cache element type: T (a native cache) or
 /// KPool::float8_e4m3 (T not f64).
@@ -596,8 +663,9 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// output and the cache are unchanged). With validation off such a pool
 /// still reaches `out` and is left out of the cache.
 /// @par Launches and synchronization
-/// As KPool::step; with options.validate the block table's B rows are
-/// copied to the host too.
+/// As KPool::step, plus the cache's launch where a host writes it in a
+/// second pass; nothing more waits for the host. With options.validate the
+/// block table's B rows are copied to the host too.
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
           class GateView, class ApeView, class RowOffsetsView,
           class CacheLengthsView, class SlotView, class C,
@@ -688,8 +756,9 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 }
 
 /// KPool::decode_step writing every pool it closes into a pool cache as
-/// well, in the same launch, as the cache overload of KPool::step does
-/// (docs/indexer.md, "The pool cache"). Everything else is
+/// well, as the cache overload of KPool::step does (docs/indexer.md, "The
+/// pool cache"): in its launch on a GPU, by the cheaper path on a host
+/// (one more launch when that is the second pass). Everything else is
 /// KPool::decode_step's.
 ///
 /// @param cache the layer's cache, head_dim D; written.

@@ -60,7 +60,6 @@ void store_pools(ExecutionSpace const& space,
                 "type (native) or KPool::float8_e4m3");
   KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
                         "block_table");
-  using M = MemorySpace;
   using A = accumulator_t<T>;
 
   Details::KokkosExt::ScopedProfileRegion region("KPool::store_pools");
@@ -105,16 +104,11 @@ void store_pools(ExecutionSpace const& space,
   }
 
   if constexpr (is_cache_type<C, T>::value) {
-    Details::StorePoolsFunctor<ExecutionSpace, T, C> f;
-    f.pooled = Details::View2<const T, M>(out.pooled());
-    f.batch_row = Details::View1<const std::int32_t, M>(out.batch_row());
-    f.pool_id = Details::View1<const std::int32_t, M>(out.pool_id());
-    f.count = out.count().data();
-    f.capacity = out.capacity();
-    f.cache = Details::cache_target<C, A>(cache, block_table);
-    Details::LaunchShape const shape = Details::cache_items_shape<ExecutionSpace, A>(
-        chk, "out", space, f, rows, cache.head_dim(), 1, 1, options.team_size);
-    Details::launch_items(space, "KPool::store_pools", shape, f);
+    auto const pass = Details::plan_store_pools<ExecutionSpace, T>(
+        chk, "out", space, out.pooled(), out.batch_row(), out.pool_id(),
+        out.count().data(), rows, Details::cache_target<C, A>(cache, block_table),
+        options.team_size);
+    pass(space, "KPool::store_pools");
   }
 }
 

@@ -393,21 +393,76 @@ TEST_F(HostSync, StepsWithoutValidationNeitherFenceNorCopy) {
   }
 }
 
-// Writing the pool cache adds no launch: the steps' own kernels write it
-// (two for a fused step or a decode step, four for a three-launch step,
-// the same labels).
-TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunches) {
+// Writing the pool cache inside the step adds no launch: the steps' own
+// kernels write it (two for a fused step or a decode step, four for a
+// three-launch step, the same labels). Where the path is the second pass
+// (KPool_DetailsCachePath.hpp: hosts, 16-bit prefill pools) exactly one
+// launch follows the step's own, "KPool::step::cache" or
+// "KPool::decode_step::cache". Each path forced gives its own launches.
+template <KPool::Details::CacheWritePath P>
+std::vector<std::string> expected_launches(std::vector<std::string> plain,
+                                           std::string const& label) {
+  if (P == KPool::Details::CacheWritePath::second_pass) plain.push_back(label);
+  return plain;
+}
+
+TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunchesOrOneMore) {
+  using KPool::Details::CacheItems;
+  using KPool::Details::CacheWritePath;
+  using Table = decltype(Steps::block_table);
+  constexpr CacheWritePath step_path = KPool::Details::cache_write_path<E, T, CacheItems::step>();
+  constexpr CacheWritePath decode_path =
+      KPool::Details::cache_write_path<E, T, CacheItems::decode>();
   Steps s;
+  KPool::Options o;
+  o.validate = false;
   for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused step" : "three-launch step");
+    o.fused = fused;
     Recorder const plain = record([&] { s.step(fused, false); });
-    Recorder const cached = record([&] { s.step(fused, false, true); });
     EXPECT_EQ(plain.launches.size(), fused ? 2u : 4u);
-    EXPECT_EQ(cached.launches, plain.launches) << (fused ? "fused" : "three-launch") << " step";
+    Recorder const cached = record([&] { s.step(fused, false, true); });
+    EXPECT_EQ(cached.launches,
+              expected_launches<step_path>(plain.launches, "KPool::step::cache"));
+    Recorder const in_step = record([&] {
+      KPool::Details::step_impl(
+          s.space, s.ring, s.key, s.gate, s.ape, s.row_offsets, s.cache_lengths, s.slot_idx, 2,
+          s.out,
+          KPool::Details::CacheArg<KPool::float8_e4m3, M, Table, CacheWritePath::in_step>{
+              &s.cache, &s.block_table},
+          o);
+    });
+    EXPECT_EQ(in_step.launches, plain.launches);
+    Recorder const pass = record([&] {
+      KPool::Details::step_impl(
+          s.space, s.ring, s.key, s.gate, s.ape, s.row_offsets, s.cache_lengths, s.slot_idx, 2,
+          s.out,
+          KPool::Details::CacheArg<KPool::float8_e4m3, M, Table, CacheWritePath::second_pass>{
+              &s.cache, &s.block_table},
+          o);
+    });
+    EXPECT_EQ(pass.launches, expected_launches<CacheWritePath::second_pass>(
+                                 plain.launches, "KPool::step::cache"));
+    // The pass reads the count on the device: nothing waits for the host.
+    EXPECT_TRUE(pass.fences.empty() && pass.deep_copies == 0);
   }
   Recorder const plain = record([&] { s.decode(false); });
   Recorder const cached = record([&] { s.decode(false, true); });
   EXPECT_EQ(plain.launches.size(), 2u);
-  EXPECT_EQ(cached.launches, plain.launches) << "decode_step";
+  EXPECT_EQ(cached.launches,
+            expected_launches<decode_path>(plain.launches, "KPool::decode_step::cache"))
+      << "decode_step";
+  Recorder const pass = record([&] {
+    KPool::Details::decode_step_impl(
+        s.space, s.ring, s.dkey, s.dgate, s.ape, s.positions, s.slot_idx, 2, s.out,
+        KPool::Details::CacheArg<KPool::float8_e4m3, M, Table, CacheWritePath::second_pass>{
+            &s.cache, &s.block_table},
+        o);
+  });
+  EXPECT_EQ(pass.launches, expected_launches<CacheWritePath::second_pass>(
+                               plain.launches, "KPool::decode_step::cache"))
+      << "decode_step, second pass";
+  EXPECT_TRUE(pass.fences.empty() && pass.deep_copies == 0) << "decode_step, second pass";
 }
 
 // Validation reads the index arrays on the host: it fences, and only the

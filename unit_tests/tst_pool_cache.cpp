@@ -1,8 +1,10 @@
 // The pool cache (docs/indexer.md, "The pool cache"): store_pools writes exactly
 // the bytes of the independent reference KPoolCacheReference.hpp (values
 // and scales, memcmp), load_pools returns s * value (rotated back on
-// request), and a cache filled step by step is byte-identical to one filled
-// from a one-shot prefill of the same sequences.
+// request), a cache filled step by step is byte-identical to one filled
+// from a one-shot prefill of the same sequences, and a cached step writes
+// the same bytes by either path (in the step, or a second launch over its
+// output rows).
 
 #include <KPoolCacheTestUtils.hpp>
 
@@ -468,6 +470,174 @@ TYPED_TEST(PoolCacheTest, StreamedCachesEqualOneShotCaches) {
         same(streamed.pow2, once.pow2, "fp8 pow2");
       }
     }
+}
+
+// The two paths of a cached step's write (KPool_DetailsCachePath.hpp),
+// forced: the same calls (fresh prefills, chunk continuations, decodes with
+// drafts; fused and three-launch steps; a sequence without blocks, skipped
+// with validation off) through KPool::Details::step_impl and
+// decode_step_impl with CacheWritePath::in_step on one ring and cache and
+// second_pass on another leave caches whose values and scales are the same
+// bytes after every call, and every pool with a block has its entry.
+template <class Cfg, KPool::Details::CacheWritePath P>
+struct PathRun {
+  using T = typename Cfg::value_type;
+  using E = typename Cfg::execution_space;
+  using M = typename Cfg::memory_space;
+  using C = std::conditional_t<std::is_same<T, double>::value, T, KPool::float8_e4m3>;
+  using Table = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+
+  KPool::Ring<T, M> ring;
+  KPool::PoolCache<C, M> cache;
+  PathRun(int S, int K, int D, int num_blocks, int block_pools)
+      : ring(E(), S, K, D),
+        cache(E(), num_blocks, block_pools, D,
+              std::is_same<C, T>::value ? KPool::CacheScale::none : KPool::CacheScale::amax,
+              /*rotate=*/(D & (D - 1)) == 0) {
+    Kokkos::deep_copy(cache.scales(), -1.0f);  // unwritten entries
+  }
+  KPool::Details::CacheArg<C, M, Table, P> arg(Table const& table) const {
+    return {&cache, &table};
+  }
+};
+
+template <class Cfg>
+void check_cache_paths(int K, int D, std::uint64_t seed) {
+  using T = typename Cfg::value_type;
+  using E = typename Cfg::execution_space;
+  using M = typename Cfg::memory_space;
+  using U32 = Kokkos::View<std::uint32_t*, M>;
+  using Table = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+  using KPool::Details::CacheWritePath;
+  constexpr int S = 5, block_pools = 3;
+  Rng rng(seed);
+  std::vector<int> length;
+  for (int s = 0; s < S; ++s) length.push_back(1 + rng.below(12 * K));
+  int const max_pools = *std::max_element(length.begin(), length.end()) / K + 1;
+  Blocks const blocks = make_blocks(rng, S, (max_pools + block_pools - 1) / block_pools,
+                                    block_pools);
+  PathRun<Cfg, CacheWritePath::in_step> a(S, K, D, blocks.num_blocks, block_pools);
+  PathRun<Cfg, CacheWritePath::second_pass> b(S, K, D, blocks.num_blocks, block_pools);
+  Matrix const ape = random_ape(rng, K, D);
+  auto const ape_v = ape_view<M>(ape);
+  auto const input = [&](int seq, int pos, int c, int which) {
+    Rng r((seq * 0x9E3779B97F4A7C15ull) ^ (pos * 0xC2B2AE3D27D4EB4Full) ^
+          (static_cast<std::uint64_t>(c) * 0x165667B19E3779F9ull + which));
+    double const mag = which ? 4.0 : std::ldexp(1.0, static_cast<int>(r.next() % 9) - 4);
+    return KPoolRef::round_to(Cfg::dtype, r.uniform(-mag, mag));
+  };
+  KPool::Options o = test_options<E>();
+  o.validate = false;  // sequence 0 has no blocks: its pools are skipped
+
+  std::vector<int> fed(S, 0);
+  int calls = 0, decodes = 0;
+  for (int call = 0; call < 200; ++call) {
+    std::vector<int> seqs;
+    for (int s = 0; s < S; ++s)
+      if (fed[s] < length[s] && rng.below(4) != 0) seqs.push_back(s);
+    if (seqs.empty()) {
+      bool done = true;
+      for (int s = 0; s < S; ++s) done = done && fed[s] == length[s];
+      if (done) break;
+      continue;
+    }
+    for (int i = static_cast<int>(seqs.size()) - 1; i > 0; --i)
+      std::swap(seqs[i], seqs[rng.below(i + 1)]);
+    int const n = static_cast<int>(seqs.size());
+    bool const decode = rng.below(3) == 0;
+    std::vector<int> take;
+    for (int s : seqs)
+      take.push_back(std::min(length[s] - fed[s], decode ? 1 + rng.below(K + 1)
+                                                         : rng.below(3 * K + 2)));
+    Table table("block_table", n, blocks.max_blocks);
+    {
+      auto h = Kokkos::create_mirror_view(table);
+      for (int i = 0; i < n; ++i)
+        for (int c = 0; c < blocks.max_blocks; ++c)
+          h(i, c) = seqs[i] == 0 ? -1 : blocks.at(seqs[i], c);
+      Kokkos::deep_copy(table, h);
+    }
+    std::vector<std::uint32_t> slot(seqs.begin(), seqs.end());
+    auto const slot_v = to_index_view<U32>(slot, "slot_idx");
+    if (decode) {
+      int const next_n = *std::max_element(take.begin(), take.end());
+      Kokkos::View<T***, Kokkos::LayoutRight, M> key("key", n, next_n, D),
+          gate("gate", n, next_n, D);
+      Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> pos("positions", n, next_n);
+      auto hk = Kokkos::create_mirror_view(key);
+      auto hg = Kokkos::create_mirror_view(gate);
+      auto hp = Kokkos::create_mirror_view(pos);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < next_n; ++j) {
+          bool const real = j < take[i];
+          int const p = fed[seqs[i]] + j;
+          hp(i, j) = real ? p : -1;
+          for (int c = 0; c < D; ++c) {
+            hk(i, j, c) = to_storage<T>(real ? input(seqs[i], p, c, 0) : 0.0);
+            hg(i, j, c) = to_storage<T>(real ? input(seqs[i], p, c, 1) : 0.0);
+          }
+        }
+      Kokkos::deep_copy(key, hk);
+      Kokkos::deep_copy(gate, hg);
+      Kokkos::deep_copy(pos, hp);
+      KPool::StepOutput<T, M> out_a(E(), n * ((next_n + K - 1) / K), n, D),
+          out_b(E(), n * ((next_n + K - 1) / K), n, D);
+      KPool::Details::decode_step_impl(E(), a.ring, key, gate, ape_v, pos, slot_v, n,
+                                       out_a, a.arg(table), o);
+      KPool::Details::decode_step_impl(E(), b.ring, key, gate, ape_v, pos, slot_v, n,
+                                       out_b, b.arg(table), o);
+      ++decodes;
+    } else {
+      std::vector<std::uint32_t> offsets{0}, cache_lengths;
+      for (int i = 0; i < n; ++i) {
+        offsets.push_back(offsets.back() + take[i]);
+        cache_lengths.push_back(fed[seqs[i]]);
+      }
+      int const rows = std::max<int>(offsets.back(), 1);
+      Matrix key(rows, D), gate(rows, D);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < take[i]; ++j)
+          for (int c = 0; c < D; ++c) {
+            key.at(offsets[i] + j, c) = input(seqs[i], fed[seqs[i]] + j, c, 0);
+            gate.at(offsets[i] + j, c) = input(seqs[i], fed[seqs[i]] + j, c, 1);
+          }
+      auto const key_v = to_view<T, M>(key, "key");
+      auto const gate_v = to_view<T, M>(gate, "gate");
+      auto const off_v = to_index_view<U32>(offsets, "row_offsets");
+      auto const len_v = to_index_view<U32>(cache_lengths, "cache_lengths");
+      std::size_t const cap = KPool::StepOutput<T, M>::capacity_for(rows, n, K);
+      KPool::StepOutput<T, M> out_a(E(), cap, n, D), out_b(E(), cap, n, D);
+      o.fused = rng.below(2) == 0;
+      KPool::Details::step_impl(E(), a.ring, key_v, gate_v, ape_v, off_v, len_v, slot_v, n,
+                                out_a, a.arg(table), o);
+      KPool::Details::step_impl(E(), b.ring, key_v, gate_v, ape_v, off_v, len_v, slot_v, n,
+                                out_b, b.arg(table), o);
+    }
+    ++calls;
+    for (int i = 0; i < n; ++i) fed[seqs[i]] += take[i];
+    SCOPED_TRACE("call " + std::to_string(call) + (decode ? " (decode)" : " (step)"));
+    ASSERT_TRUE(same_bytes(value_bytes(b.cache), value_bytes(a.cache),
+                           sizeof(typename decltype(a.cache)::value_type), "values"));
+    ASSERT_TRUE(same_bytes(scale_bytes(b.cache), scale_bytes(a.cache), 4, "scales"));
+  }
+  for (int s = 0; s < S; ++s) ASSERT_EQ(fed[s], length[s]) << "sequence " << s;
+  EXPECT_GT(decodes, 0);
+  EXPECT_GT(calls - decodes, 0);
+  // Every pool of sequences 1.. has its entry; sequence 0's none.
+  int want = 0;
+  for (int s = 1; s < S; ++s) want += length[s] / K;
+  auto const scales = on_host(a.cache.scales());
+  int written = 0;
+  for (std::size_t i = 0; i < scales.size(); ++i) written += scales.data()[i] != -1.0f;
+  EXPECT_EQ(written, want);
+  EXPECT_GT(want, 5);
+}
+
+TYPED_TEST(PoolCacheTest, BothCacheWritePathsStoreTheSameBytes) {
+  for (auto const& [K, D] : std::initializer_list<std::pair<int, int>>{{4, 8}, {3, 128}}) {
+    SCOPED_TRACE(shape(K, D));
+    check_cache_paths<TypeParam>(K, D, 977 * K + D);
+  }
 }
 
 }  // namespace

@@ -72,6 +72,40 @@ struct StorePoolsFunctor {
   }
 };
 
+// store_pools' launch, planned (and its size checked) before anything is
+// queued: the functor over rows [0, count) of a step's output (count read
+// on the device) and its shape, `rows` work items (at least count; teams
+// past count return at once). store_pools runs it, and so does a cached
+// step taking the second pass (KPool_DetailsCachePath.hpp).
+template <class ExecutionSpace, class T, class C>
+struct StorePoolsLaunch {
+  StorePoolsFunctor<ExecutionSpace, T, C> functor;
+  LaunchShape shape;
+
+  void operator()(ExecutionSpace const& space, std::string const& label) const {
+    launch_items(space, label, shape, functor);
+  }
+};
+
+template <class ExecutionSpace, class T, class C, class M, class PooledView,
+          class IndexView>
+StorePoolsLaunch<ExecutionSpace, T, C> plan_store_pools(
+    Checker const& chk, std::string const& argument, ExecutionSpace const& space,
+    PooledView const& pooled, IndexView const& batch_row,
+    IndexView const& pool_id, std::uint32_t const* count, std::uint64_t rows,
+    CacheTarget<C, accumulator_t<T>, M> const& target, int team_size) {
+  StorePoolsLaunch<ExecutionSpace, T, C> l;
+  l.functor.pooled = View2<const T, M>(pooled);
+  l.functor.batch_row = View1<const std::int32_t, M>(batch_row);
+  l.functor.pool_id = View1<const std::int32_t, M>(pool_id);
+  l.functor.count = count;
+  l.functor.capacity = pooled.extent(0);
+  l.functor.cache = target;
+  l.shape = cache_items_shape<ExecutionSpace, accumulator_t<T>>(
+      chk, argument, space, l.functor, rows, target.head_dim(), 1, 1, team_size);
+  return l;
+}
+
 // The dequantized value s * value (a native cache's scale is 1 and is not
 // read).
 template <class A, class C>
