@@ -111,8 +111,10 @@ struct DecodeSelectRows {
 ///   decode_step(), query row r * next_n + i is entry (r, i) of positions,
 ///   the rows built on the device from positions (no host work).
 ///
-/// Results are bit for bit the low-level calls' on the same objects; the
-/// low-level entry points stay for engines that own their buffers.
+/// The layer keeps references to the step's index views (not copies):
+/// leave them unchanged until the selection has been queued. Results are
+/// bit for bit the low-level calls' on the same objects; the low-level
+/// entry points stay for engines that own their buffers.
 ///
 /// @tparam T the storage type of keys, gates and queries.
 /// @tparam C the cache element type: T (native) or KPool::float8_e4m3.

@@ -71,6 +71,7 @@ void layer_matches_low_level(bool rotate) {
   cfg.block_pools = 4;
   cfg.rotate = rotate;
   int const K = cfg.kpool, D = cfg.head_dim, H = cfg.num_heads;
+  (void)H;  // the selection's heads (with Kokkos Kernels)
   Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", K, D);
   fill(rng, ape, -1, 1);
   KPool::Layer<T, C, M> layer(space, cfg, ape);

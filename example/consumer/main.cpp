@@ -330,7 +330,7 @@ int main(int argc, char* argv[]) {
   }
   Layer layer(space, config, ape);
   std::printf("ring length %d (K = %d, %d drafts)\n", layer.ring().ring_length(), K, kDrafts);
-  Sequence a{0, 0, 0}, b{1, 1, kBlocksPerSeq}, c{2, 1, kBlocksPerSeq};
+  Sequence a{0, 0, 0, 0, {}}, b{1, 1, kBlocksPerSeq, 0, {}}, c{2, 1, kBlocksPerSeq, 0, {}};
 
   // 1. Chunked prefill: A has a 19-token prompt, B 10. Batch rows need not
   //    follow slots: in the second call B is row 0.
