@@ -259,6 +259,47 @@ TEST(Layer, SelectionNeedsAStepFirst) {
     EXPECT_EQ(e.entry_point(), "KPool::Layer::select_tokens");
   }
 }
+
+// After a decode step, entry (r, i) is position base_r + i: a row whose
+// first real entry is at index i with a position below i has no such base,
+// and validation refuses it (row and value named).
+TEST(Layer, DecodeSelectionRefusesANegativeBase) {
+  E space;
+  KPool::LayerConfig cfg;
+  cfg.kpool = 2;
+  cfg.head_dim = 8;
+  cfg.num_heads = 2;
+  cfg.max_slots = 2;
+  cfg.drafts = 2;
+  cfg.max_batch = 2;
+  cfg.max_tokens = 6;
+  cfg.num_blocks = 4;
+  cfg.block_pools = 2;
+  Kokkos::View<float**, M> ape("ape", 2, 8);
+  KPool::Layer<float, float, M> layer(space, cfg, ape);
+  Kokkos::View<float***, M> key("key", 2, 3, 8), gate("gate", 2, 3, 8);
+  U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx");
+  I2 const table = positions_view<M>({0, 1, 2, 3}, 2);  // row r: blocks 2r, 2r + 1
+  Kokkos::View<float***, M> q("q", 6, 2, 8);
+  Kokkos::View<float**, M> w("w", 6, 2);
+  I2 tokens("tokens", 6, KPool::select_tokens_width(1, 2));
+  // Row 1: padding, then positions 0 and 1 (base -1).
+  layer.decode_step(space, key, gate, positions_view<M>({0, 1, 2, -1, 0, 1}, 3), slots, 2,
+                    table);
+  try {
+    layer.select_tokens(space, q, w, 1, tokens);
+    ADD_FAILURE() << "accepted a row whose entries would start below position 0";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.entry_point(), "KPool::Layer::select_tokens");
+    EXPECT_EQ(e.argument(), "positions");
+    EXPECT_EQ(e.row(), 1);
+    EXPECT_EQ(e.value(), "0");
+  }
+  // Left padding with room below is a position like any other.
+  layer.decode_step(space, key, gate, positions_view<M>({3, 4, 5, -1, 2, 3}, 3), slots, 2,
+                    table);
+  EXPECT_NO_THROW(layer.select_tokens(space, q, w, 1, tokens));
+}
 #endif
 
 }  // namespace
