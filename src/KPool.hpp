@@ -11,7 +11,8 @@
 /// k-pool compression kernels of a k-pooled sparse-attention indexer, on
 /// Kokkos: the writers (compress, ring_close, seed_tail, tail_update,
 /// expand_topk), the serving steps (step, decode_step) and their state
-/// (Ring, StepOutput). Every entry point takes the execution space
+/// (Ring, StepOutput, PoolCache), and KPool::Layer, which owns all of
+/// one indexer layer's state. Every entry point takes the execution space
 /// instance first and an Options last, checks its arguments before
 /// launching anything (throwing InvalidArgument) and queues all its work
 /// on that instance. KPool::Details holds the internals.
@@ -24,6 +25,7 @@
 
 #include <KPool_Compress.hpp>
 #include <KPool_ExpandTopk.hpp>
+#include <KPool_Layer.hpp>
 #include <KPool_PoolCache.hpp>
 #include <KPool_Ring.hpp>
 #include <KPool_RingClose.hpp>

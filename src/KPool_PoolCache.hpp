@@ -79,30 +79,46 @@ class PoolCache {
 
   PoolCache() = default;
 
-  /// A zero-filled cache (values and scales 0, filled on `space`), in the
-  /// split layout.
-  /// Throws KPool::InvalidArgument (entry point "KPool::PoolCache") for
-  /// sizes below 1, an fp8 cache with scale none, a native cache with a
-  /// scale other than none, rotation with a head_dim that is not a power of
-  /// two, or the serving profile on a native cache or with a scale other
-  /// than pow2.
+  /// A zero-filled cache for pools of `kpool` tokens (values and scales 0,
+  /// filled on `space`), in the split layout. The cache remembers K: the
+  /// steps refuse to write it from a ring of another K, and score_select
+  /// and select_tokens refuse a `kpool` argument other than K (a K mismatch
+  /// would otherwise give silently wrong visible pools).
+  /// @param space the instance the zero fill is queued on.
+  /// @param num_blocks blocks of the cache (>= 1).
+  /// @param block_pools pools a block holds (>= 1).
+  /// @param head_dim D, channels of a pooled key (>= 1).
+  /// @param kpool K, tokens per pool (>= 1).
+  /// @param scale the fp8 scale mode (default amax for fp8, none native).
+  /// @param rotate whether pools are stored rotated (D a power of two).
+  /// @param profile exact, or serving (fp8 with scale pow2 only).
+  /// @throws KPool::InvalidArgument (entry point "KPool::PoolCache") for
+  /// sizes or kpool below 1, an fp8 cache with scale none, a native cache
+  /// with a scale other than none, rotation with a head_dim that is not a
+  /// power of two, or the serving profile on a native cache or with a
+  /// scale other than pow2.
+  template <class ExecutionSpace>
+  PoolCache(ExecutionSpace const& space, int num_blocks, int block_pools,
+            int head_dim, int kpool,
+            CacheScale scale = is_fp8 ? CacheScale::amax : CacheScale::none,
+            bool rotate = false, CacheProfile profile = CacheProfile::exact)
+      : scale_(scale), profile_(profile), rotate_(rotate), kpool_(kpool) {
+    allocate(space, num_blocks, block_pools, head_dim, true, kpool, scale,
+             rotate, profile);
+  }
+
+  /// The original constructor, kept so existing code compiles: a cache
+  /// that does not know its K (kpool() is 0), which the steps and the
+  /// selections therefore cannot check against theirs. Prefer the
+  /// constructor above, which takes K after head_dim.
+  /// @throws KPool::InvalidArgument as the constructor above.
   template <class ExecutionSpace>
   PoolCache(ExecutionSpace const& space, int num_blocks, int block_pools,
             int head_dim, CacheScale scale = is_fp8 ? CacheScale::amax : CacheScale::none,
             bool rotate = false, CacheProfile profile = CacheProfile::exact)
       : scale_(scale), profile_(profile), rotate_(rotate) {
-    static_assert(Kokkos::SpaceAccessibility<ExecutionSpace, MemorySpace>::accessible,
-                  "KPool::PoolCache: the execution space must reach the memory space");
-    check(num_blocks, block_pools, head_dim, scale, rotate, profile);
-    values_ = values_type(Kokkos::view_alloc(space, "KPool::PoolCache::values"),
-                          num_blocks, block_pools, head_dim);
-    scales_ = scales_type(Kokkos::view_alloc(space, "KPool::PoolCache::scales"),
-                          num_blocks, block_pools);
-    set_sizes(num_blocks, block_pools, head_dim);
-    values_data_ = values_.data();
-    scales_data_ = scales_.data();
-    values_block_stride_ = static_cast<std::int64_t>(block_pools) * head_dim;
-    scales_block_stride_ = block_pools;
+    allocate(space, num_blocks, block_pools, head_dim, false, 0, scale, rotate,
+             profile);
   }
 
   /// A serving-profile fp8 cache (scale pow2) over a caller-owned buffer in
@@ -116,12 +132,15 @@ class PoolCache {
   /// block_pools * D and stride(0) are multiples of 4 and the data pointer
   /// is 4-byte aligned (so every scale is an aligned f32), and D is a power
   /// of two when rotate.
+  /// `kpool`: K, checked as by the constructors above (0: unknown, as the
+  /// K-less constructor).
   PoolCache(bytes_type const& bytes, int block_pools, int head_dim,
-            bool rotate = false)
+            bool rotate = false, int kpool = 0)
       : scale_(CacheScale::pow2),
         profile_(CacheProfile::serving),
         layout_(CacheLayout::fused),
-        rotate_(rotate) {
+        rotate_(rotate),
+        kpool_(kpool) {
     auto const fail = [](std::string const& arg, std::string const& value,
                          std::string const& problem) {
       throw InvalidArgument("KPool::PoolCache", arg, "", -1, value, problem);
@@ -132,8 +151,8 @@ class PoolCache {
            "fp8_e4m3 entries (PoolCache<KPool::float8_e4m3>)");
     int const num_blocks =
         static_cast<int>(std::min<std::size_t>(bytes.extent(0), 0x7FFFFFFF));
-    check(num_blocks, block_pools, head_dim, CacheScale::pow2, rotate,
-          CacheProfile::serving);
+    check(num_blocks, block_pools, head_dim, kpool != 0, kpool,
+          CacheScale::pow2, rotate, CacheProfile::serving);
     std::size_t const need =
         static_cast<std::size_t>(block_pools) * (static_cast<std::size_t>(head_dim) + 4);
     if (bytes.extent(1) < need)
@@ -175,6 +194,9 @@ class PoolCache {
   CacheScale scale() const { return scale_; }
   CacheProfile profile() const { return profile_; }
   CacheLayout layout() const { return layout_; }
+  /// K, the tokens per pool the cache was built for; 0 when it was built
+  /// without one (the K-less constructor), which nothing can check.
+  int kpool() const { return kpool_; }
   /// Whether pools are stored rotated by the orthonormal Walsh-Hadamard
   /// transform.
   bool rotated() const { return rotate_; }
@@ -191,6 +213,25 @@ class PoolCache {
   std::int64_t scales_block_stride() const { return scales_block_stride_; }
 
  private:
+  template <class ExecutionSpace>
+  void allocate(ExecutionSpace const& space, int num_blocks, int block_pools,
+                int head_dim, bool has_kpool, int kpool, CacheScale scale,
+                bool rotate, CacheProfile profile) {
+    static_assert(Kokkos::SpaceAccessibility<ExecutionSpace, MemorySpace>::accessible,
+                  "KPool::PoolCache: the execution space must reach the memory space");
+    check(num_blocks, block_pools, head_dim, has_kpool, kpool, scale, rotate,
+          profile);
+    values_ = values_type(Kokkos::view_alloc(space, "KPool::PoolCache::values"),
+                          num_blocks, block_pools, head_dim);
+    scales_ = scales_type(Kokkos::view_alloc(space, "KPool::PoolCache::scales"),
+                          num_blocks, block_pools);
+    set_sizes(num_blocks, block_pools, head_dim);
+    values_data_ = values_.data();
+    scales_data_ = scales_.data();
+    values_block_stride_ = static_cast<std::int64_t>(block_pools) * head_dim;
+    scales_block_stride_ = block_pools;
+  }
+
   void set_sizes(int num_blocks, int block_pools, int head_dim) {
     num_blocks_ = num_blocks;
     block_pools_ = block_pools;
@@ -198,7 +239,8 @@ class PoolCache {
   }
 
   static void check(int num_blocks, int block_pools, int head_dim,
-                    CacheScale scale, bool rotate, CacheProfile profile) {
+                    bool has_kpool, int kpool, CacheScale scale, bool rotate,
+                    CacheProfile profile) {
     auto const fail = [](std::string const& arg, std::string const& value,
                          std::string const& problem) {
       throw InvalidArgument("KPool::PoolCache", arg, "", -1, value, problem);
@@ -209,6 +251,8 @@ class PoolCache {
       fail("block_pools", std::to_string(block_pools), "is not at least 1");
     if (head_dim < 1)
       fail("head_dim", std::to_string(head_dim), "is not at least 1");
+    if (has_kpool && kpool < 1)
+      fail("kpool", std::to_string(kpool), "is not at least 1");
     if (is_fp8 && scale == CacheScale::none)
       fail("scale", "none",
            "is not a scale mode of an fp8 cache (use amax or pow2)");
@@ -242,6 +286,7 @@ class PoolCache {
   CacheProfile profile_ = CacheProfile::exact;
   CacheLayout layout_ = CacheLayout::split;
   bool rotate_ = false;
+  int kpool_ = 0;
 };
 
 }  // namespace KPool

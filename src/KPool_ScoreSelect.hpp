@@ -193,12 +193,15 @@ void score_select(ExecutionSpace const& space,
                   Options const& options = Options()) {
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace,
                                "pool_ids");
-  Details::KokkosExt::ScopedProfileRegion region("KPool::score_select");
-  Details::Checker const chk("KPool::score_select");
-  Details::score_select_call<false>(chk, space, row_offsets, cache_lengths,
-                                    block_table, num_requests, kpool, q,
-                                    weights, cache, topk, "pool_ids",
-                                    pool_ids, workspace, options);
+  if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
+                !Details::view_facts<PoolIdsView>::is_const) {
+    Details::KokkosExt::ScopedProfileRegion region("KPool::score_select");
+    Details::Checker const chk("KPool::score_select");
+    Details::score_select_call<false>(chk, space, row_offsets, cache_lengths,
+                                      block_table, num_requests, kpool, q,
+                                      weights, cache, topk, "pool_ids",
+                                      pool_ids, workspace, options);
+  }
 }
 
 }  // namespace KPool

@@ -57,12 +57,15 @@ void select_tokens(ExecutionSpace const& space,
                    Options const& options = Options()) {
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(TokensView, std::int32_t, 2, ExecutionSpace,
                                "tokens");
-  Details::KokkosExt::ScopedProfileRegion region("KPool::select_tokens");
-  Details::Checker const chk("KPool::select_tokens");
-  Details::score_select_call<true>(chk, space, row_offsets, cache_lengths,
-                                   block_table, num_requests, kpool, q,
-                                   weights, cache, topk, "tokens", tokens,
-                                   workspace, options);
+  if constexpr (Details::view_ok<TokensView, std::int32_t, 2, ExecutionSpace>() &&
+                !Details::view_facts<TokensView>::is_const) {
+    Details::KokkosExt::ScopedProfileRegion region("KPool::select_tokens");
+    Details::Checker const chk("KPool::select_tokens");
+    Details::score_select_call<true>(chk, space, row_offsets, cache_lengths,
+                                     block_table, num_requests, kpool, q,
+                                     weights, cache, topk, "tokens", tokens,
+                                     workspace, options);
+  }
 }
 
 }  // namespace KPool

@@ -27,6 +27,34 @@
 
 namespace KPool {
 
+/// What StepOutput::to_host copies besides the count and the offsets.
+enum class StepOutputParts {
+  /// batch_row and pool_id of rows [0, count).
+  ids,
+  /// batch_row, pool_id and the pooled keys of rows [0, count) (count * D
+  /// values: the large part).
+  ids_and_pooled
+};
+
+/// A host copy of the last call's part of a StepOutput (StepOutput::to_host):
+/// plain host views, sized for that call.
+/// @tparam T the storage type of the pooled keys.
+template <class T>
+struct HostStepOutput {
+  /// How many pools the call closed.
+  std::uint32_t count = 0;
+  /// [B + 1]: request r's rows are [offsets(r), offsets(r + 1)).
+  Kokkos::View<std::uint32_t*, Kokkos::HostSpace> offsets;
+  /// [count]: the request index of each row.
+  Kokkos::View<std::int32_t*, Kokkos::HostSpace> batch_row;
+  /// [count]: each row's pool id j (positions [jK, jK + K)).
+  Kokkos::View<std::int32_t*, Kokkos::HostSpace> pool_id;
+  /// [count, D] with StepOutputParts::ids_and_pooled, else empty.
+  Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> pooled;
+  /// @return B, the batch size of the call.
+  int batch_size() const { return static_cast<int>(offsets.extent(0)) - 1; }
+};
+
 /// Every pool a step closed, compacted on the device (docs/writers.md,
 /// "Reading a StepOutput"). Allocate once, at the largest call you will
 /// make, and reuse: the steps allocate nothing. One StepOutput serves both
@@ -37,8 +65,9 @@ namespace KPool {
 /// ring_close pool first); batch_row(i) is the request index r of row i
 /// (the batch row of that call, not the slot); pool_id(i) the pool's id j,
 /// covering positions [jK, jK + K) of its sequence. count is offsets(B), on
-/// the device: nothing waits for the host. To read any of it on the host,
-/// deep_copy it to a host mirror (which waits for the step). Each call
+/// the device: nothing waits for the host. To read it on the host, to_host()
+/// copies the count, the offsets and the rows in one call (or deep_copy a
+/// view to a host mirror; either waits for the step). Each call
 /// overwrites rows [0, count), offsets [0, B] and the count; later rows
 /// keep earlier calls' values.
 ///
@@ -132,12 +161,66 @@ class StepOutput {
   int max_batch() const { return static_cast<int>(offsets_.extent(0)) - 1; }
   /// @return D, channels of a key.
   int head_dim() const { return static_cast<int>(pooled_.extent(1)); }
+  /// @return B of the last call (0 before the first).
+  int batch_size() const { return batch_; }
+
+  /// The last call's results on the host, in one call: the count, the
+  /// offsets [0, B] and rows [0, count) of batch_row and pool_id, and with
+  /// StepOutputParts::ids_and_pooled the pooled keys too. Queues the copies
+  /// on `space` after the step and waits for them (two fences: the count
+  /// sizes the rest). Allocates the host views (labelled
+  /// "KPool::StepOutput::host_*"): for reading results, not for the hot
+  /// path of a serving loop.
+  /// @param space the instance the step ran on.
+  /// @param parts what to copy besides the count and the offsets.
+  /// @return a HostStepOutput of the last call (count 0 before the first).
+  template <class ExecutionSpace>
+  HostStepOutput<T> to_host(ExecutionSpace const& space,
+                            StepOutputParts parts = StepOutputParts::ids) const {
+    using Kokkos::HostSpace;
+    HostStepOutput<T> h;
+    std::size_t const B = static_cast<std::size_t>(batch_);
+    if (offsets_.extent(0) == 0) return h;
+    h.offsets = Kokkos::View<std::uint32_t*, HostSpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing,
+                           "KPool::StepOutput::host_offsets"),
+        B + 1);
+    Kokkos::deep_copy(space, h.offsets,
+                      Kokkos::subview(offsets_, std::make_pair(std::size_t(0), B + 1)));
+    space.fence();
+    // A count past the capacity (only after a step whose bad data went
+    // unchecked) reads what exists.
+    std::size_t const n = std::min<std::size_t>(h.offsets(B), capacity());
+    h.count = static_cast<std::uint32_t>(n);
+    auto const rows = std::make_pair(std::size_t(0), n);
+    h.batch_row = Kokkos::View<std::int32_t*, HostSpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing,
+                           "KPool::StepOutput::host_batch_row"),
+        n);
+    h.pool_id = Kokkos::View<std::int32_t*, HostSpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing,
+                           "KPool::StepOutput::host_pool_id"),
+        n);
+    Kokkos::deep_copy(space, h.batch_row, Kokkos::subview(batch_row_, rows));
+    Kokkos::deep_copy(space, h.pool_id, Kokkos::subview(pool_id_, rows));
+    if (parts == StepOutputParts::ids_and_pooled) {
+      h.pooled = Kokkos::View<T**, Kokkos::LayoutRight, HostSpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing,
+                             "KPool::StepOutput::host_pooled"),
+          n, pooled_.extent(1));
+      Kokkos::deep_copy(space, h.pooled,
+                        Kokkos::subview(pooled_, rows, Kokkos::ALL));
+    }
+    space.fence();
+    return h;
+  }
 
   /// Used by the steps (not by callers): points count() at offsets(batch)
   /// for a call of `batch` rows.
   /// @param batch the call's batch size B.
   /// @return the call's offsets, [0, B].
   offsets_type begin_call(int batch) {
+    batch_ = batch;
     count_ = Kokkos::subview(offsets_, static_cast<std::size_t>(batch));
     return Kokkos::subview(
         offsets_, std::make_pair(std::size_t(0), static_cast<std::size_t>(batch) + 1));
@@ -149,6 +232,7 @@ class StepOutput {
   index_type pool_id_;
   offsets_type offsets_;
   count_type count_;
+  int batch_ = 0;
 };
 
 namespace Details {
@@ -219,10 +303,12 @@ constexpr bool cache_second_pass() {
 
 // The compile-time checks of the steps' arguments, shared by the overloads
 // with and without a cache.
+// Each returns whether every check holds; the entry points skip their body
+// otherwise (`if constexpr`), so one static_assert is the only error.
 template <class ExecutionSpace, class T, class KeyView, class GateView,
           class ApeView, class RowOffsetsView, class CacheLengthsView,
           class SlotView>
-constexpr void check_step_views() {
+constexpr bool check_step_views() {
   KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
   KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
   KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
@@ -232,11 +318,17 @@ constexpr void check_step_views() {
                         "cache_lengths");
   KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
                         "slot_idx");
+  return view_ok<KeyView, T, 2, ExecutionSpace>() &&
+         view_ok<GateView, T, 2, ExecutionSpace>() &&
+         view_ok<ApeView, float, 2, ExecutionSpace>() &&
+         view_ok<RowOffsetsView, std::uint32_t, 1, ExecutionSpace>() &&
+         view_ok<CacheLengthsView, std::uint32_t, 1, ExecutionSpace>() &&
+         view_ok<SlotView, std::uint32_t, 1, ExecutionSpace>();
 }
 
 template <class ExecutionSpace, class T, class KeyView, class GateView,
           class ApeView, class PositionsView, class SlotView>
-constexpr void check_decode_views() {
+constexpr bool check_decode_views() {
   KPOOL_IMPL_CHECK_VIEW(KeyView, T, 3, ExecutionSpace, "key");
   KPOOL_IMPL_CHECK_VIEW(GateView, T, 3, ExecutionSpace, "gate");
   KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
@@ -244,31 +336,42 @@ constexpr void check_decode_views() {
                         "positions");
   KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
                         "slot_idx");
+  return view_ok<KeyView, T, 3, ExecutionSpace>() &&
+         view_ok<GateView, T, 3, ExecutionSpace>() &&
+         view_ok<ApeView, float, 2, ExecutionSpace>() &&
+         view_ok<PositionsView, std::int32_t, 2, ExecutionSpace>() &&
+         view_ok<SlotView, std::uint32_t, 1, ExecutionSpace>();
 }
 
 // A cache of element type C for pools of T, and its block table.
 template <class ExecutionSpace, class T, class C, class BlockTableView>
-constexpr void check_cache_arg() {
+constexpr bool check_cache_arg() {
   static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
                 "KPool: a cache holds the pools' own storage type (native) "
                 "or KPool::float8_e4m3");
   KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
                         "block_table");
+  return (std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value) &&
+         view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>();
 }
 
 // Shapes of a step's cache, checked always: the cache has storage, D the
 // call's, fp8 only for pools that are not f64, rotation only for D a
-// power of two, the block table one row per batch row, and `slots` pools
+// power of two, K the ring's (when the cache knows its K), the block table
+// a row per live request (as the selections take it), and `slots` pools
 // (what one work item may stage) fit a team's scratch.
 template <class ExecutionSpace, class T, class Arg>
 void check_step_cache(Checker const& chk, ExecutionSpace const& space,
-                      Arg const& arg, int head_dim, std::size_t batch,
-                      int slots) {
+                      Arg const& arg, int kpool, int head_dim,
+                      std::size_t live_rows, int slots) {
   if constexpr (Arg::enabled) {
-    chk.extent_is("block_table", 0, arg.block_table->extent(0), batch,
-                  "the batch size B");
+    if (arg.cache->is_allocated() && arg.cache->kpool() != 0 &&
+        arg.cache->kpool() != kpool)
+      chk.fail("cache", "kpool", -1, std::to_string(arg.cache->kpool()),
+               "does not match the kpool of the ring = " +
+                   std::to_string(kpool) + " (the K the cache was built for)");
     check_cache_shapes<ExecutionSpace, T>(chk, space, *arg.cache,
-                                          *arg.block_table, head_dim, batch);
+                                          *arg.block_table, head_dim, live_rows);
     std::size_t max_bytes = 0;
     if (!cache_scratch_fits<ExecutionSpace, accumulator_t<T>>(
             space, head_dim, slots, &max_bytes))
@@ -277,7 +380,8 @@ void check_step_cache(Checker const& chk, ExecutionSpace const& space,
                    " pools a row does not fit the " + std::to_string(max_bytes) +
                    " bytes of team scratch this execution space offers");
   } else {
-    (void)chk, (void)space, (void)arg, (void)head_dim, (void)batch, (void)slots;
+    (void)chk, (void)space, (void)arg, (void)kpool, (void)head_dim,
+        (void)live_rows, (void)slots;
   }
 }
 
@@ -389,7 +493,7 @@ void step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
       chk, out, static_cast<std::size_t>(call.batch_size), D, bound,
       "rows this step may need (floor(key rows / K) + num_requests)");
   check_step_cache<ExecutionSpace, T>(
-      chk, space, arg, D, static_cast<std::size_t>(call.batch_size), 1);
+      chk, space, arg, K, D, static_cast<std::size_t>(num_requests), 1);
   if (options.validate) {
     HostBatch const hb = check_ragged_batch(
         chk, space, row_offsets, cache_lengths, &slot_idx, num_requests,
@@ -504,7 +608,8 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
   int const per_row = static_cast<int>(std::min<std::size_t>(
       (next_n + static_cast<std::size_t>(K) - 1) / static_cast<std::size_t>(K),
       0x7FFFFFFF));
-  check_step_cache<ExecutionSpace, T>(chk, space, arg, D, B, per_row);
+  check_step_cache<ExecutionSpace, T>(
+      chk, space, arg, K, D, static_cast<std::size_t>(num_requests), per_row);
   if (options.validate) {
     std::vector<std::pair<std::int64_t, std::int64_t>> pools;
     check_decode_batch(chk, space, positions, slot_idx, num_requests, K,
@@ -632,11 +737,12 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                              typename ExecutionSpace::memory_space>::value,
                 "KPool::step: the ring and the output must live in the "
                 "execution space's memory space");
-  Details::check_step_views<ExecutionSpace, T, KeyView, GateView, ApeView,
-                            RowOffsetsView, CacheLengthsView, SlotView>();
-  Details::step_impl(space, ring, key, gate, ape, row_offsets, cache_lengths,
-                     slot_idx, num_requests, out, Details::NoCacheArg(),
-                     options);
+  if constexpr (Details::check_step_views<ExecutionSpace, T, KeyView, GateView,
+                                          ApeView, RowOffsetsView,
+                                          CacheLengthsView, SlotView>())
+    Details::step_impl(space, ring, key, gate, ape, row_offsets, cache_lengths,
+                       slot_idx, num_requests, out, Details::NoCacheArg(),
+                       options);
 }
 
 /// KPool::step writing every pool it emits into a pool cache as well
@@ -654,10 +760,12 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// @tparam C the cache element type: T (a native cache) or
 /// KPool::float8_e4m3 (T not f64).
 /// @param cache the layer's cache, head_dim D; written.
-/// @param block_table [B, max_blocks] int32, any layout: row r's blocks.
+/// @param block_table [>= num_requests, max_blocks] int32, any layout: row
+/// r's blocks (the rule score_select and select_tokens take it by).
 /// @throws KPool::InvalidArgument as KPool::step, and for a cache without
-/// storage, of another head_dim, fp8 for f64 pools, or a block table
-/// without B rows (always); with options.validate, a pool this call
+/// storage, of another head_dim, built for another K than the ring's, fp8
+/// for f64 pools, or a block table with fewer rows than num_requests
+/// (always); with options.validate, a pool this call
 /// emits whose block table column is missing, negative (unassigned) or
 /// not below num_blocks. Nothing has been written then (the ring, the
 /// output and the cache are unchanged). With validation off such a pool
@@ -665,7 +773,7 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// @par Launches and synchronization
 /// As KPool::step, plus the cache's launch where a host writes it in a
 /// second pass; nothing more waits for the host. With options.validate the
-/// block table's B rows are copied to the host too.
+/// block table's live rows are copied to the host too.
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
           class GateView, class ApeView, class RowOffsetsView,
           class CacheLengthsView, class SlotView, class C,
@@ -681,10 +789,17 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                              typename ExecutionSpace::memory_space>::value,
                 "KPool::step: the ring, the output and the cache must live "
                 "in the execution space's memory space");
-  Details::check_step_views<ExecutionSpace, T, KeyView, GateView, ApeView,
-                            RowOffsetsView, CacheLengthsView, SlotView>();
-  Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>();
-  if constexpr (is_cache_type<C, T>::value) {
+  constexpr bool views_ok =
+      Details::check_step_views<ExecutionSpace, T, KeyView, GateView, ApeView,
+                                RowOffsetsView, CacheLengthsView, SlotView>();
+  constexpr bool cache_ok =
+      Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>();
+  if constexpr (!views_ok || !cache_ok) {
+    (void)space, (void)ring, (void)key, (void)gate, (void)ape,
+        (void)row_offsets, (void)cache_lengths, (void)slot_idx,
+        (void)num_requests, (void)out, (void)cache, (void)block_table,
+        (void)options;
+  } else if constexpr (is_cache_type<C, T>::value) {
     Details::step_impl(
         space, ring, key, gate, ape, row_offsets, cache_lengths, slot_idx,
         num_requests, out,
@@ -749,10 +864,12 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                              typename ExecutionSpace::memory_space>::value,
                 "KPool::decode_step: the ring and the output must live in "
                 "the execution space's memory space");
-  Details::check_decode_views<ExecutionSpace, T, KeyView, GateView, ApeView,
-                              PositionsView, SlotView>();
-  Details::decode_step_impl(space, ring, key, gate, ape, positions, slot_idx,
-                            num_requests, out, Details::NoCacheArg(), options);
+  if constexpr (Details::check_decode_views<ExecutionSpace, T, KeyView,
+                                            GateView, ApeView, PositionsView,
+                                            SlotView>())
+    Details::decode_step_impl(space, ring, key, gate, ape, positions, slot_idx,
+                              num_requests, out, Details::NoCacheArg(),
+                              options);
 }
 
 /// KPool::decode_step writing every pool it closes into a pool cache as
@@ -762,7 +879,8 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// KPool::decode_step's.
 ///
 /// @param cache the layer's cache, head_dim D; written.
-/// @param block_table [B, max_blocks] int32, any layout: row r's blocks.
+/// @param block_table [>= num_requests, max_blocks] int32, any layout: row
+/// r's blocks.
 /// @throws KPool::InvalidArgument as KPool::decode_step, and as the cache
 /// overload of KPool::step for the cache and the block table. Nothing has
 /// been written then.
@@ -780,10 +898,16 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                              typename ExecutionSpace::memory_space>::value,
                 "KPool::decode_step: the ring, the output and the cache must "
                 "live in the execution space's memory space");
-  Details::check_decode_views<ExecutionSpace, T, KeyView, GateView, ApeView,
-                              PositionsView, SlotView>();
-  Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>();
-  if constexpr (is_cache_type<C, T>::value) {
+  constexpr bool views_ok =
+      Details::check_decode_views<ExecutionSpace, T, KeyView, GateView,
+                                  ApeView, PositionsView, SlotView>();
+  constexpr bool cache_ok =
+      Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>();
+  if constexpr (!views_ok || !cache_ok) {
+    (void)space, (void)ring, (void)key, (void)gate, (void)ape,
+        (void)positions, (void)slot_idx, (void)num_requests, (void)out,
+        (void)cache, (void)block_table, (void)options;
+  } else if constexpr (is_cache_type<C, T>::value) {
     Details::decode_step_impl(
         space, ring, key, gate, ape, positions, slot_idx, num_requests, out,
         Details::CacheArg<C, MemorySpace, BlockTableView>{&cache, &block_table},

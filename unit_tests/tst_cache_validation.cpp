@@ -49,10 +49,14 @@ constexpr int kBlockPools = 4;
 }
 
 // A cache full of random bytes, so "unchanged" means something.
+// kpool 0: a cache built without its K (the original constructor).
 template <class C>
 KPool::PoolCache<C, M> random_cache(Rng& rng, KPool::CacheScale scale, bool rotate = false,
-                                    int head_dim = D) {
-  KPool::PoolCache<C, M> cache(E(), kBlocks, kBlockPools, head_dim, scale, rotate);
+                                    int head_dim = D, int kpool = 0) {
+  KPool::PoolCache<C, M> cache =
+      kpool == 0 ? KPool::PoolCache<C, M>(E(), kBlocks, kBlockPools, head_dim, scale, rotate)
+                 : KPool::PoolCache<C, M>(E(), kBlocks, kBlockPools, head_dim, kpool,
+                                          scale, rotate);
   auto hv = Kokkos::create_mirror_view(cache.values());
   auto* bytes = reinterpret_cast<unsigned char*>(hv.data());
   for (std::size_t i = 0; i < hv.size() * sizeof(C); ++i) bytes[i] = rng.next() & 0xFF;
@@ -127,6 +131,18 @@ TEST(CacheValidation, Fp8CacheNeedsAScale) {
 TEST(CacheValidation, NativeCacheTakesNoScale) {
   EXPECT_TRUE(throws([] { KPool::PoolCache<T, M> c(E(), 2, 2, D, KPool::CacheScale::pow2); },
                      "KPool::PoolCache", "scale", -1, "pow2"));
+}
+
+TEST(CacheValidation, PoolCacheKpoolMustBePositive) {
+  for (int k : {0, -3})
+    EXPECT_TRUE(throws([&] { KPool::PoolCache<F8, M>(E(), kBlocks, kBlockPools, D, k); },
+                       "KPool::PoolCache", "kpool", -1, std::to_string(k)));
+  KPool::PoolCache<T, M> const with_k(E(), kBlocks, kBlockPools, D, 4);
+  EXPECT_EQ(with_k.kpool(), 4);
+  EXPECT_EQ(with_k.scale(), KPool::CacheScale::none);
+  KPool::PoolCache<F8, M> const without_k(E(), kBlocks, kBlockPools, D);
+  EXPECT_EQ(without_k.kpool(), 0);
+  EXPECT_EQ(without_k.scale(), KPool::CacheScale::amax);
 }
 
 TEST(CacheValidation, RotationNeedsAPowerOfTwoHeadDim) {
@@ -599,16 +615,42 @@ TEST(CacheValidation, StepBlockTableWideEnoughForEveryPool) {
     expect_step_throws(path, cache, table_of({{0}, {3}}), validated(), "block_table", 0, "1");
 }
 
-// Shapes, with validation off too.
-TEST(CacheValidation, StepBlockTableHasARowPerBatchRow) {
+// Shapes, with validation off too. The block table has a row per live
+// request, like the selections' (docs/validation.md): more rows are unread.
+TEST(CacheValidation, StepBlockTableHasARowPerLiveRequest) {
   Rng rng(23);
   auto cache = random_cache<F8>(rng, KPool::CacheScale::amax);
   KPool::Options off;
   off.validate = false;
   for (auto path : kPaths) {
     expect_step_throws(path, cache, table_of({{0, 1}}), off, "block_table", -1, "1");
-    expect_step_throws(path, cache, table_of({{0, 1}, {2, 3}, {4, 5}}), off, "block_table",
-                       -1, "3");
+    SCOPED_TRACE(path_name(path));
+    for (KPool::Options o : {off, validated()}) {
+      StepSetup s(rng);
+      EXPECT_NO_THROW(s.run(path, cache, table_of({{0, 1}, {2, 3}, {-4, 99}}), o));
+    }
+  }
+}
+
+// A cache built for K is written only from a ring of that K; one built
+// without K cannot be checked and is accepted.
+TEST(CacheValidation, StepCacheKpoolMustBeTheRings) {
+  Rng rng(27);
+  int const K = StepSetup::K;
+  for (int other : {K / 2, 2 * K}) {
+    auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, false, D, other);
+    EXPECT_EQ(cache.kpool(), other);
+    for (auto path : kPaths)
+      expect_step_throws(path, cache, good_table(), validated(), "cache", -1,
+                         std::to_string(other));
+  }
+  for (int k : {K, 0}) {
+    auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, false, D, k);
+    for (auto path : kPaths) {
+      SCOPED_TRACE(path_name(path));
+      StepSetup s(rng);
+      EXPECT_NO_THROW(s.run(path, cache, good_table(), validated()));
+    }
   }
 }
 

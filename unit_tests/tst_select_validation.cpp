@@ -236,6 +236,21 @@ TEST(SelectValidation, KpoolMustBeAtLeastOne) {
   expect_rejected(w, scalar("kpool", 0));
 }
 
+// A cache built for K (PoolCache's kpool constructor) is read with that K
+// only: the K = 2 selection over a K = 4 cache ran and returned
+// other visible pools. A cache built without K cannot be checked.
+TEST(SelectValidation, KpoolMustBeTheCaches) {
+  for (int built : {4, 1}) {
+    World w;
+    w.cache = Cache(w.space, 4, 4, w.D, built, KPool::CacheScale::amax, true);
+    EXPECT_EQ(w.cache.kpool(), built);
+    expect_rejected(w, scalar("kpool", w.K));
+  }
+  World w;
+  w.cache = Cache(w.space, 4, 4, w.D, w.K, KPool::CacheScale::amax, true);
+  for (Entry e : kBoth) EXPECT_NO_THROW(w.run(e)) << entry_name(e);
+}
+
 TEST(SelectValidation, QueriesMustHaveTheCacheHeadDim) {
   World w;
   w.q = Q3("q", w.rows, w.H, w.D + 1);

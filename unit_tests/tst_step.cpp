@@ -4,6 +4,8 @@
 
 #include <KPoolTestUtils.hpp>
 
+#include <cstring>
+
 namespace {
 
 using namespace KPoolTest;
@@ -83,6 +85,32 @@ void check_output(KPool::StepOutput<typename C::value_type, typename C::memory_s
     ASSERT_TRUE(pool_matches(C::dtype, &hp(o, 0), 1, e.pooled.row(o),
                              e.scale.row(o), e.pooled.cols))
         << "output row " << o;
+  }
+  // The one-call host copy holds the same, sized for this call.
+  using T = typename C::value_type;
+  typename C::execution_space const space;
+  EXPECT_EQ(out.batch_size(), B);
+  for (auto parts : {KPool::StepOutputParts::ids, KPool::StepOutputParts::ids_and_pooled}) {
+    KPool::HostStepOutput<T> const h = out.to_host(space, parts);
+    ASSERT_EQ(h.count, e.batch_row.size()) << "to_host count";
+    ASSERT_EQ(h.batch_size(), B);
+    ASSERT_EQ(h.batch_row.extent(0), h.count);
+    ASSERT_EQ(h.pool_id.extent(0), h.count);
+    for (int r = 0; r <= B; ++r) ASSERT_EQ(h.offsets(r), e.offsets[r]) << "to_host offsets " << r;
+    for (std::uint32_t o = 0; o < count; ++o) {
+      ASSERT_EQ(h.batch_row(o), e.batch_row[o]) << "to_host batch_row " << o;
+      ASSERT_EQ(h.pool_id(o), e.pool_id[o]) << "to_host pool_id " << o;
+    }
+    if (parts == KPool::StepOutputParts::ids) {
+      ASSERT_EQ(h.pooled.size(), 0u);
+      continue;
+    }
+    ASSERT_EQ(h.pooled.extent(0), h.count);
+    ASSERT_EQ(h.pooled.extent(1), hp.extent(1));
+    for (std::uint32_t o = 0; o < count; ++o)
+      for (std::size_t c = 0; c < hp.extent(1); ++c)
+        ASSERT_EQ(std::memcmp(&h.pooled(o, c), &hp(o, c), sizeof(T)), 0)
+            << "to_host pooled " << o << ", " << c;
   }
 }
 

@@ -216,7 +216,7 @@ void check_cache_shapes(Checker const& chk, ExecutionSpace const& space,
     chk.fail("cache", "extent 2", -1, std::to_string(D),
              "is not a power of two, which a rotated cache needs");
   chk.extent_at_least("block_table", 0, block_table.extent(0), batch,
-                      "batch rows of the call");
+                      "rows of the live requests");
   std::size_t max_bytes = 0;
   if (!cache_scratch_fits<ExecutionSpace, accumulator_t<T>>(space, D, 1, &max_bytes))
     chk.fail("cache", "extent 2", -1, std::to_string(D),

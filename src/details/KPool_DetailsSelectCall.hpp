@@ -273,6 +273,18 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
          f);
 }
 
+template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+          class CacheLengthsView, class BlockTableView, class QView,
+          class WeightsView, class Cache, class OutView, class Workspace>
+void score_select_run(Checker const& chk, ExecutionSpace const& space,
+                      RowOffsetsView const& row_offsets,
+                      CacheLengthsView const& cache_lengths,
+                      BlockTableView const& block_table, int num_requests,
+                      int kpool, QView const& q, WeightsView const& weights,
+                      Cache const& cache, int topk, char const* out_name,
+                      OutView const& out, Workspace& workspace,
+                      Options const& options);
+
 // score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
 // (Expand = true, out = token indices [T, topk * K + K - 1]).
 template <bool Expand, class ExecutionSpace, class RowOffsetsView,
@@ -289,8 +301,6 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
   using M = typename ExecutionSpace::memory_space;
   using T = typename Workspace::storage_type;
   using C = typename Cache::value_type;
-  using A = accumulator_t<T>;
-  using Key = score_key_t<A>;
   static_assert(std::is_same<typename Cache::memory_space, M>::value &&
                     std::is_same<typename Workspace::memory_space, M>::value,
                 "KPool: the pool cache and the workspace must live in the "
@@ -306,6 +316,41 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
                         "block_table");
   KPOOL_IMPL_CHECK_VIEW(QView, T, 3, ExecutionSpace, "q");
   KPOOL_IMPL_CHECK_VIEW(WeightsView, float, 2, ExecutionSpace, "weights");
+  // After a failed check, nothing else is compiled (one error, no cascade).
+  if constexpr (std::is_same<typename Cache::memory_space, M>::value &&
+                std::is_same<typename Workspace::memory_space, M>::value &&
+                (std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value) &&
+                view_ok<RowOffsetsView, std::uint32_t, 1, ExecutionSpace>() &&
+                view_ok<CacheLengthsView, std::uint32_t, 1, ExecutionSpace>() &&
+                view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>() &&
+                view_ok<QView, T, 3, ExecutionSpace>() &&
+                view_ok<WeightsView, float, 2, ExecutionSpace>())
+    score_select_run<Expand>(chk, space, row_offsets, cache_lengths,
+                             block_table, num_requests, kpool, q, weights,
+                             cache, topk, out_name, out, workspace, options);
+  else
+    (void)chk, (void)space, (void)row_offsets, (void)cache_lengths,
+        (void)block_table, (void)num_requests, (void)kpool, (void)q,
+        (void)weights, (void)cache, (void)topk, (void)out_name, (void)out,
+        (void)workspace, (void)options;
+}
+
+template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+          class CacheLengthsView, class BlockTableView, class QView,
+          class WeightsView, class Cache, class OutView, class Workspace>
+void score_select_run(Checker const& chk, ExecutionSpace const& space,
+                      RowOffsetsView const& row_offsets,
+                      CacheLengthsView const& cache_lengths,
+                      BlockTableView const& block_table, int num_requests,
+                      int kpool, QView const& q, WeightsView const& weights,
+                      Cache const& cache, int topk, char const* out_name,
+                      OutView const& out, Workspace& workspace,
+                      Options const& options) {
+  using M = typename ExecutionSpace::memory_space;
+  using T = typename Workspace::storage_type;
+  using C = typename Cache::value_type;
+  using A = accumulator_t<T>;
+  using Key = score_key_t<A>;
 
   if (topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
   if (kpool < 1)
@@ -313,6 +358,13 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
   if (!cache.is_allocated())
     chk.fail("cache", "", -1, "an empty PoolCache",
              "has no storage (construct it with a size)");
+  // A cache built with its K must be read with that K: another one gives
+  // other visible pools, silently.
+  if (cache.kpool() != 0 && cache.kpool() != kpool)
+    chk.fail_scalar("kpool", kpool,
+                    "does not match the kpool of the cache = " +
+                        std::to_string(cache.kpool()) +
+                        " (the K it was built for)");
   if (std::is_same<C, float8_e4m3>::value && std::is_same<T, double>::value)
     chk.fail("q", "", -1, storage_name<T>(),
              "is not a storage type an fp8 cache serves (f32, bf16 or f16)");

@@ -8,6 +8,7 @@
 // instance.
 
 #include <KPool_Exceptions.hpp>
+#include <KPool_Types.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
 #include <details/KPool_DetailsRequest.hpp>
 
@@ -18,24 +19,113 @@
 #include <utility>
 #include <vector>
 
-// Compile-time checks of a View argument, with the argument's name in the
-// message.
+// Compile-time checks of a View argument, with the argument's name and
+// the expected type in the message: "KPool: 'row_offsets' must be a View of
+// std::uint32_t (got std::int32_t)". Each check is a trait that holds for
+// any type (a non-View fails the first and no other), so exactly one
+// static_assert fires for a wrong argument; the entry points then skip
+// their body (Details::view_ok, `if constexpr`), so no cascade of errors
+// follows the message.
+namespace KPool {
+namespace Details {
+
+template <class V, class = void>
+struct view_facts {
+  static constexpr bool is_view = false;
+  static constexpr int rank = -1;
+  using value = void;
+  using memory_space = void;
+  static constexpr bool is_const = false;
+};
+template <class V>
+struct view_facts<V, std::enable_if_t<Kokkos::is_view<V>::value>> {
+  static constexpr bool is_view = true;
+  static constexpr int rank = static_cast<int>(V::rank);
+  using value = typename V::non_const_value_type;
+  using memory_space = typename V::memory_space;
+  static constexpr bool is_const = std::is_const<typename V::value_type>::value;
+};
+
+// V is a View of Value (const allowed) of rank Rank in ES's memory space.
+template <class V, class Value, int Rank, class ES>
+constexpr bool view_ok() {
+  using F = view_facts<V>;
+  return F::is_view && F::rank == Rank &&
+         std::is_same<typename F::value, Value>::value &&
+         std::is_same<typename F::memory_space,
+                      typename ES::memory_space>::value;
+}
+
+// A View's value type is Got, and Got is not Expected.
+template <class V, class Expected, class Got>
+constexpr bool wrong_value_is() {
+  using F = view_facts<V>;
+  return F::is_view && std::is_same<typename F::value, Got>::value &&
+         !std::is_same<Expected, Got>::value;
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+// One static_assert per common value type, so the message names the type
+// found; other types get the last one.
+#define KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, Got, got_name)          \
+  static_assert(!::KPool::Details::wrong_value_is<ViewType, Value, Got>(),    \
+                "KPool: '" name "' must be a View of " #Value " (got " got_name \
+                ")")
+
 #define KPOOL_IMPL_CHECK_VIEW(ViewType, Value, Rank, ExecSpace, name)          \
-  static_assert(Kokkos::is_view<ViewType>::value,                              \
-                "KPool: '" name "' must be a Kokkos::View");                   \
-  static_assert(static_cast<int>(ViewType::rank) == (Rank),                    \
-                "KPool: '" name "' has the wrong rank");                       \
+  static_assert(::KPool::Details::view_facts<ViewType>::is_view,              \
+                "KPool: '" name "' must be a Kokkos::View of " #Value          \
+                " (rank " #Rank ")");                                          \
+  static_assert(!::KPool::Details::view_facts<ViewType>::is_view ||           \
+                    ::KPool::Details::view_facts<ViewType>::rank == (Rank),     \
+                "KPool: '" name "' must be a View of rank " #Rank " (of "     \
+                #Value ")");                                                   \
+  KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, std::int32_t, "std::int32_t"); \
+  KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, std::uint32_t,                \
+                         "std::uint32_t");                                     \
+  KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, std::int64_t, "std::int64_t"); \
+  KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, std::uint64_t,                \
+                         "std::uint64_t");                                     \
+  KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, float, "float");              \
+  KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, double, "double");            \
+  KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, ::KPool::bfloat16,            \
+                         "KPool::bfloat16");                                   \
+  KPOOL_IMPL_WRONG_VALUE(ViewType, Value, name, ::KPool::float16,             \
+                         "KPool::float16");                                    \
   static_assert(                                                               \
-      std::is_same<typename ViewType::non_const_value_type, Value>::value,     \
-      "KPool: '" name "' has the wrong value type");                           \
-  static_assert(std::is_same<typename ViewType::memory_space,                  \
-                             typename ExecSpace::memory_space>::value,         \
-                "KPool: '" name                                                \
-                "' must live in the execution space's memory space")
+      !::KPool::Details::view_facts<ViewType>::is_view ||                      \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       Value>::value ||                                        \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       std::int32_t>::value ||                                 \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       std::uint32_t>::value ||                                \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       std::int64_t>::value ||                                 \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       std::uint64_t>::value ||                                \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       float>::value ||                                        \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       double>::value ||                                       \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       ::KPool::bfloat16>::value ||                            \
+          std::is_same<typename ::KPool::Details::view_facts<ViewType>::value, \
+                       ::KPool::float16>::value,                               \
+      "KPool: '" name "' must be a View of " #Value                            \
+      " (got another value type)");                                            \
+  static_assert(                                                               \
+      !::KPool::Details::view_facts<ViewType>::is_view ||                      \
+          std::is_same<                                                        \
+              typename ::KPool::Details::view_facts<ViewType>::memory_space,   \
+              typename ExecSpace::memory_space>::value,                        \
+      "KPool: '" name "' must live in the execution space's memory space")
 
 #define KPOOL_IMPL_CHECK_OUTPUT_VIEW(ViewType, Value, Rank, ExecSpace, name) \
   KPOOL_IMPL_CHECK_VIEW(ViewType, Value, Rank, ExecSpace, name);             \
-  static_assert(!std::is_const<typename ViewType::value_type>::value,        \
+  static_assert(!::KPool::Details::view_facts<ViewType>::is_const,           \
                 "KPool: '" name "' is written and must not be const")
 
 namespace KPool {
@@ -141,7 +231,11 @@ class Checker {
 template <class ExecutionSpace, class View>
 auto host_readable(ExecutionSpace const& space, View const& v) {
   auto const h = KokkosExt::create_host_mirror_view_uninitialized(v);
-  if (h.data() != v.data()) Kokkos::deep_copy(space, h, v);
+  // A const view comes back as itself where the host reads it in place
+  // (and is never copied to then).
+  if constexpr (!std::is_const<typename std::decay_t<decltype(h)>::value_type>::value) {
+    if (h.data() != v.data()) Kokkos::deep_copy(space, h, v);
+  }
   KokkosExt::fence(space, "KPool: validation reads the index arrays");
   return h;
 }

@@ -1,0 +1,457 @@
+#ifndef KPOOL_LAYER_HPP
+#define KPOOL_LAYER_HPP
+
+#include <KPool_Config.hpp>
+#include <KPool_Exceptions.hpp>
+#include <KPool_Float8.hpp>
+#include <KPool_Options.hpp>
+#include <KPool_PoolCache.hpp>
+#include <KPool_Ring.hpp>
+#include <KPool_Step.hpp>
+#include <KPool_Types.hpp>
+#include <details/KPool_DetailsBatch.hpp>
+#include <details/KPool_DetailsKokkosExt.hpp>
+
+// The selection stage needs Kokkos Kernels (KPOOL_HAS_KOKKOSKERNELS):
+// without it a Layer has no workspace and no selection members.
+#if KPOOL_HAS_KOKKOSKERNELS
+#include <KPool_ScoreSelect.hpp>
+#include <KPool_SelectTokens.hpp>
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace KPool {
+
+/// The sizes of one indexer layer (KPool::Layer). Fields left 0 take the
+/// default their comment gives.
+struct LayerConfig {
+  /// K, tokens per pool (>= 1).
+  int kpool = 0;
+  /// D, channels of a key and of a query head (>= 1).
+  int head_dim = 0;
+  /// H, the indexer query heads of a selection (>= 1 with Kokkos Kernels;
+  /// unused without).
+  int num_heads = 0;
+  /// Sequences the ring holds at once (>= 1).
+  int max_slots = 0;
+  /// S, draft tokens a decode row sends besides the next token (>= 0).
+  int drafts = 0;
+  /// R; 0: Ring::serving_length(kpool, drafts), long enough for a rewind
+  /// to the first rejected draft (docs/ring.md, "Rewinds").
+  int ring_length = 0;
+  /// The largest batch size B of a call (>= 1).
+  int max_batch = 0;
+  /// The most token rows of a step (key rows; B * next_n for a decode
+  /// step), which is also the most query rows of a selection (>= 1).
+  std::size_t max_tokens = 0;
+  /// Blocks of the pool cache (>= 1).
+  int num_blocks = 0;
+  /// Pools a cache block holds (>= 1).
+  int block_pools = 0;
+  /// The fp8 cache's scale mode; none (the default) gives amax for an fp8
+  /// cache, and is the only mode of a native one.
+  CacheScale scale = CacheScale::none;
+  /// Whether the cache stores pools rotated (head_dim a power of two).
+  bool rotate = false;
+  /// The most pools a query row sees (the selection workspace's rows);
+  /// 0: num_blocks * block_pools, the whole cache. Long prefills may want
+  /// less, selected in chunks (docs/indexer.md).
+  std::size_t max_visible = 0;
+};
+
+namespace Details {
+
+// A decode batch as the selection's rows: batch row r owns query rows
+// [r * next_n, (r + 1) * next_n), entry (r, i) at position base_r + i,
+// base_r = p - i for its first real entry (r, i) with position p (0 for a
+// row without one, or a base below 0, which validation refuses).
+template <class ExecutionSpace>
+struct DecodeSelectRows {
+  using M = typename ExecutionSpace::memory_space;
+  View2<const std::int32_t, M> positions;
+  Kokkos::View<std::uint32_t*, M> row_offsets;
+  Kokkos::View<std::uint32_t*, M> cache_lengths;
+  int batch;
+  int next_n;
+
+  KOKKOS_FUNCTION void operator()(int r) const {
+    row_offsets(r) = static_cast<std::uint32_t>(r) * static_cast<std::uint32_t>(next_n);
+    if (r >= batch) return;
+    std::int64_t base = 0;
+    for (int i = 0; i < next_n; ++i) {
+      std::int32_t const p = positions(r, i);
+      if (p >= 0) {
+        base = static_cast<std::int64_t>(p) - i;
+        break;
+      }
+    }
+    cache_lengths(r) = static_cast<std::uint32_t>(base < 0 ? 0 : base);
+  }
+};
+
+}  // namespace Details
+
+/// One indexer layer: everything of KPool that must agree, owned by one
+/// object (docs/api.md, "KPool::Layer"): K, D, H, the ring (and its
+/// length), the position embedding ape, the pool cache (element type C,
+/// its scale mode and rotation), the StepOutput and the selection
+/// workspace. Its members run the low-level entry points on them:
+///
+/// - step(): KPool::step with the cache, for a ragged mixed batch;
+/// - decode_step(): KPool::decode_step with the cache, for a decode batch;
+/// - select_tokens() and score_select() (with Kokkos Kernels): the
+///   selection of the batch the last step or decode step took, from the
+///   same description: after step(), query row t is key row t; after
+///   decode_step(), query row r * next_n + i is entry (r, i) of positions,
+///   the rows built on the device from positions (no host work).
+///
+/// The layer keeps references to the step's index views (not copies):
+/// leave them unchanged until the selection has been queued. Results are
+/// bit for bit the low-level calls' on the same objects; the low-level
+/// entry points stay for engines that own their buffers.
+///
+/// @tparam T the storage type of keys, gates and queries.
+/// @tparam C the cache element type: T (native) or KPool::float8_e4m3.
+/// @tparam MemorySpace the execution space's memory space.
+template <class T, class C = T,
+          class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
+class Layer {
+  static_assert(is_storage_type<T>::value,
+                "KPool::Layer: T must be float, double, KPool::bfloat16 or "
+                "KPool::float16");
+  static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
+                "KPool::Layer: C must be T (a native cache) or "
+                "KPool::float8_e4m3");
+
+ public:
+  /// The storage type T.
+  using value_type = T;
+  /// The cache element type C.
+  using cache_value_type = C;
+  /// Where everything lives.
+  using memory_space = MemorySpace;
+  /// The ring's type.
+  using ring_type = Ring<T, MemorySpace>;
+  /// The pool cache's type.
+  using cache_type = PoolCache<C, MemorySpace>;
+  /// The step output's type.
+  using output_type = StepOutput<T, MemorySpace>;
+  /// ape, [K, D] float.
+  using ape_type = Kokkos::View<const float**, Kokkos::LayoutStride, MemorySpace>;
+#if KPOOL_HAS_KOKKOSKERNELS
+  /// The selection workspace's type.
+  using workspace_type = SelectWorkspace<T, MemorySpace>;
+#endif
+
+  /// An empty layer, to assign a constructed one to later.
+  Layer() = default;
+
+  /// Allocates the ring, the cache, the step output and (with Kokkos
+  /// Kernels) the selection workspace on `space`, sized by `config`.
+  /// @param space the instance the allocations and zero fills are queued on.
+  /// @param config the layer's sizes (LayerConfig).
+  /// @param ape [K, D] float in MemorySpace, any layout: the position
+  /// embedding within a pool. The layer keeps a reference (a View copy).
+  /// @throws KPool::InvalidArgument (entry point "KPool::Layer") for a size
+  /// below 1, ape not [K, D], and whatever Ring, PoolCache and
+  /// SelectWorkspace refuse.
+  template <class ExecutionSpace, class ApeView>
+  Layer(ExecutionSpace const& space, LayerConfig const& config, ApeView const& ape)
+      : config_(config) {
+    static_assert(std::is_same<typename ExecutionSpace::memory_space, MemorySpace>::value,
+                  "KPool::Layer: MemorySpace must be the execution space's");
+    KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+    Details::Checker const chk("KPool::Layer");
+    auto const at_least_1 = [&](char const* name, long long v) {
+      if (v < 1) chk.fail("config", name, -1, std::to_string(v), "is not at least 1");
+    };
+    at_least_1("kpool", config.kpool);
+    at_least_1("head_dim", config.head_dim);
+    at_least_1("max_slots", config.max_slots);
+    at_least_1("max_batch", config.max_batch);
+    at_least_1("max_tokens", static_cast<long long>(config.max_tokens));
+    at_least_1("num_blocks", config.num_blocks);
+    at_least_1("block_pools", config.block_pools);
+#if KPOOL_HAS_KOKKOSKERNELS
+    at_least_1("num_heads", config.num_heads);
+#endif
+    if (config.drafts < 0)
+      chk.fail("config", "drafts", -1, std::to_string(config.drafts), "is negative");
+    chk.extent_is("ape", 0, ape.extent(0), static_cast<std::size_t>(config.kpool),
+                  "config.kpool");
+    chk.extent_is("ape", 1, ape.extent(1), static_cast<std::size_t>(config.head_dim),
+                  "config.head_dim");
+    int const R = config.ring_length > 0
+                      ? config.ring_length
+                      : ring_type::serving_length(config.kpool, config.drafts);
+    config_.ring_length = R;
+    CacheScale const scale = config.scale == CacheScale::none && cache_type::is_fp8
+                                 ? CacheScale::amax
+                                 : config.scale;
+    config_.scale = scale;
+    if (config_.max_visible == 0)
+      config_.max_visible = static_cast<std::size_t>(config.num_blocks) *
+                            static_cast<std::size_t>(config.block_pools);
+    ape_ = ape;
+    ring_ = ring_type(space, config.max_slots, config.kpool, config.head_dim, R);
+    cache_ = cache_type(space, config.num_blocks, config.block_pools, config.head_dim,
+                        config.kpool, scale, config.rotate);
+    out_ = output_type(space,
+                       output_type::capacity_for(config.max_tokens, config.max_batch,
+                                                 config.kpool),
+                       config.max_batch, config.head_dim);
+    decode_row_offsets_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+        Kokkos::view_alloc(space, "KPool::Layer::decode_row_offsets"),
+        static_cast<std::size_t>(config.max_batch) + 1);
+    decode_cache_lengths_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+        Kokkos::view_alloc(space, "KPool::Layer::decode_cache_lengths"),
+        static_cast<std::size_t>(config.max_batch));
+#if KPOOL_HAS_KOKKOSKERNELS
+    workspace_ = workspace_type(space, config.max_tokens, config_.max_visible,
+                                config.num_heads, config.head_dim);
+#endif
+  }
+
+  /// @return the sizes, defaults filled in (ring_length, scale, max_visible).
+  LayerConfig const& config() const { return config_; }
+  /// @return K.
+  int kpool() const { return config_.kpool; }
+  /// @return D.
+  int head_dim() const { return config_.head_dim; }
+  /// @return H.
+  int num_heads() const { return config_.num_heads; }
+  /// @return the ring (its length ring().ring_length()).
+  ring_type& ring() { return ring_; }
+  /// @return the ring, read only.
+  ring_type const& ring() const { return ring_; }
+  /// @return the pool cache (built for K).
+  cache_type& cache() { return cache_; }
+  /// @return the pool cache, read only.
+  cache_type const& cache() const { return cache_; }
+  /// @return the last step's pools (StepOutput::to_host reads them).
+  output_type const& output() const { return out_; }
+  /// @return ape, [K, D].
+  ape_type const& ape() const { return ape_; }
+#if KPOOL_HAS_KOKKOSKERNELS
+  /// @return the selection workspace (max_tokens rows of max_visible pools).
+  workspace_type& workspace() { return workspace_; }
+#endif
+
+  /// KPool::step with the layer's ring, ape, output and cache: a ragged
+  /// mixed batch (prefill chunks, continuations, decodes, rewinds). The
+  /// batch is remembered for the selection that follows.
+  /// @param space the execution space instance all work is queued on.
+  /// @param key [total_tokens, D] T.
+  /// @param gate [total_tokens, D] T.
+  /// @param row_offsets [B + 1] uint32.
+  /// @param cache_lengths [B] uint32.
+  /// @param slot_idx [B] uint32.
+  /// @param num_requests live rows.
+  /// @param block_table [>= num_requests, max_blocks] int32: the cache
+  /// blocks of each live row.
+  /// @param options as KPool::step.
+  /// @return the output, holding the pools this step closed.
+  /// @throws KPool::InvalidArgument as KPool::step (entry point
+  /// "KPool::step"); nothing written then.
+  template <class ExecutionSpace, class KeyView, class GateView, class RowOffsetsView,
+            class CacheLengthsView, class SlotView, class BlockTableView>
+  output_type const& step(ExecutionSpace const& space, KeyView const& key,
+                          GateView const& gate, RowOffsetsView const& row_offsets,
+                          CacheLengthsView const& cache_lengths,
+                          SlotView const& slot_idx, int num_requests,
+                          BlockTableView const& block_table,
+                          Options const& options = Options()) {
+    KPool::step(space, ring_, key, gate, ape_, row_offsets, cache_lengths, slot_idx,
+                num_requests, out_, cache_, block_table, options);
+    // (After a compile-time error in KPool::step, nothing else is compiled.)
+    if constexpr (Details::view_ok<RowOffsetsView, std::uint32_t, 1, ExecutionSpace>() &&
+                  Details::view_ok<CacheLengthsView, std::uint32_t, 1, ExecutionSpace>() &&
+                  Details::view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>() &&
+                  Kokkos::is_view<KeyView>::value) {
+      last_ = Last::step;
+      row_offsets_ = row_offsets;
+      cache_lengths_ = cache_lengths;
+      block_table_ = block_table;
+      num_requests_ = num_requests;
+      rows_ = key.extent(0);
+    }
+    return out_;
+  }
+
+  /// KPool::decode_step with the layer's ring, ape, output and cache. The
+  /// batch (positions, block table) is remembered for the selection that
+  /// follows.
+  /// @param space the execution space instance all work is queued on.
+  /// @param key [B, next_n, D] T.
+  /// @param gate [B, next_n, D] T.
+  /// @param positions [B, next_n] int32, negative for padding.
+  /// @param slot_idx [B] uint32.
+  /// @param num_requests live rows.
+  /// @param block_table [>= num_requests, max_blocks] int32.
+  /// @param options as KPool::decode_step.
+  /// @return the output, holding the pools this step closed.
+  /// @throws KPool::InvalidArgument as KPool::decode_step.
+  template <class ExecutionSpace, class KeyView, class GateView, class PositionsView,
+            class SlotView, class BlockTableView>
+  output_type const& decode_step(ExecutionSpace const& space, KeyView const& key,
+                                 GateView const& gate, PositionsView const& positions,
+                                 SlotView const& slot_idx, int num_requests,
+                                 BlockTableView const& block_table,
+                                 Options const& options = Options()) {
+    KPool::decode_step(space, ring_, key, gate, ape_, positions, slot_idx, num_requests,
+                       out_, cache_, block_table, options);
+    if constexpr (Details::view_ok<PositionsView, std::int32_t, 2, ExecutionSpace>() &&
+                  Details::view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>()) {
+      last_ = Last::decode;
+      positions_ = positions;
+      block_table_ = block_table;
+      num_requests_ = num_requests;
+      rows_ = positions.extent(0) * positions.extent(1);
+    }
+    return out_;
+  }
+
+#if KPOOL_HAS_KOKKOSKERNELS
+  /// KPool::select_tokens over the layer's cache, with K, the workspace
+  /// and the batch of the last step() or decode_step(): after step(), q
+  /// row t is key row t (same row_offsets, cache_lengths, block table);
+  /// after decode_step(), q row r * next_n + i is entry (r, i) of
+  /// positions, at position base_r + i with base_r = p - i for the row's
+  /// first real entry (r, i) at p (a padding entry's row is selected as
+  /// that position: its result means nothing, like the padding). The rows
+  /// are built on the device from positions, in one small launch.
+  /// @param space the execution space instance everything is queued on.
+  /// @param q [rows, H, D] T: rows = the step's key rows, or B * next_n.
+  /// @param weights [rows, H] float.
+  /// @param topk pools selected per query row.
+  /// @param tokens [rows, select_tokens_width(topk, K)] int32.
+  /// @param options as KPool::select_tokens. With validate, a decode
+  /// batch's rows are checked too: a base_r below 0 (a real entry at a
+  /// position below its index) is refused.
+  /// @throws KPool::InvalidArgument (entry point "KPool::Layer") when no
+  /// step has run, or as KPool::select_tokens.
+  template <class ExecutionSpace, class QView, class WeightsView, class TokensView>
+  void select_tokens(ExecutionSpace const& space, QView const& q,
+                     WeightsView const& weights, int topk, TokensView const& tokens,
+                     Options const& options = Options()) {
+    with_batch(space, "select_tokens", options, [&](auto const& ro, auto const& cl) {
+      KPool::select_tokens(space, ro, cl, block_table_, num_requests_, config_.kpool, q,
+                           weights, cache_, topk, tokens, workspace_, options);
+    });
+  }
+
+  /// KPool::score_select over the layer's cache, with the batch of the
+  /// last step() or decode_step(), as select_tokens() above.
+  /// @param space the execution space instance everything is queued on.
+  /// @param q [rows, H, D] T.
+  /// @param weights [rows, H] float.
+  /// @param topk pools selected per query row.
+  /// @param pool_ids [rows, topk] int32.
+  /// @param options as KPool::score_select.
+  /// @throws KPool::InvalidArgument as select_tokens().
+  template <class ExecutionSpace, class QView, class WeightsView, class PoolIdsView>
+  void score_select(ExecutionSpace const& space, QView const& q,
+                    WeightsView const& weights, int topk, PoolIdsView const& pool_ids,
+                    Options const& options = Options()) {
+    with_batch(space, "score_select", options, [&](auto const& ro, auto const& cl) {
+      KPool::score_select(space, ro, cl, block_table_, num_requests_, config_.kpool, q,
+                          weights, cache_, topk, pool_ids, workspace_, options);
+    });
+  }
+#endif
+
+  /// @return the query rows of the last batch: the step's key rows, or B *
+  /// next_n after a decode step (0 before the first step).
+  std::size_t batch_rows() const { return rows_; }
+
+ private:
+  enum class Last { none, step, decode };
+
+#if KPOOL_HAS_KOKKOSKERNELS
+  template <class ExecutionSpace, class F>
+  void with_batch(ExecutionSpace const& space, char const* what,
+                  Options const& options, F const& f) {
+    Details::Checker const chk(std::string("KPool::Layer::") + what);
+    if (last_ == Last::none)
+      chk.fail("layer", "", -1, "no step",
+               "has run no step: a selection follows step() or decode_step()");
+    if (last_ == Last::step) {
+      f(row_offsets_, cache_lengths_);
+      return;
+    }
+    std::size_t const B = positions_.extent(0);
+    int const next_n = static_cast<int>(positions_.extent(1));
+    if (options.validate) check_decode_rows(chk, space);
+    auto const ro = Kokkos::subview(decode_row_offsets_,
+                                    std::make_pair(std::size_t(0), B + 1));
+    auto const cl = Kokkos::subview(decode_cache_lengths_,
+                                    std::make_pair(std::size_t(0), B));
+    Details::DecodeSelectRows<ExecutionSpace> rows{positions_, ro, cl,
+                                                   static_cast<int>(B), next_n};
+    Kokkos::parallel_for("KPool::Layer::decode_rows",
+                         Kokkos::RangePolicy<ExecutionSpace>(space, 0, static_cast<int>(B) + 1),
+                         rows);
+    f(Details::View1<const std::uint32_t, MemorySpace>(ro),
+      Details::View1<const std::uint32_t, MemorySpace>(cl));
+  }
+
+  // Validation only: a live decode row's first real entry (r, i) has its
+  // position p >= i, so that base_r = p - i is a position.
+  template <class ExecutionSpace>
+  void check_decode_rows(Details::Checker const& chk, ExecutionSpace const& space) const {
+    std::size_t const n = static_cast<std::size_t>(num_requests_);
+    std::size_t const next_n = positions_.extent(1);
+    if (n == 0 || next_n == 0) return;
+    // Live rows, made contiguous on the device, then copied.
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> d(
+        Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                           "KPool::Layer::live_positions"),
+        n, next_n);
+    Kokkos::deep_copy(space, d,
+                      Kokkos::subview(positions_, std::make_pair(std::size_t(0), n),
+                                      Kokkos::ALL));
+    auto const h = Kokkos::create_mirror_view(d);
+    Kokkos::deep_copy(space, h, d);
+    space.fence();
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < next_n; ++i)
+        if (h(r, i) >= 0) {
+          if (static_cast<std::size_t>(h(r, i)) < i)
+            chk.fail_row("positions", static_cast<std::int64_t>(r), h(r, i),
+                         "is the first real position of the row, at entry " +
+                             std::to_string(i) +
+                             ": the entries before it would be positions below 0");
+          break;
+        }
+  }
+#endif
+
+  LayerConfig config_;
+  ape_type ape_;
+  ring_type ring_;
+  cache_type cache_;
+  output_type out_;
+#if KPOOL_HAS_KOKKOSKERNELS
+  workspace_type workspace_;
+#endif
+  Kokkos::View<std::uint32_t*, MemorySpace> decode_row_offsets_;
+  Kokkos::View<std::uint32_t*, MemorySpace> decode_cache_lengths_;
+  // The last batch.
+  Last last_ = Last::none;
+  Details::View1<const std::uint32_t, MemorySpace> row_offsets_;
+  Details::View1<const std::uint32_t, MemorySpace> cache_lengths_;
+  Details::View2<const std::int32_t, MemorySpace> positions_;
+  Details::View2<const std::int32_t, MemorySpace> block_table_;
+  int num_requests_ = 0;
+  std::size_t rows_ = 0;
+};
+
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,305 @@
+// KPool::Layer (docs/api.md, "KPool::Layer"): one object per indexer layer.
+// Its members run the low-level entry points on the objects it owns, so
+// every result must equal, bit for bit, the low-level calls on objects
+// built the same way: a chunked prefill, a decode round with drafts and a
+// verify round that rewinds, each followed by a selection (with Kokkos
+// Kernels). After a decode step the selection's rows come from positions,
+// built on the device; the low-level selection here gets them built on the
+// host from the rule docs/api.md states.
+
+#include <KPoolTestUtils.hpp>
+
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using namespace KPoolTest;
+
+using E = Kokkos::DefaultExecutionSpace;
+using M = E::memory_space;
+using U32 = Kokkos::View<std::uint32_t*, M>;
+using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+
+template <class V>
+std::vector<unsigned char> bytes_of(V const& v) {
+  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  auto const* p = reinterpret_cast<unsigned char const*>(h.data());
+  return std::vector<unsigned char>(p, p + h.span() * sizeof(typename V::value_type));
+}
+
+template <class V>
+void fill(Rng& rng, V const& v, double lo, double hi) {
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < h.span(); ++i)
+    h.data()[i] = static_cast<typename V::value_type>(static_cast<float>(rng.uniform(lo, hi)));
+  Kokkos::deep_copy(v, h);
+}
+
+template <class T>
+::testing::AssertionResult same_output(KPool::HostStepOutput<T> const& a,
+                                       KPool::HostStepOutput<T> const& b) {
+  if (a.count != b.count)
+    return ::testing::AssertionFailure() << "count " << a.count << " vs " << b.count;
+  if (a.batch_size() != b.batch_size()) return ::testing::AssertionFailure() << "batch size";
+  for (int r = 0; r <= a.batch_size(); ++r)
+    if (a.offsets(r) != b.offsets(r)) return ::testing::AssertionFailure() << "offsets " << r;
+  for (std::uint32_t i = 0; i < a.count; ++i)
+    if (a.batch_row(i) != b.batch_row(i) || a.pool_id(i) != b.pool_id(i))
+      return ::testing::AssertionFailure() << "row " << i;
+  if (a.pooled.span() != b.pooled.span() ||
+      std::memcmp(a.pooled.data(), b.pooled.data(), a.pooled.span() * sizeof(T)) != 0)
+    return ::testing::AssertionFailure() << "pooled";
+  return ::testing::AssertionSuccess();
+}
+
+// The whole path of one layer, through a Layer and through the low-level
+// entry points, compared after every call.
+template <class T, class C>
+void layer_matches_low_level(bool rotate) {
+  Rng rng(7 + (rotate ? 1 : 0));
+  E space;
+  KPool::LayerConfig cfg;
+  cfg.kpool = 4;
+  cfg.head_dim = 32;
+  cfg.num_heads = 4;
+  cfg.max_slots = 4;
+  cfg.drafts = 2;
+  cfg.max_batch = 3;
+  cfg.max_tokens = 40;
+  cfg.num_blocks = 12;
+  cfg.block_pools = 4;
+  cfg.rotate = rotate;
+  int const K = cfg.kpool, D = cfg.head_dim, H = cfg.num_heads;
+  (void)H;  // the selection's heads (with Kokkos Kernels)
+  Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", K, D);
+  fill(rng, ape, -1, 1);
+  KPool::Layer<T, C, M> layer(space, cfg, ape);
+
+  // The same objects, by hand.
+  int const R = KPool::Ring<T, M>::serving_length(K, cfg.drafts);
+  EXPECT_EQ(layer.ring().ring_length(), R);
+  EXPECT_EQ(layer.cache().kpool(), K);
+  KPool::Ring<T, M> ring(space, cfg.max_slots, K, D, R);
+  KPool::PoolCache<C, M> cache(space, cfg.num_blocks, cfg.block_pools, D, K,
+                               layer.cache().scale(), rotate);
+  KPool::StepOutput<T, M> out(
+      space, KPool::StepOutput<T, M>::capacity_for(cfg.max_tokens, cfg.max_batch, K),
+      cfg.max_batch, D);
+#if KPOOL_HAS_KOKKOSKERNELS
+  std::size_t const visible = static_cast<std::size_t>(cfg.num_blocks) * cfg.block_pools;
+  KPool::SelectWorkspace<T, M> ws(space, cfg.max_tokens, visible, H, D);
+  int const topk = 3;
+  int const width = KPool::select_tokens_width(topk, K);
+#endif
+  // Row r's blocks: 4r .. 4r + 3 (16 pools, 64 positions); row 2 unused.
+  I2 const table = [&] {
+    I2 t("block_table", cfg.max_batch, 4);
+    auto h = Kokkos::create_mirror_view(t);
+    for (int r = 0; r < cfg.max_batch; ++r)
+      for (int c = 0; c < 4; ++c) h(r, c) = 4 * r + c;
+    Kokkos::deep_copy(t, h);
+    return t;
+  }();
+  KPool::Options opts = test_options<E>();
+
+  auto const compare = [&](char const* when) {
+    SCOPED_TRACE(when);
+    EXPECT_EQ(bytes_of(layer.ring().tail()), bytes_of(ring.tail())) << "ring";
+    EXPECT_EQ(bytes_of(layer.cache().values()), bytes_of(cache.values())) << "cache values";
+    EXPECT_EQ(bytes_of(layer.cache().scales()), bytes_of(cache.scales())) << "cache scales";
+    EXPECT_TRUE(same_output(layer.output().to_host(space, KPool::StepOutputParts::ids_and_pooled),
+                            out.to_host(space, KPool::StepOutputParts::ids_and_pooled)));
+  };
+
+#if KPOOL_HAS_KOKKOSKERNELS
+  // The layer's selection against select_tokens with the rows given.
+  auto const select = [&](char const* when, std::size_t rows, U32 const& ro, U32 const& cl,
+                          int live) {
+    SCOPED_TRACE(when);
+    Kokkos::View<T***, Kokkos::LayoutRight, M> q("q", rows, H, D);
+    Kokkos::View<float**, Kokkos::LayoutRight, M> w("weights", rows, H);
+    fill(rng, q, -1, 1);
+    fill(rng, w, 0, 1);
+    I2 a("tokens_layer", rows, width), b("tokens", rows, width);
+    Kokkos::deep_copy(a, -9);
+    Kokkos::deep_copy(b, -9);
+    layer.select_tokens(space, q, w, topk, a, opts);
+    KPool::select_tokens(space, ro, cl, table, live, K, q, w, cache, topk, b, ws, opts);
+    EXPECT_EQ(bytes_of(a), bytes_of(b)) << "tokens";
+    I2 ids_a("ids_layer", rows, topk), ids_b("ids", rows, topk);
+    layer.score_select(space, q, w, topk, ids_a, opts);
+    KPool::score_select(space, ro, cl, table, live, K, q, w, cache, topk, ids_b, ws, opts);
+    EXPECT_EQ(bytes_of(ids_a), bytes_of(ids_b)) << "pool ids";
+    // Something was selected: the comparison is not of two empty outputs.
+    auto const h = on_host(a);
+    int selected = 0;
+    for (std::size_t i = 0; i < h.span(); ++i) selected += h.data()[i] >= 0 ? 1 : 0;
+    EXPECT_GT(selected, 0);
+  };
+#endif
+
+  // Chunked prefill: two chunks of two sequences (slots 2 and 0).
+  std::vector<std::vector<std::uint32_t>> chunks[2] = {
+      {{0, 21, 34}, {0, 0}},    // 21 and 13 tokens
+      {{0, 9, 12}, {21, 13}}};  // 9 and 3 more
+  for (auto const& chunk : chunks) {
+    U32 const ro = to_index_view<U32>(chunk[0], "row_offsets");
+    U32 const cl = to_index_view<U32>(chunk[1], "cache_lengths");
+    U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{2, 0}, "slot_idx");
+    std::size_t const rows = chunk[0].back();
+    Kokkos::View<T**, Kokkos::LayoutRight, M> key("key", rows, D), gate("gate", rows, D);
+    fill(rng, key, -2, 2);
+    fill(rng, gate, -3, 3);
+    layer.step(space, key, gate, ro, cl, slots, 2, table, opts);
+    KPool::step(space, ring, key, gate, ape, ro, cl, slots, 2, out, cache, table, opts);
+    compare("prefill chunk");
+#if KPOOL_HAS_KOKKOSKERNELS
+    select("selection after the prefill chunk", rows, ro, cl, 2);
+#endif
+  }
+
+  // Decode rounds: the next token and 2 drafts a row (B = 3, 2 live; row 1
+  // padded), then a verify round that rejects drafts and re-sends from the
+  // first rejected one (a rewind the serving ring length allows).
+  int const next_n = 3;
+  std::vector<std::vector<std::int32_t>> rounds = {
+      {30, 31, 32, 16, 17, -1, -1, -1, -1},
+      {31, 32, 33, 17, 18, 19, -1, -1, -1},  // rewinds 33 -> 31, 18 -> 17
+      {-1, 34, 35, 20, -1, -1, 5, 6, 7}};    // left padding; row 2 dead
+  for (auto const& pos : rounds) {
+    auto const positions = positions_view<M>(pos, next_n);
+    U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{2, 0, 3}, "slot_idx");
+    Kokkos::View<T***, Kokkos::LayoutRight, M> key("key", 3, next_n, D),
+        gate("gate", 3, next_n, D);
+    fill(rng, key, -2, 2);
+    fill(rng, gate, -3, 3);
+    layer.decode_step(space, key, gate, positions, slots, 2, table, opts);
+    KPool::decode_step(space, ring, key, gate, ape, positions, slots, 2, out, cache, table,
+                       opts);
+    compare("decode round");
+#if KPOOL_HAS_KOKKOSKERNELS
+    // Row r owns rows [3r, 3r + 3), entry i at position p - i' + i for its
+    // first real entry (i', p).
+    std::vector<std::uint32_t> ro{0, 3, 6, 9}, cl(3, 0);
+    for (int r = 0; r < 3; ++r)
+      for (int i = 0; i < next_n; ++i)
+        if (pos[r * next_n + i] >= 0) {
+          cl[r] = static_cast<std::uint32_t>(pos[r * next_n + i] - i);
+          break;
+        }
+    EXPECT_EQ(layer.batch_rows(), 9u);
+    select("selection after the decode round", 9, to_index_view<U32>(ro, "ro"),
+           to_index_view<U32>(cl, "cl"), 2);
+#endif
+  }
+}
+
+TEST(Layer, NativeCacheMatchesTheLowLevelCallsBitForBit) {
+  layer_matches_low_level<float, float>(false);
+}
+
+TEST(Layer, Fp8RotatedCacheMatchesTheLowLevelCallsBitForBit) {
+  layer_matches_low_level<KPool::bfloat16, KPool::float8_e4m3>(true);
+}
+
+TEST(Layer, ConfigIsChecked) {
+  E space;
+  KPool::LayerConfig cfg;
+  cfg.kpool = 4;
+  cfg.head_dim = 8;
+  cfg.num_heads = 2;
+  cfg.max_slots = 2;
+  cfg.max_batch = 2;
+  cfg.max_tokens = 8;
+  cfg.num_blocks = 2;
+  cfg.block_pools = 2;
+  Kokkos::View<float**, M> ape("ape", 4, 8), wrong("ape", 2, 8);
+  KPool::Layer<float, float, M> const ok(space, cfg, ape);
+  EXPECT_EQ(ok.ring().ring_length(), 4);  // serving_length(4, 0)
+  EXPECT_EQ(ok.config().max_visible, 4u);
+  try {
+    KPool::Layer<float, float, M> const bad(space, cfg, wrong);
+    ADD_FAILURE() << "accepted ape [2, 8] for K = 4";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.entry_point(), "KPool::Layer");
+    EXPECT_EQ(e.argument(), "ape");
+  }
+  cfg.max_batch = 0;
+  try {
+    KPool::Layer<float, float, M> const bad(space, cfg, ape);
+    ADD_FAILURE() << "accepted max_batch 0";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.argument(), "config");
+    EXPECT_EQ(e.value(), "0");
+  }
+}
+
+#if KPOOL_HAS_KOKKOSKERNELS
+TEST(Layer, SelectionNeedsAStepFirst) {
+  E space;
+  KPool::LayerConfig cfg;
+  cfg.kpool = 2;
+  cfg.head_dim = 8;
+  cfg.num_heads = 2;
+  cfg.max_slots = 2;
+  cfg.max_batch = 2;
+  cfg.max_tokens = 4;
+  cfg.num_blocks = 2;
+  cfg.block_pools = 2;
+  Kokkos::View<float**, M> ape("ape", 2, 8);
+  KPool::Layer<float, float, M> layer(space, cfg, ape);
+  Kokkos::View<float***, M> q("q", 4, 2, 8);
+  Kokkos::View<float**, M> w("w", 4, 2);
+  I2 tokens("tokens", 4, KPool::select_tokens_width(1, 2));
+  try {
+    layer.select_tokens(space, q, w, 1, tokens);
+    ADD_FAILURE() << "selected before any step";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.entry_point(), "KPool::Layer::select_tokens");
+  }
+}
+
+// After a decode step, entry (r, i) is position base_r + i: a row whose
+// first real entry is at index i with a position below i has no such base,
+// and validation refuses it (row and value named).
+TEST(Layer, DecodeSelectionRefusesANegativeBase) {
+  E space;
+  KPool::LayerConfig cfg;
+  cfg.kpool = 2;
+  cfg.head_dim = 8;
+  cfg.num_heads = 2;
+  cfg.max_slots = 2;
+  cfg.drafts = 2;
+  cfg.max_batch = 2;
+  cfg.max_tokens = 6;
+  cfg.num_blocks = 4;
+  cfg.block_pools = 2;
+  Kokkos::View<float**, M> ape("ape", 2, 8);
+  KPool::Layer<float, float, M> layer(space, cfg, ape);
+  Kokkos::View<float***, M> key("key", 2, 3, 8), gate("gate", 2, 3, 8);
+  U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx");
+  I2 const table = positions_view<M>({0, 1, 2, 3}, 2);  // row r: blocks 2r, 2r + 1
+  Kokkos::View<float***, M> q("q", 6, 2, 8);
+  Kokkos::View<float**, M> w("w", 6, 2);
+  I2 tokens("tokens", 6, KPool::select_tokens_width(1, 2));
+  // Row 1: padding, then positions 0 and 1 (base -1).
+  layer.decode_step(space, key, gate, positions_view<M>({0, 1, 2, -1, 0, 1}, 3), slots, 2,
+                    table);
+  try {
+    layer.select_tokens(space, q, w, 1, tokens);
+    ADD_FAILURE() << "accepted a row whose entries would start below position 0";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.entry_point(), "KPool::Layer::select_tokens");
+    EXPECT_EQ(e.argument(), "positions");
+    EXPECT_EQ(e.row(), 1);
+    EXPECT_EQ(e.value(), "0");
+  }
+  // Left padding with room below is a position like any other.
+  layer.decode_step(space, key, gate, positions_view<M>({3, 4, 5, -1, 2, 3}, 3), slots, 2,
+                    table);
+  EXPECT_NO_THROW(layer.select_tokens(space, q, w, 1, tokens));
+}
+#endif
+
+}  // namespace
