@@ -21,15 +21,34 @@
 
 namespace KPoolTrace {
 
+/// `s` with every control byte (below 0x20, and 0x7F) written as \xHH: a
+/// message quotes the trace's own bytes, and a NUL would cut what() short.
+inline std::string escape_control(std::string const& s) {
+  std::string out;
+  for (char ch : s) {
+    unsigned char const b = static_cast<unsigned char>(ch);
+    if (b >= 0x20 && b != 0x7F) {
+      out += ch;
+      continue;
+    }
+    char const hex[] = "0123456789abcdef";
+    out += "\\x";
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
 /// A broken trace: the 1-based line it was found on and what is wrong.
-/// what() reads "trace:LINE: message", the replay program's error line.
+/// what() reads "trace:LINE: message", the replay program's error line;
+/// control bytes of the input the message quotes are escaped.
 struct TraceError : std::runtime_error {
   int line;
   std::string message;
-  TraceError(int line_, std::string message_)
-      : std::runtime_error("trace:" + std::to_string(line_) + ": " + message_),
+  TraceError(int line_, std::string const& message_)
+      : std::runtime_error("trace:" + std::to_string(line_) + ": " + escape_control(message_)),
         line(line_),
-        message(std::move(message_)) {}
+        message(escape_control(message_)) {}
 };
 
 enum class DType { f32, f64, bf16, f16 };

@@ -5,7 +5,8 @@
 //
 // Properties, each an abort when broken (fuzz/README.md):
 //   - a refused input is a KPoolTrace::TraceError whose what() is
-//     "trace:LINE: message", LINE within the input, the message not empty;
+//     "trace:LINE: message", LINE within the input, the message not empty
+//     and free of control bytes;
 //     nothing else escapes the parser (no std::out_of_range, no bad_alloc:
 //     the parser's Limits refuse what nobody could allocate);
 //   - a trace that parses replays: KPool refuses nothing the parser passed
@@ -134,8 +135,11 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     std::size_t lines = 1;
     for (char c : input) lines += c == '\n';
     std::string const want = "trace:" + std::to_string(e.line) + ": " + e.message;
+    // No control byte of the input in it (a NUL would cut what() short).
+    bool control = false;
+    for (char c : want) control = control || static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
     if (e.line < 1 || static_cast<std::size_t>(e.line) > lines || e.message.empty() ||
-        want != e.what())
+        control || want != e.what())
       defect("a refusal that does not read 'trace:LINE: message' with LINE in 1.." +
                  std::to_string(lines) + ": '" + e.what() + "'",
              input);
