@@ -70,5 +70,5 @@ for f in "$build"/fuzz/fuzz_*; do
   [ -x "$f" ] || continue
   name=$(basename "$f")
   say "$name: ${seconds} s"
-  "$build/fuzz/run_$name.sh" "$seconds"
+  sh "$build/fuzz/run_$name.sh" "$seconds"
 done
