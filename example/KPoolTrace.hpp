@@ -21,15 +21,34 @@
 
 namespace KPoolTrace {
 
+/// `s` with every control byte (below 0x20, and 0x7F) written as \xHH: a
+/// message quotes the trace's own bytes, and a NUL would cut what() short.
+inline std::string escape_control(std::string const& s) {
+  std::string out;
+  for (char ch : s) {
+    unsigned char const b = static_cast<unsigned char>(ch);
+    if (b >= 0x20 && b != 0x7F) {
+      out += ch;
+      continue;
+    }
+    char const hex[] = "0123456789abcdef";
+    out += "\\x";
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
 /// A broken trace: the 1-based line it was found on and what is wrong.
-/// what() reads "trace:LINE: message", the replay program's error line.
+/// what() reads "trace:LINE: message", the replay program's error line;
+/// control bytes of the input the message quotes are escaped.
 struct TraceError : std::runtime_error {
   int line;
   std::string message;
-  TraceError(int line_, std::string message_)
-      : std::runtime_error("trace:" + std::to_string(line_) + ": " + message_),
+  TraceError(int line_, std::string const& message_)
+      : std::runtime_error("trace:" + std::to_string(line_) + ": " + escape_control(message_)),
         line(line_),
-        message(std::move(message_)) {}
+        message(escape_control(message_)) {}
 };
 
 enum class DType { f32, f64, bf16, f16 };
@@ -62,20 +81,22 @@ inline char const* pool_cache_name(PoolCache c) {
 
 /// Sizes past which a trace is refused, so that a declared size nobody can
 /// allocate is a TraceError on its line rather than a bad_alloc later.
-/// "Elements" count values of the storage type.
+/// "Elements" count values of the storage type. The defaults are what
+/// kpool_replay and kpool_trace_check read with; fuzz/fuzz_trace.cpp parses
+/// with smaller ones, so that no input of a few bytes costs a gigabyte.
 struct Limits {
-  static constexpr std::uint64_t max_head_dim = 65536;
-  static constexpr std::uint64_t max_kpool = 4096;
-  static constexpr std::uint64_t max_slots = 1u << 20;
-  static constexpr std::uint64_t max_next_n = 65536;
-  static constexpr std::uint64_t max_index_heads = 4096;
-  static constexpr std::uint64_t max_index_topk = 1u << 20;
+  std::uint64_t max_head_dim = 65536;
+  std::uint64_t max_kpool = 4096;
+  std::uint64_t max_slots = 1u << 20;
+  std::uint64_t max_next_n = 65536;
+  std::uint64_t max_index_heads = 4096;
+  std::uint64_t max_index_topk = 1u << 20;
   /// One array: the ring, one block's key or gate (or queries), the pooled
   /// output, one select block's pool ids.
-  static constexpr std::uint64_t max_elements = 1ull << 26;
+  std::uint64_t max_elements = 1ull << 26;
   /// Every token the trace feeds (or queries), times head_dim (what the
   /// output and a checker's per-sequence inputs grow with).
-  static constexpr std::uint64_t max_total_elements = 1ull << 28;
+  std::uint64_t max_total_elements = 1ull << 28;
 };
 
 enum class BlockKind { step, decode, select };
@@ -298,6 +319,8 @@ inline std::uint64_t pools_ending_in(std::uint64_t c, std::uint64_t end,
 
 class Parser {
  public:
+  explicit Parser(Limits const& limits) : limits_(limits) {}
+
   Trace parse(std::istream& in) {
     std::string line;
     int n = 0;
@@ -386,12 +409,12 @@ class Parser {
       }
       case 1:
         t_.head_dim = static_cast<int>(
-            parse_size(v, Limits::max_head_dim, "head_dim", ln));
+            parse_size(v, limits_.max_head_dim, "head_dim", ln));
         break;
       case 2:
         t_.kpool =
-            static_cast<int>(parse_size(v, Limits::max_kpool, "kpool", ln));
-        if (sat_mul(t_.kpool, t_.head_dim) > Limits::max_elements)
+            static_cast<int>(parse_size(v, limits_.max_kpool, "kpool", ln));
+        if (sat_mul(t_.kpool, t_.head_dim) > limits_.max_elements)
           throw TraceError(ln, "kpool * head_dim is too large");
         t_.ring = t_.kpool;
         break;
@@ -406,7 +429,7 @@ class Parser {
         break;
       case 4:
         t_.slots = static_cast<std::uint32_t>(
-            parse_size(v, Limits::max_slots, "slots", ln));
+            parse_size(v, limits_.max_slots, "slots", ln));
         check_ring_size(ln);
         break;
       case 5:
@@ -420,13 +443,13 @@ class Parser {
   void check_ring_size(int ln) const {
     std::uint64_t const ring =
         sat_mul(sat_mul(t_.slots, 2), sat_mul(t_.ring, t_.head_dim));
-    if (ring > Limits::max_elements)
+    if (ring > limits_.max_elements)
       throw TraceError(ln, "the ring (slots * 2 * " +
                                std::string(t_.ring == t_.kpool ? "kpool"
                                                                : "ring") +
                                " * head_dim = " + std::to_string(ring) +
                                " values) is too large (at most " +
-                               std::to_string(Limits::max_elements) + ")");
+                               std::to_string(limits_.max_elements) + ")");
   }
 
   // ring, index_heads, index_topk, pool_cache, rotate: version 2, each at
@@ -473,11 +496,11 @@ class Parser {
       }
       case 1:
         t_.index_heads = static_cast<int>(
-            parse_size(v, Limits::max_index_heads, "index_heads", ln));
+            parse_size(v, limits_.max_index_heads, "index_heads", ln));
         break;
       case 2:
         t_.index_topk = static_cast<int>(
-            parse_size(v, Limits::max_index_topk, "index_topk", ln));
+            parse_size(v, limits_.max_index_topk, "index_topk", ln));
         break;
       case 3:
         if (v == "native") t_.pool_cache = PoolCache::native;
@@ -523,7 +546,7 @@ class Parser {
         throw TraceError(ln, "'decode' takes one field (next_n)");
       block_.kind = BlockKind::decode;
       block_.next_n =
-          static_cast<int>(parse_size(f[1], Limits::max_next_n, "next_n", ln));
+          static_cast<int>(parse_size(f[1], limits_.max_next_n, "next_n", ln));
     } else {
       if (t_.version < 2)
         throw TraceError(ln, "'select' is a version 2 block (this trace is "
@@ -671,24 +694,24 @@ class Parser {
                                " grows past 2^31 - 1 tokens (int32 positions)");
     std::uint64_t const D = static_cast<std::uint64_t>(t_.head_dim);
     std::uint64_t const total = t_.total_tokens + r.n_new;
-    if (sat_mul(total, D) > Limits::max_total_elements)
+    if (sat_mul(total, D) > limits_.max_total_elements)
       throw TraceError(ln, "the trace feeds too many tokens (" +
                                std::to_string(total) + " of head_dim " +
                                std::to_string(D) + ": at most " +
-                               std::to_string(Limits::max_total_elements) +
+                               std::to_string(limits_.max_total_elements) +
                                " values in all)");
     std::uint64_t const rows = block_.rows.size() + 1;
     std::uint64_t const tokens = block_.tokens + r.n_new;
     std::uint64_t const block_values =
         decode ? sat_mul(sat_mul(rows, block_.next_n), D)
                : sat_mul(tokens + rows, D);  // key rows + output rows
-    if (block_values > Limits::max_elements)
+    if (block_values > limits_.max_elements)
       throw TraceError(ln, "the block opened at line " +
                                std::to_string(block_.line) +
                                " is too large (" +
                                std::to_string(block_values) +
                                " values per array, at most " +
-                               std::to_string(Limits::max_elements) + ")");
+                               std::to_string(limits_.max_elements) + ")");
 
     // The row is valid: send its positions.
     r.rewinds = (r.n_new > 0 || !decode) && r.cache_len < s.fed;
@@ -765,23 +788,23 @@ class Parser {
                                std::to_string(s.fed));
     std::uint64_t const HD = sat_mul(t_.index_heads, t_.head_dim);
     std::uint64_t const total = t_.select_queries + r.n_new;
-    if (sat_mul(total, HD) > Limits::max_total_elements)
+    if (sat_mul(total, HD) > limits_.max_total_elements)
       throw TraceError(ln, "the trace queries too many tokens (" +
                                std::to_string(total) + " of index_heads * "
                                "head_dim " + std::to_string(HD) +
                                ": at most " +
-                               std::to_string(Limits::max_total_elements) +
+                               std::to_string(limits_.max_total_elements) +
                                " values in all)");
     std::uint64_t const tokens = block_.tokens + r.n_new;
     std::uint64_t const block_values =
         std::max(sat_mul(tokens, HD), sat_mul(tokens, t_.index_topk));
-    if (block_values > Limits::max_elements)
+    if (block_values > limits_.max_elements)
       throw TraceError(ln, "the block opened at line " +
                                std::to_string(block_.line) +
                                " is too large (" +
                                std::to_string(block_values) +
                                " values per array, at most " +
-                               std::to_string(Limits::max_elements) + ")");
+                               std::to_string(limits_.max_elements) + ")");
     r.slot = s.slot;
     r.revisions.reserve(r.n_new);
     for (std::uint64_t pos = r.cache_len; pos < r.cache_len + r.n_new; ++pos)
@@ -821,6 +844,7 @@ class Parser {
   Block block_;
   std::map<std::uint32_t, int> seqs_in_block_;   // seq -> line
   std::map<std::uint32_t, int> slots_in_block_;  // slot -> line
+  Limits limits_;
   std::map<std::uint32_t, std::uint32_t> holder_;  // slot -> current seq
   std::map<std::uint32_t, std::pair<std::uint32_t, int>> finished_by_;
 };
@@ -828,9 +852,9 @@ class Parser {
 }  // namespace Details
 
 /// Reads a whole trace, checking every rule of docs/trace.md (versions 1
-/// and 2); throws TraceError.
-inline Trace parse(std::istream& in) {
-  Details::Parser p;
+/// and 2) and the sizes in `limits`; throws TraceError.
+inline Trace parse(std::istream& in, Limits const& limits = Limits()) {
+  Details::Parser p(limits);
   return p.parse(in);
 }
 

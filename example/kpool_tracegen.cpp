@@ -153,9 +153,9 @@ int main(int argc, char* argv[]) {
     if (!dst) return bad("unknown option '" + a + "'");
     if (!parse_u64(v, *dst)) return bad("bad value '" + v + "' for " + a);
   }
-  using L = KPoolTrace::Limits;
+  KPoolTrace::Limits const L;
   if (K < 1 || K > 64) return bad("--kpool must be in [1, 64]");
-  if (D < 1 || D > L::max_head_dim) return bad("--head-dim out of range");
+  if (D < 1 || D > L.max_head_dim) return bad("--head-dim out of range");
   if (slots < 1 || slots > 4096) return bad("--slots must be in [1, 4096]");
   if (sequences > 1000000 || calls > 1000000 || max_chunk > 100000)
     return bad("--sequences, --calls or --max-chunk is too large");
@@ -170,8 +170,8 @@ int main(int argc, char* argv[]) {
   if (ring == unset) ring = serving_ring(K, drafts);
   if (ring < K || ring % K != 0 || ring > 4096)
     return bad("--ring must be a multiple of --kpool, at least it, at most 4096");
-  if ((heads != unset && (heads < 1 || heads > L::max_index_heads)) ||
-      (topk != unset && (topk < 1 || topk > L::max_index_topk)))
+  if ((heads != unset && (heads < 1 || heads > L.max_index_heads)) ||
+      (topk != unset && (topk < 1 || topk > L.max_index_topk)))
     return bad("--index-heads or --index-topk out of range");
   if (rotate != unset && rotate > 1) return bad("--rotate must be 0 or 1");
   if (rotate == 1 && (D & (D - 1)) != 0)

@@ -8,6 +8,13 @@ target_include_directories(kpool_trace_check PRIVATE
 target_link_libraries(kpool_trace_check PRIVATE kpool_internal_flags)
 target_compile_features(kpool_trace_check PRIVATE cxx_std_17)
 
+# The trace reader on the inputs fuzz_trace found (no Kokkos).
+add_executable(tst_trace_reader tst_trace_reader.cpp)
+target_include_directories(tst_trace_reader PRIVATE ${PROJECT_SOURCE_DIR}/example)
+target_link_libraries(tst_trace_reader PRIVATE GTest::gtest GTest::gtest_main kpool_internal_flags)
+target_compile_features(tst_trace_reader PRIVATE cxx_std_17)
+gtest_discover_tests(tst_trace_reader PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60 ${kpool_discovery})
+
 if(NOT TARGET kpool_replay OR NOT TARGET kpool_tracegen)
   message(STATUS "KPool: trace tests need the examples (KPool_ENABLE_EXAMPLES)")
   return()

@@ -1,0 +1,679 @@
+#ifndef KPOOL_REPLAY_HPP
+#define KPOOL_REPLAY_HPP
+
+// The replay of a serving trace (docs/trace.md, versions 1 and 2) through
+// KPool::step, KPool::decode_step and KPool::score_select, and the text it
+// prints: what kpool_replay runs and fuzz/fuzz_trace.cpp drives, one copy.
+// KPoolReplay::replay_trace needs Kokkos initialized; every view it makes
+// is gone when it returns.
+
+#include "KPoolTrace.hpp"
+
+#include <KPool.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace KPoolReplay {
+
+#if !KPOOL_HAS_KOKKOSKERNELS
+// What a build without the selection stage says of a select block.
+inline char const* const select_unavailable =
+    "a select block needs the selection stage (KPool::score_select), which "
+    "this kpool_replay was built without: KPool found no Kokkos Kernels";
+#endif
+
+struct Pool {
+  std::uint32_t seq;
+  std::int32_t id;
+  std::vector<float> values;
+};
+
+using PoolKey = std::pair<std::uint32_t, std::int32_t>;  // seq, pool id
+
+// What the query token at `pos` of `seq` selected in the `block`-th select
+// block: its row of pool_ids without the -1 entries (ascending).
+struct Selection {
+  std::uint32_t seq;
+  std::uint64_t pos;
+  std::size_t block;
+  std::vector<std::int32_t> ids;
+};
+
+// A pool's entry in an fp8 pool cache: its scale and its E4M3 values, as
+// numbers.
+struct CacheEntry {
+  float scale = 0;
+  std::vector<float> values;
+};
+
+// What a replay produced, for the output. Every emission in call order
+// (a version 2 trace prints the last one of each pool), and, for an fp8
+// pool cache, the entry of every pool emitted, read from the cache after
+// the last call.
+struct ReplayResult {
+  std::vector<Pool> emitted;
+  bool has_cache_lines = false;
+  std::map<PoolKey, CacheEntry> cache;
+  std::vector<Selection> selections;  // in block order
+};
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using MemSpace = ExecSpace::memory_space;
+template <class T, int Rank>
+struct ViewOf;
+template <class T>
+struct ViewOf<T, 1> {
+  using type = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
+};
+template <class T>
+struct ViewOf<T, 2> {
+  using type = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
+};
+template <class T>
+struct ViewOf<T, 3> {
+  using type = Kokkos::View<T***, Kokkos::LayoutRight, MemSpace>;
+};
+template <class T, int Rank>
+using ViewT = typename ViewOf<T, Rank>::type;
+
+template <class T>
+T storage(float x) {
+  return T(x);  // float -> storage type, nearest even (exact for f32/f64)
+}
+
+// The pools the last call left in `out`, attributed to the block's seqs.
+template <class T>
+void collect(ExecSpace const& space, KPool::StepOutput<T, MemSpace> const& out,
+             KPoolTrace::Block const& block, int D, std::vector<Pool>& pools) {
+  space.fence();
+  std::uint32_t n = 0;
+  Kokkos::deep_copy(n, out.count());
+  if (n > out.capacity())
+    throw std::runtime_error("KPool reported " + std::to_string(n) +
+                             " pools, more than the output's capacity " +
+                             std::to_string(out.capacity()));
+  if (n == 0) return;
+  auto const range = std::make_pair(std::size_t(0), std::size_t(n));
+  auto const rows = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), Kokkos::subview(out.batch_row(), range));
+  auto const ids = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), Kokkos::subview(out.pool_id(), range));
+  auto const vals = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), Kokkos::subview(out.pooled(), range, Kokkos::ALL));
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int32_t const r = rows(i);
+    if (r < 0 || static_cast<std::size_t>(r) >= block.rows.size())
+      throw std::runtime_error("KPool reported pool " + std::to_string(i) +
+                               " from batch row " + std::to_string(r) +
+                               ", outside the block's " +
+                               std::to_string(block.rows.size()) + " rows");
+    Pool p;
+    p.seq = block.rows[r].seq;
+    p.id = ids(i);
+    p.values.resize(D);
+    for (int c = 0; c < D; ++c) p.values[c] = static_cast<float>(vals(i, c));
+    pools.push_back(std::move(p));
+  }
+}
+
+// The calls of a replay without a pool cache (version 1).
+struct NoCache {
+  template <class Call>
+  void with(ExecSpace const&, KPoolTrace::Block const&, Call const& call) {
+    call();
+  }
+  void read(ExecSpace const&, ReplayResult&) const {}
+};
+
+// The pool cache a version 2 replay passes to every step and decode step
+// (docs/trace.md, "Header"), of element type C. Its block size is this
+// program's choice (docs/trace.md: it never changes the output;
+// --block-pools, 16 pools a block by default), each sequence's blocks
+// taken in order as its pools appear, none shared, so an ended sequence's
+// entries stay as its calls left them. Select blocks read it through the
+// same block tables.
+template <class C>
+class Cache {
+ public:
+  // fused: a serving cache in the engines' fused byte layout
+  // (--cache-layout fused), over a buffer of this program's.
+  Cache(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::CacheScale scale,
+        int block_pools, bool fused)
+      : kpool_(t.kpool), block_pools_(block_pools) {
+    std::uint64_t const block_pools_u = static_cast<std::uint64_t>(block_pools);
+    // Every block any row will need: one per 16 pools of the highest pool
+    // a sequence's rows reach.
+    std::map<std::uint32_t, std::uint64_t> reach;
+    for (auto const& b : t.blocks) {
+      if (b.kind == KPoolTrace::BlockKind::select) continue;
+      for (auto const& r : b.rows) {
+        std::uint64_t& e = reach[r.seq];
+        e = std::max(e, (r.cache_len + r.n_new) / t.kpool);
+      }
+    }
+    std::uint64_t total = 0;
+    for (auto const& e : reach) total += (e.second + block_pools_u - 1) / block_pools_u;
+    if (total > 0x7FFFFFFFull)
+      throw std::runtime_error("the trace's pools need more cache blocks than a "
+                               "block number holds");
+    int const blocks = static_cast<int>(std::max<std::uint64_t>(total, 1));
+    bool const serving = t.pool_cache == KPoolTrace::PoolCache::fp8_serving;
+    if (fused && !serving)
+      throw std::runtime_error("--cache-layout fused needs a trace with pool_cache fp8_serving");
+    if constexpr (std::is_same<C, KPool::float8_e4m3>::value) {
+      if (fused) {
+        typename KPool::PoolCache<C, MemSpace>::bytes_type bytes(
+            "kpool_replay::fused_cache", blocks,
+            static_cast<std::size_t>(block_pools_) * (t.head_dim + 4));
+        cache_ = KPool::PoolCache<C, MemSpace>(bytes, block_pools_, t.head_dim, t.rotate);
+        return;
+      }
+    }
+    cache_ = KPool::PoolCache<C, MemSpace>(
+        space, blocks, block_pools_, t.head_dim, scale, t.rotate,
+        serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
+  }
+
+  // call(cache, block_table) with the block's block table: row r holds its
+  // sequence's blocks (new ones for pools seen the first time), -1 past
+  // them.
+  template <class Call>
+  void with(ExecSpace const& space, KPoolTrace::Block const& b, Call const& call) {
+    std::size_t width = 1;
+    for (auto const& r : b.rows) {
+      std::vector<std::int32_t>& have = blocks_[r.seq];
+      std::uint64_t const end = (r.cache_len + r.n_new) / kpool_;
+      while (have.size() * static_cast<std::uint64_t>(block_pools_) < end)
+        have.push_back(next_++);
+      width = std::max(width, have.size());
+    }
+    ViewT<std::int32_t, 2> table("block_table", b.rows.size(), width);
+    auto h = Kokkos::create_mirror_view(table);
+    for (std::size_t r = 0; r < b.rows.size(); ++r) {
+      std::vector<std::int32_t> const& have = blocks_[b.rows[r].seq];
+      for (std::size_t c = 0; c < width; ++c) h(r, c) = c < have.size() ? have[c] : -1;
+    }
+    Kokkos::deep_copy(space, table, h);
+    call(cache_, table);
+  }
+
+  // The entries of every pool emitted (an fp8 cache's; a native cache is
+  // written but printed nowhere).
+  void read(ExecSpace const& space, ReplayResult& result) const {
+    if constexpr (std::is_same<C, KPool::float8_e4m3>::value) {
+      space.fence();
+      bool const fused = cache_.layout() == KPool::CacheLayout::fused;
+      auto const values =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache_.values());
+      auto const scales =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache_.scales());
+      auto const bytes =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache_.bytes());
+      int const D = cache_.head_dim();
+      result.has_cache_lines = true;
+      for (auto const& p : result.emitted) {
+        std::vector<std::int32_t> const& have = blocks_.at(p.seq);
+        std::int32_t const block = have.at(static_cast<std::size_t>(p.id / block_pools_));
+        int const entry = p.id % block_pools_;
+        CacheEntry e;
+        e.values.resize(D);
+        if (fused) {
+          // docs/indexer.md, "The engines' byte layout": the block's
+          // entries, then its scales.
+          std::size_t const scale_at =
+              static_cast<std::size_t>(block_pools_) * D + 4 * static_cast<std::size_t>(entry);
+          std::memcpy(&e.scale, &bytes(block, scale_at), sizeof(float));
+          for (int c = 0; c < D; ++c)
+            e.values[c] = static_cast<float>(KPool::float8_e4m3::from_bits(
+                bytes(block, static_cast<std::size_t>(entry) * D + c)));
+        } else {
+          e.scale = scales(block, entry);
+          for (int c = 0; c < D; ++c)
+            e.values[c] = static_cast<float>(values(block, entry, c));
+        }
+        result.cache[PoolKey(p.seq, p.id)] = std::move(e);
+      }
+    } else {
+      (void)space;
+      (void)result;
+    }
+  }
+
+ private:
+  int kpool_;
+  int block_pools_;
+  KPool::PoolCache<C, MemSpace> cache_;
+  std::map<std::uint32_t, std::vector<std::int32_t>> blocks_;
+  std::int32_t next_ = 0;
+};
+
+#if KPOOL_HAS_KOKKOSKERNELS
+// The select blocks (docs/trace.md, "Blocks"): each runs one
+// KPool::score_select over the cache the steps wrote so far, with the
+// trace's queries and head weights, and records every query token's
+// selection. One workspace and output for the largest block.
+template <class T>
+class Selector {
+ public:
+  Selector(ExecSpace const& space, KPoolTrace::Trace const& t) {
+    std::uint64_t tokens = 0, visible = 1;
+    for (auto const& b : t.blocks) {
+      if (b.kind != KPoolTrace::BlockKind::select) continue;
+      tokens = std::max(tokens, b.tokens);
+      for (auto const& r : b.rows)
+        visible = std::max(visible, (r.cache_len + r.n_new) / t.kpool);
+    }
+    if (tokens == 0) return;
+    workspace_ = KPool::SelectWorkspace<T, MemSpace>(space, tokens, visible, t.index_heads,
+                                                     t.head_dim);
+    pool_ids_ = ViewT<std::int32_t, 2>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "pool_ids"), tokens, t.index_topk);
+  }
+
+  template <class ReplayCache>
+  void run(ExecSpace const& space, KPoolTrace::Trace const& t,
+           KPoolTrace::Block const& block, std::size_t index, ReplayCache& cache,
+           KPool::Options const& options, ReplayResult& result) {
+    if (block.tokens == 0) return;
+    int const D = t.head_dim;
+    int const H = t.index_heads;
+    std::size_t const B = block.rows.size();
+    std::size_t const rows = block.tokens;
+    // q[t][h][c] and weights[t][h] of the values last sent for each query
+    // position (the row's revisions), docs/trace.md.
+    ViewT<T, 3> q(Kokkos::view_alloc(Kokkos::WithoutInitializing, "q"), rows, H, D);
+    ViewT<float, 2> weights(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weights"),
+                            rows, H);
+    ViewT<std::uint32_t, 1> row_offsets("row_offsets", B + 1);
+    ViewT<std::uint32_t, 1> cache_lengths("cache_lengths", B);
+    auto hq = Kokkos::create_mirror_view(q);
+    auto hw = Kokkos::create_mirror_view(weights);
+    auto ho = Kokkos::create_mirror_view(row_offsets);
+    auto hc = Kokkos::create_mirror_view(cache_lengths);
+    std::size_t t0 = 0;
+    ho(0) = 0;
+    for (std::size_t r = 0; r < B; ++r) {
+      KPoolTrace::Row const& row = block.rows[r];
+      for (std::uint64_t i = 0; i < row.n_new; ++i) {
+        std::uint64_t const pos = row.cache_len + i;
+        std::uint64_t const rev = row.revision(pos);
+        for (int h = 0; h < H; ++h) {
+          hw(t0 + i, h) = KPoolTrace::weight_value(t.seed, row.seq, pos, h, rev);
+          for (int c = 0; c < D; ++c)
+            hq(t0 + i, h, c) =
+                storage<T>(KPoolTrace::query_value(t.seed, row.seq, pos, h, c, D, rev));
+        }
+      }
+      t0 += row.n_new;
+      ho(r + 1) = static_cast<std::uint32_t>(t0);
+      hc(r) = static_cast<std::uint32_t>(row.cache_len);
+    }
+    Kokkos::deep_copy(space, q, hq);
+    Kokkos::deep_copy(space, weights, hw);
+    Kokkos::deep_copy(space, row_offsets, ho);
+    Kokkos::deep_copy(space, cache_lengths, hc);
+    auto const ids = Kokkos::subview(pool_ids_, std::make_pair(std::size_t(0), rows),
+                                     Kokkos::ALL);
+    cache.with(space, block, [&](auto&... pool_cache) {
+      // A version 1 trace, whose replay has no cache, has no select blocks.
+      if constexpr (sizeof...(pool_cache) == 2)
+        select(space, row_offsets, cache_lengths, static_cast<int>(B), t, q, weights,
+               pool_cache..., ids, options);
+    });
+    auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids);
+    t0 = 0;
+    for (auto const& row : block.rows) {
+      for (std::uint64_t i = 0; i < row.n_new; ++i) {
+        Selection sel;
+        sel.seq = row.seq;
+        sel.pos = row.cache_len + i;
+        sel.block = index;
+        for (int j = 0; j < t.index_topk; ++j)
+          if (h(t0 + i, j) >= 0) sel.ids.push_back(h(t0 + i, j));
+        result.selections.push_back(std::move(sel));
+      }
+      t0 += row.n_new;
+    }
+  }
+
+ private:
+  template <class Offsets, class Lengths, class Q, class W, class PoolCache, class Table,
+            class Ids>
+  void select(ExecSpace const& space, Offsets const& row_offsets, Lengths const& cache_lengths,
+              int B, KPoolTrace::Trace const& t, Q const& q, W const& weights,
+              PoolCache const& pool_cache, Table const& table, Ids const& ids,
+              KPool::Options const& options) {
+    KPool::score_select(space, row_offsets, cache_lengths, table, B, t.kpool, q, weights,
+                        pool_cache, t.index_topk, ids, workspace_, options);
+  }
+
+  KPool::SelectWorkspace<T, MemSpace> workspace_;
+  ViewT<std::int32_t, 2> pool_ids_;
+};
+#else
+// Without Kokkos Kernels there is no selection stage: main() refuses a
+// trace with select blocks before anything runs, so none reaches here.
+template <class T>
+class Selector {
+ public:
+  Selector(ExecSpace const&, KPoolTrace::Trace const&) {}
+  template <class ReplayCache>
+  void run(ExecSpace const&, KPoolTrace::Trace const&, KPoolTrace::Block const&,
+           std::size_t, ReplayCache&, KPool::Options const&, ReplayResult&) {
+    throw std::runtime_error(select_unavailable);
+  }
+};
+#endif
+
+template <class T, class ReplayCache>
+void run_step(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
+              ViewT<float, 2> const& ape, KPoolTrace::Trace const& t,
+              KPoolTrace::Block const& block,
+              KPool::StepOutput<T, MemSpace>& out, ReplayCache& cache,
+              KPool::Options const& options) {
+  int const D = t.head_dim;
+  std::size_t const B = block.rows.size();
+  ViewT<T, 2> key(Kokkos::view_alloc(Kokkos::WithoutInitializing, "key"),
+                  block.tokens, D);
+  ViewT<T, 2> gate(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gate"),
+                   block.tokens, D);
+  ViewT<std::uint32_t, 1> row_offsets("row_offsets", B + 1);
+  ViewT<std::uint32_t, 1> cache_lengths("cache_lengths", B);
+  ViewT<std::uint32_t, 1> slot_idx("slot_idx", B);
+  auto hk = Kokkos::create_mirror_view(key);
+  auto hg = Kokkos::create_mirror_view(gate);
+  auto ho = Kokkos::create_mirror_view(row_offsets);
+  auto hc = Kokkos::create_mirror_view(cache_lengths);
+  auto hs = Kokkos::create_mirror_view(slot_idx);
+  std::size_t t0 = 0;
+  ho(0) = 0;
+  for (std::size_t r = 0; r < B; ++r) {
+    KPoolTrace::Row const& row = block.rows[r];
+    for (std::uint64_t i = 0; i < row.n_new; ++i) {
+      std::uint64_t const pos = row.cache_len + i;
+      std::uint64_t const rev = row.revision(pos);
+      for (int c = 0; c < D; ++c) {
+        hk(t0 + i, c) = storage<T>(KPoolTrace::key_value(t.seed, row.seq, pos, c, rev));
+        hg(t0 + i, c) = storage<T>(KPoolTrace::gate_value(t.seed, row.seq, pos, c, rev));
+      }
+    }
+    t0 += row.n_new;
+    ho(r + 1) = static_cast<std::uint32_t>(t0);
+    hc(r) = static_cast<std::uint32_t>(row.cache_len);
+    hs(r) = row.slot;
+  }
+  Kokkos::deep_copy(space, key, hk);
+  Kokkos::deep_copy(space, gate, hg);
+  Kokkos::deep_copy(space, row_offsets, ho);
+  Kokkos::deep_copy(space, cache_lengths, hc);
+  Kokkos::deep_copy(space, slot_idx, hs);
+  cache.with(space, block, [&](auto&... pool_cache) {
+    KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
+                slot_idx, static_cast<int>(B), out, pool_cache..., options);
+  });
+}
+
+template <class T, class ReplayCache>
+void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
+                ViewT<float, 2> const& ape, KPoolTrace::Trace const& t,
+                KPoolTrace::Block const& block,
+                KPool::StepOutput<T, MemSpace>& out, ReplayCache& cache,
+                KPool::Options const& options) {
+  int const D = t.head_dim;
+  int const N = block.next_n;
+  std::size_t const B = block.rows.size();
+  // Padded entries are zero: nothing may read them.
+  ViewT<T, 3> key("key", B, N, D);
+  ViewT<T, 3> gate("gate", B, N, D);
+  ViewT<std::int32_t, 2> positions("positions", B, N);
+  ViewT<std::uint32_t, 1> slot_idx("slot_idx", B);
+  auto hk = Kokkos::create_mirror_view(key);
+  auto hg = Kokkos::create_mirror_view(gate);
+  auto hp = Kokkos::create_mirror_view(positions);
+  auto hs = Kokkos::create_mirror_view(slot_idx);
+  Kokkos::deep_copy(hk, storage<T>(0.0f));
+  Kokkos::deep_copy(hg, storage<T>(0.0f));
+  for (std::size_t r = 0; r < B; ++r) {
+    KPoolTrace::Row const& row = block.rows[r];
+    hs(r) = row.slot;
+    for (int i = 0; i < N; ++i) {
+      std::int32_t const pos = row.positions[i];
+      hp(r, i) = pos;
+      if (pos < 0) continue;
+      std::uint64_t const rev = row.revision(static_cast<std::uint64_t>(pos));
+      for (int c = 0; c < D; ++c) {
+        hk(r, i, c) = storage<T>(KPoolTrace::key_value(t.seed, row.seq, pos, c, rev));
+        hg(r, i, c) = storage<T>(KPoolTrace::gate_value(t.seed, row.seq, pos, c, rev));
+      }
+    }
+  }
+  Kokkos::deep_copy(space, key, hk);
+  Kokkos::deep_copy(space, gate, hg);
+  Kokkos::deep_copy(space, positions, hp);
+  Kokkos::deep_copy(space, slot_idx, hs);
+  cache.with(space, block, [&](auto&... pool_cache) {
+    KPool::decode_step(space, ring, key, gate, ape, positions, slot_idx,
+                       static_cast<int>(B), out, pool_cache..., options);
+  });
+}
+
+// Replays the whole trace in storage type T, writing `cache`; `line`
+// follows the block being run so a failure can name it.
+template <class T, class ReplayCache>
+ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& options,
+                         ReplayCache& cache, int& line) {
+  ExecSpace const space;
+  int const K = t.kpool;
+  int const D = t.head_dim;
+
+  ViewT<float, 2> ape("ape", K, D);
+  auto ha = Kokkos::create_mirror_view(ape);
+  for (int m = 0; m < K; ++m)
+    for (int c = 0; c < D; ++c) ha(m, c) = KPoolTrace::ape_value(t.seed, m, c);
+  Kokkos::deep_copy(space, ape, ha);
+
+  // One output for the largest call.
+  std::size_t capacity = 1;
+  int max_batch = 1;
+  for (auto const& b : t.blocks) {
+    if (b.kind == KPoolTrace::BlockKind::select) continue;
+    int const B = static_cast<int>(b.rows.size());
+    max_batch = std::max(max_batch, B);
+    std::size_t const need =
+        b.kind == KPoolTrace::BlockKind::decode
+            ? b.rows.size() * static_cast<std::size_t>((b.next_n + K - 1) / K)
+            : KPool::StepOutput<T, MemSpace>::capacity_for(b.tokens, B, K);
+    capacity = std::max(capacity, need);
+  }
+  KPool::Ring<T, MemSpace> ring(space, static_cast<int>(t.slots), K, D, t.ring);
+  KPool::StepOutput<T, MemSpace> out(space, capacity, max_batch, D);
+  Selector<T> selector(space, t);
+
+  ReplayResult result;
+  std::size_t index = 0;
+  for (auto const& b : t.blocks) {
+    line = b.line;
+    switch (b.kind) {
+      case KPoolTrace::BlockKind::decode:
+        run_decode<T>(space, ring, ape, t, b, out, cache, options);
+        break;
+      case KPoolTrace::BlockKind::step:
+        run_step<T>(space, ring, ape, t, b, out, cache, options);
+        break;
+      case KPoolTrace::BlockKind::select:
+        selector.run(space, t, b, index++, cache, options, result);
+        continue;
+    }
+    collect<T>(space, out, b, D, result.emitted);
+  }
+  line = 0;
+  cache.read(space, result);
+  space.fence();
+  return result;
+}
+
+// A version 1 trace runs without a pool cache; a version 2 trace writes
+// the one its header names (native: a cache of T, printed nowhere).
+template <class T>
+ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
+                    int block_pools, bool fused_layout, int& line) {
+  ExecSpace const space;
+  if (t.version < 2) {
+    NoCache none;
+    return replay_with<T>(t, options, none, line);
+  }
+  if constexpr (!std::is_same<T, double>::value) {
+    // The parser refuses an fp8 cache of f64 pools.
+    if (t.pool_cache != KPoolTrace::PoolCache::native) {
+      Cache<KPool::float8_e4m3> fp8(space, t,
+                                    t.pool_cache == KPoolTrace::PoolCache::fp8
+                                        ? KPool::CacheScale::amax
+                                        : KPool::CacheScale::pow2,
+                                    block_pools, fused_layout);
+      return replay_with<T>(t, options, fp8, line);
+    }
+  }
+  Cache<T> native(space, t, KPool::CacheScale::none, block_pools, fused_layout);
+  return replay_with<T>(t, options, native, line);
+}
+
+inline void append_pool_line(std::string& s, Pool const& p) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "pool %u %d", static_cast<unsigned>(p.seq),
+                static_cast<int>(p.id));
+  s += buf;
+  for (float v : p.values) {
+    std::snprintf(buf, sizeof buf, " %.9g", static_cast<double>(v));
+    s += buf;
+  }
+  s += '\n';
+}
+
+inline void append_count(std::string& s, char const* what, std::size_t n) {
+  s += what;
+  s += ' ';
+  s += std::to_string(n);
+  s += '\n';
+}
+
+inline bool by_seq_then_id(Pool const& a, Pool const& b) {
+  return a.seq != b.seq ? a.seq < b.seq : a.id < b.id;
+}
+
+// Version 1: every pool produced, sorted (a pool produced twice is printed
+// twice), then 'pools N'.
+inline std::string format_v1(ReplayResult& r) {
+  std::stable_sort(r.emitted.begin(), r.emitted.end(), by_seq_then_id);
+  std::string s;
+  for (auto const& p : r.emitted) append_pool_line(s, p);
+  append_count(s, "pools", r.emitted.size());
+  return s;
+}
+
+// cache SEQ POOL SCALE v_0 ... v_{D-1}: an fp8 cache entry, the scale and
+// the E4M3 values as numbers.
+inline void append_cache_line(std::string& s, PoolKey const& key, CacheEntry const& e) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "cache %u %d %.9g", static_cast<unsigned>(key.first),
+                static_cast<int>(key.second), static_cast<double>(e.scale));
+  s += buf;
+  for (float v : e.values) {
+    std::snprintf(buf, sizeof buf, " %.9g", static_cast<double>(v));
+    s += buf;
+  }
+  s += '\n';
+}
+
+// select SEQ POS id id ...: what one query token selected.
+inline void append_select_line(std::string& s, Selection const& sel) {
+  s += "select " + std::to_string(sel.seq) + ' ' + std::to_string(sel.pos);
+  for (std::int32_t id : sel.ids) {
+    s += ' ';
+    s += std::to_string(id);
+  }
+  s += '\n';
+}
+
+// Everything version 2 prints after 'pools N', in docs/trace.md's order:
+// 'emitted E', the fp8 cache's entries of the printed pools (`printed`, in
+// their order), the 'select' lines by seq, then pos, then block order,
+// 'selects M'.
+inline void append_v2_tail(std::string& s, KPoolTrace::Trace const& /*t*/,
+                    ReplayResult const& r, std::vector<PoolKey> const& printed) {
+  append_count(s, "emitted", r.emitted.size());
+  if (r.has_cache_lines)
+    for (PoolKey const& key : printed) append_cache_line(s, key, r.cache.at(key));
+  std::vector<Selection const*> order;
+  for (auto const& sel : r.selections) order.push_back(&sel);
+  std::stable_sort(order.begin(), order.end(), [](Selection const* a, Selection const* b) {
+    return a->seq != b->seq ? a->seq < b->seq : a->pos < b->pos;
+  });
+  for (Selection const* sel : order) append_select_line(s, *sel);
+  append_count(s, "selects", order.size());
+}
+
+// Version 2: the pools complete within each sequence's final length, each
+// with the value it was last emitted with, then the v2 tail.
+inline std::string format_v2(KPoolTrace::Trace const& t, ReplayResult const& r) {
+  std::map<PoolKey, Pool const*> last;
+  for (auto const& p : r.emitted) last[PoolKey(p.seq, p.id)] = &p;
+  std::string s;
+  std::vector<PoolKey> printed;
+  for (auto const& e : last) {
+    auto const seq = t.sequences.find(e.first.first);
+    std::uint64_t const complete =
+        seq == t.sequences.end() ? 0 : seq->second.fed / t.kpool;
+    if (e.first.second < 0 || static_cast<std::uint64_t>(e.first.second) >= complete)
+      continue;
+    append_pool_line(s, *e.second);
+    printed.push_back(e.first);
+  }
+  append_count(s, "pools", printed.size());
+  append_v2_tail(s, t, r, printed);
+  return s;
+}
+
+inline std::string format(KPoolTrace::Trace const& t, ReplayResult& r) {
+  return t.version == 1 ? format_v1(r) : format_v2(t, r);
+}
+
+/// Replays `trace` on Kokkos' default execution space and returns what
+/// kpool_replay prints (docs/trace.md, "Output"). `line` follows the block
+/// being run, so that when a call throws (KPool::InvalidArgument, a
+/// std::runtime_error of the replay's own checks, std::bad_alloc) the
+/// caller can name the trace line; it is 0 after the last block.
+/// `fused_layout`: a pool_cache fp8_serving cache in the engines' fused
+/// byte layout (the output does not depend on it).
+inline std::string replay_trace(KPoolTrace::Trace const& trace, KPool::Options const& options,
+                                int block_pools, bool fused_layout, int& line) {
+  ReplayResult result;
+  switch (trace.dtype) {
+    case KPoolTrace::DType::f32:
+      result = replay<float>(trace, options, block_pools, fused_layout, line);
+      break;
+    case KPoolTrace::DType::f64:
+      result = replay<double>(trace, options, block_pools, fused_layout, line);
+      break;
+    case KPoolTrace::DType::bf16:
+      result = replay<KPool::bfloat16>(trace, options, block_pools, fused_layout, line);
+      break;
+    case KPoolTrace::DType::f16:
+      result = replay<KPool::float16>(trace, options, block_pools, fused_layout, line);
+      break;
+  }
+  return format(trace, result);
+}
+
+}  // namespace KPoolReplay
+
+#endif  // KPOOL_REPLAY_HPP
