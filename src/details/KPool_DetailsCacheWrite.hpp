@@ -494,6 +494,19 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
 // and their order are those of phases 1 to 3, so the cache holds the same
 // bytes either way (HostCacheHook below says which a step takes).
 
+// A pool's 128 values, as f32, into eight 16-lane vectors.
+template <class T>
+inline void load_row_128(T const* x, f32x16 (&r)[8]) {
+  if constexpr (std::is_same<T, float>::value) {
+    std::memcpy(r, x, sizeof r);
+  } else {
+    alignas(64) float row[128];
+    KPOOL_IMPL_IVDEP
+    for (int c = 0; c < 128; ++c) row[c] = to_accumulator(x[c]);
+    std::memcpy(r, row, sizeof r);
+  }
+}
+
 #if defined(KPOOL_IMPL_GNU_VECTORS)
 // D = 128 with f32 arithmetic into an fp8 cache (the checkpoint's shape):
 // the pool stays in vector registers from the read-back to the store of its
@@ -507,14 +520,7 @@ template <class T>
 inline bool e4m3_row_128(T const* x, bool rotate, float rsqrt, CacheScale mode,
                          void* out, float& scale, float* spill) {
   f32x16 r[8];
-  if constexpr (std::is_same<T, float>::value) {
-    std::memcpy(r, x, sizeof r);
-  } else {
-    alignas(64) float row[128];
-    KPOOL_IMPL_IVDEP
-    for (int c = 0; c < 128; ++c) row[c] = to_accumulator(x[c]);
-    std::memcpy(r, row, sizeof r);
-  }
+  load_row_128(x, r);
   if (rotate) rotate_vectors(r);
   std::uint32_t const m = max_magnitude_bits(r);
   float const factor = rotate ? rsqrt : 1.0f;
@@ -556,14 +562,7 @@ template <class T>
 inline bool e4m3_row_128_serving(T const* x, bool rotate, float rsqrt,
                                  void* out, float& scale, float* spill) {
   f32x16 r[8];
-  if constexpr (std::is_same<T, float>::value) {
-    std::memcpy(r, x, sizeof r);
-  } else {
-    alignas(64) float row[128];
-    KPOOL_IMPL_IVDEP
-    for (int c = 0; c < 128; ++c) row[c] = to_accumulator(x[c]);
-    std::memcpy(r, row, sizeof r);
-  }
+  load_row_128(x, r);
   if (rotate) rotate_vectors(r);
   f32x16 v[8];
   float const factor = rotate ? rsqrt : 1.0f;
