@@ -14,6 +14,7 @@
 #include <details/KPool_DetailsScoreBlas.hpp>
 #include <details/KPool_DetailsScoreRegisterFunctor.hpp>
 #include <details/KPool_DetailsScoreTileFunctor.hpp>
+#include <details/KPool_DetailsScoreTilesFunctor.hpp>
 #include <details/KPool_DetailsSelect.hpp>
 #include <details/KPool_DetailsSelectFunctor.hpp>
 #include <details/KPool_DetailsValidate.hpp>
@@ -31,6 +32,7 @@ namespace Details {
 inline char const* engine_name(ScoreEngine e) {
   return e == ScoreEngine::blas             ? "blas"
          : e == ScoreEngine::team_gemm      ? "team_gemm"
+         : e == ScoreEngine::tiles          ? "tiles"
          : e == ScoreEngine::register_tiles ? "register_tiles"
                                             : "automatic";
 }
@@ -44,9 +46,9 @@ ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested) {
   if ((requested == ScoreEngine::blas || requested == ScoreEngine::register_tiles) &&
       KokkosExt::is_device_backend<ExecutionSpace>::value)
     chk.fail("options", "score_engine", -1, engine_name(requested),
-             "needs a host execution space (use team_gemm or automatic)");
+             "needs a host execution space (use tiles, team_gemm or automatic)");
   if (requested == ScoreEngine::automatic)
-    return device_shapes<ExecutionSpace>::value ? ScoreEngine::team_gemm
+    return device_shapes<ExecutionSpace>::value ? ScoreEngine::tiles
                                                 : ScoreEngine::register_tiles;
   return requested;
 }
@@ -153,6 +155,32 @@ struct ScoreInputs {
   int heads;
 };
 
+template <class ExecutionSpace, class T, class C, int Level>
+void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& space,
+                                  ScoreInputs<ExecutionSpace, T, C> const& in,
+                                  TileShape const& tiles, Options const& options) {
+  using F = ScoreTileFunctor<ExecutionSpace, T, C, Level>;
+  F f;
+  f.batch = in.batch;
+  f.q = in.q;
+  f.weights = in.weights;
+  f.cache = in.cache;
+  f.keys = in.keys;
+  f.heads = in.heads;
+  f.rows_per_team = tiles.rows;
+  f.tile_pools = tiles.pools;
+  std::size_t const groups =
+      (in.batch.row_end - in.batch.row_begin + tiles.rows - 1) /
+      static_cast<std::size_t>(tiles.rows);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, tiles.pools);
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = team_size_for(space, f, 1, options.team_size);
+  shape.scratch_bytes = tiles.bytes;
+  shape.scratch_level = Level;
+  launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
+}
+
 template <class ExecutionSpace, class T, class C>
 void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
                         ScoreInputs<ExecutionSpace, T, C> const& in,
@@ -166,6 +194,17 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
              "heads of " + std::to_string(D) +
                  " channels do not fit the team scratch of the team_gemm "
                  "engine (use the blas engine)");
+  if (tiles.level == 0)
+    launch_score_team_gemm_level<ExecutionSpace, T, C, 0>(chk, space, in, tiles, options);
+  else
+    launch_score_team_gemm_level<ExecutionSpace, T, C, 1>(chk, space, in, tiles, options);
+}
+
+template <class ExecutionSpace, class T, class C, int Level>
+void launch_score_tiles_level(Checker const& chk, ExecutionSpace const& space,
+                              ScoreInputs<ExecutionSpace, T, C> const& in, int rows,
+                              std::size_t bytes, Options const& options) {
+  using F = ScoreTilesFunctor<ExecutionSpace, T, C, Level>;
   F f;
   f.batch = in.batch;
   f.q = in.q;
@@ -173,18 +212,48 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
   f.cache = in.cache;
   f.keys = in.keys;
   f.heads = in.heads;
-  f.rows_per_team = tiles.rows;
-  f.tile_pools = tiles.pools;
-  f.scratch_level = tiles.level;
+  f.rows_per_team = rows;
+  int const D = in.cache.head_dim();
+  f.packets = D % F::packet == 0 &&
+              reinterpret_cast<std::uintptr_t>(in.cache.values) % 16 == 0;
   std::size_t const groups =
-      (in.batch.total_rows + tiles.rows - 1) / static_cast<std::size_t>(tiles.rows);
-  f.splits = tile_splits(space, groups, in.batch.max_visible, tiles.pools);
+      (in.batch.row_end - in.batch.row_begin + rows - 1) / static_cast<std::size_t>(rows);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, F::TP);
+  // A team takes at least a few tiles, so that staging its queries pays.
+  f.min_tiles = device_shapes<ExecutionSpace>::value ? 4 : 2;
   LaunchShape shape;
   shape.league = static_cast<int>(groups * f.splits);
   shape.team_size = team_size_for(space, f, 1, options.team_size);
-  shape.scratch_bytes = tiles.bytes;
-  shape.scratch_level = tiles.level;
-  launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
+  shape.scratch_bytes = bytes;
+  shape.scratch_level = Level;
+  launch(space, chk.entry_point() + "::score_tiles", shape, f);
+}
+
+// The portable engine: rows a team as the request sizes allow (up to 8),
+// fewer on devices until they fit fast scratch; the level is a template
+// argument of the kernel.
+template <class ExecutionSpace, class T, class C>
+void launch_score_portable(Checker const& chk, ExecutionSpace const& space,
+                           ScoreInputs<ExecutionSpace, T, C> const& in,
+                           Options const& options) {
+  using F = ScoreTilesFunctor<ExecutionSpace, T, C, 0>;
+  int const D = in.cache.head_dim();
+  std::size_t const per_request =
+      in.batch.total_rows / static_cast<std::size_t>(std::max(1, in.batch.num_requests));
+  int rows = static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  if (device_shapes<ExecutionSpace>::value)
+    while (rows > 1 && F::scratch_bytes(rows, in.heads, D) > max0) rows /= 2;
+  std::size_t const bytes = F::scratch_bytes(rows, in.heads, D);
+  if (bytes <= max0)
+    launch_score_tiles_level<ExecutionSpace, T, C, 0>(chk, space, in, rows, bytes, options);
+  else if (bytes <= scratch_max<ExecutionSpace>(1))
+    launch_score_tiles_level<ExecutionSpace, T, C, 1>(chk, space, in, rows, bytes, options);
+  else
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the tiles engine "
+                 "(use the blas engine)");
 }
 
 template <class ExecutionSpace, class T, class C, int HB>
@@ -211,7 +280,7 @@ void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
              "heads of " + std::to_string(D) +
                  " channels do not fit the team scratch of the register_tiles "
                  "engine (use the blas engine)");
-  std::size_t const groups = (in.batch.total_rows + f.rows_per_team - 1) /
+  std::size_t const groups = (in.batch.row_end - in.batch.row_begin + f.rows_per_team - 1) /
                              static_cast<std::size_t>(f.rows_per_team);
   f.splits = tile_splits(space, groups, in.batch.max_visible, register_tile_pools);
   // One thread a team: the tile kernel is the team's whole work.
@@ -238,25 +307,83 @@ void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
     launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in);
 }
 
-template <bool Expand, class ExecutionSpace, class Key, class OutView>
-void launch_select(Checker const& chk, ExecutionSpace const& space,
-                   SelectBatch const& batch, Key const* keys, OutView const& out,
-                   int topk, Options const& options) {
-  using F = SelectFunctor<ExecutionSpace, Key, Expand>;
+// The long-row split of a workspace: per-segment histograms of rows of
+// more than `from` visible pools (segs 0: none).
+struct SplitArgs {
+  std::uint32_t* seg_hist = nullptr;
+  int segs = 0;
+  std::uint64_t from = 0;
+  std::uint64_t segment = 1;
+};
+
+template <bool Expand, class ExecutionSpace, class Key, int Level, bool Staged,
+          class OutView>
+void launch_select_variant(Checker const& chk, ExecutionSpace const& space,
+                           SelectBatch const& batch, Key const* keys, OutView const& out,
+                           int topk, SplitArgs const& split, Options const& options) {
+  using F = SelectFunctor<ExecutionSpace, Key, Expand, Level, Staged>;
   F f;
   f.batch = batch;
   f.keys = keys;
   f.out = out;
   f.out_columns = static_cast<int>(out.extent(1));
   f.topk = topk;
-  std::size_t const bytes = F::scratch_bytes(topk);
-  f.scratch_level = bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
+  f.segs = split.segs;
+  f.split_from = split.from;
+  f.segment = split.segment;
+  f.seg_hist = split.seg_hist;
   LaunchShape shape;
-  shape.league = static_cast<int>(batch.total_rows);
+  shape.league = static_cast<int>(batch.row_end - batch.row_begin);
   shape.team_size = team_size_for(space, f, 1, options.team_size);
-  shape.scratch_bytes = bytes;
-  shape.scratch_level = f.scratch_level;
+  shape.scratch_bytes = F::scratch_bytes(topk, batch.max_visible);
+  shape.scratch_level = Level;
   launch(space, chk.entry_point() + "::select", shape, f);
+}
+
+// The selection of rows [row_begin, row_end) from their keys: with split
+// rows, a launch of per-segment histograms first; then one team a row, in
+// the variant whose scratch fits (the row staged in fast scratch with
+// device shapes, when every row fits; else the buffers alone in fast
+// scratch; else in large scratch).
+template <bool Expand, class ExecutionSpace, class Key, class OutView>
+void launch_select(Checker const& chk, ExecutionSpace const& space,
+                   SelectBatch const& batch, Key const* keys, OutView const& out,
+                   int topk, SplitArgs const& split, Options const& options) {
+  std::size_t const rows = batch.row_end - batch.row_begin;
+  if (rows == 0) return;
+  if (split.segs > 0) {
+    using H = SegmentHistFunctor<ExecutionSpace, Key>;
+    H h;
+    h.batch = batch;
+    h.keys = keys;
+    h.seg_hist = split.seg_hist;
+    h.split_from = split.from;
+    h.segment = split.segment;
+    h.segs = split.segs;
+    LaunchShape shape;
+    shape.league = league_for(chk, "q", rows * static_cast<std::uint64_t>(split.segs), 1);
+    shape.team_size = team_size_for(space, h, 1, options.team_size);
+    // A segment is a team's whole work: on hosts, let one team take it.
+    shape.scratch_bytes = H::scratch_bytes();
+    shape.scratch_level = 0;
+    launch(space, chk.entry_point() + "::select_segments", shape, h);
+  }
+  std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  using Staged = SelectFunctor<ExecutionSpace, Key, Expand, 0, true>;
+  using Fast = SelectFunctor<ExecutionSpace, Key, Expand, 0, false>;
+  using Large = SelectFunctor<ExecutionSpace, Key, Expand, 1, false>;
+  if (device_shapes<ExecutionSpace>::value &&
+      Staged::scratch_bytes(topk, batch.max_visible) <= max0)
+    launch_select_variant<Expand, ExecutionSpace, Key, 0, true>(chk, space, batch, keys,
+                                                                out, topk, split, options);
+  else if (Fast::scratch_bytes(topk, 0) <= max0)
+    launch_select_variant<Expand, ExecutionSpace, Key, 0, false>(chk, space, batch, keys,
+                                                                 out, topk, split, options);
+  else if (Large::scratch_bytes(topk, 0) <= scratch_max<ExecutionSpace>(1))
+    launch_select_variant<Expand, ExecutionSpace, Key, 1, false>(chk, space, batch, keys,
+                                                                 out, topk, split, options);
+  else
+    chk.fail_scalar("topk", topk, "is too many pools for the selection's team scratch");
 }
 
 // score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
@@ -332,9 +459,6 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
   if (!workspace.is_allocated())
     chk.fail("workspace", "", -1, "an empty SelectWorkspace",
              "has no storage (construct it with a size)");
-  if (workspace.max_tokens() < rows)
-    chk.fail("workspace", "max_tokens", -1, std::to_string(workspace.max_tokens()),
-             "is less than the " + std::to_string(rows) + " rows of q");
   chk.extent_is("q", 1, static_cast<std::size_t>(H),
                 static_cast<std::size_t>(workspace.num_heads()),
                 "the workspace's num_heads");
@@ -357,27 +481,43 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
   in.batch.kpool = kpool;
   in.batch.total_rows = rows;
   in.batch.max_visible = workspace.max_visible();
+  in.batch.row_begin = 0;
+  in.batch.row_end = rows;
   in.q = q;
   in.weights = weights;
   in.cache = cache_target<C, A>(cache, block_table);
   in.keys = workspace.keys().data();
   in.heads = H;
-  if (engine == ScoreEngine::blas) {
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
-      score_blas<ExecutionSpace, T, C>(
-          chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
-          workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
-          workspace.blas_chunks(), H);
+  SplitArgs split;
+  split.seg_hist = workspace.segment_histograms();
+  split.segs = workspace.split_segments();
+  split.from = workspace.split_from();
+  split.segment = workspace.split_segment();
+  // Chunks of the workspace's max_tokens rows, in order, on the one
+  // instance: each chunk's keys are consumed before the next overwrites.
+  std::size_t const chunk = workspace.max_tokens();
+  for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
+    in.batch.row_begin = row_begin;
+    in.batch.row_end = std::min(rows, row_begin + chunk);
+    if (engine == ScoreEngine::blas) {
+      if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
+        score_blas<ExecutionSpace, T, C>(
+            chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
+            workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
+            workspace.blas_chunks(), H);
+      }
+    } else if (engine == ScoreEngine::register_tiles) {
+      if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
+        launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
+      }
+    } else if (engine == ScoreEngine::tiles) {
+      launch_score_portable<ExecutionSpace, T, C>(chk, space, in, options);
+    } else {
+      launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
     }
-  } else if (engine == ScoreEngine::register_tiles) {
-    if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
-      launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
-    }
-  } else {
-    launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
+    launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
+                          View2<std::int32_t, M>(out), topk, split, options);
   }
-  launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
-                        View2<std::int32_t, M>(out), topk, options);
 }
 
 }  // namespace Details
