@@ -149,8 +149,10 @@ void check_all(std::uint64_t seed) {
     check<Key>({{2, 5, 40, 300, 700, 1, 16, 17, 900, 650}, 16}, team, 10, no_split, seed);
     // Longer rows (read from memory), more ties than candidates.
     check<Key>({{3000, 5000, 4500, 2500, 6000, 100}, 300}, team, 6, no_split, seed + 1);
-    // topk 2048: the buffers in large scratch on hosts.
+    // topk 2048: a smaller candidate buffer; topk 5000: the buffers in
+    // large scratch.
     check<Key>({{5000, 2100, 2047, 4096}, 2048}, team, 4, no_split, seed + 5);
+    check<Key>({{9000, 5000, 7000}, 5000}, team, 3, no_split, seed + 6);
     // Row chunks of two rows.
     check<Key>({{600, 700, 20, 800, 500}, 64}, team, 2, no_split, seed + 2);
     // Long rows split over teams (segments of 512 past 1500 pools).

@@ -47,12 +47,12 @@ struct ScoreRegisterFunctor {
   int splits;
   int scratch_level;
 
-  static int padded_heads(int heads) { return (heads + HB - 1) / HB * HB; }
+  KOKKOS_INLINE_FUNCTION static int padded_heads(int heads) { return (heads + HB - 1) / HB * HB; }
   // Queries [rows][D][padded heads], weights [rows][heads], the key tile
   // [D][PT], its scales and usable flags, one query's scores, and a row
   // to rotate in.
   static constexpr bool fp8 = std::is_same<C, float8_e4m3>::value;
-  static std::size_t scratch_size(int rows, int heads, int D) {
+  KOKKOS_INLINE_FUNCTION static std::size_t scratch_size(int rows, int heads, int D) {
     return static_cast<std::size_t>(rows) * D * padded_heads(heads) +
            static_cast<std::size_t>(rows) * heads + static_cast<std::size_t>(D) * PT +
            3 * PT + D + (fp8 ? 256 : 0);

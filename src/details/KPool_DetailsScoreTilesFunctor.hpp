@@ -81,11 +81,11 @@ struct ScoreTilesFunctor {
   int min_tiles;  // tiles a team at least
   bool packets;   // rows are 16-byte aligned and D a multiple of `packet`
 
-  static int padded_heads(int heads) { return (heads + RH - 1) / RH * RH; }
+  KOKKOS_INLINE_FUNCTION static int padded_heads(int heads) { return (heads + RH - 1) / RH * RH; }
   // Queries [rows][D][HP], weights [rows][HP], key tile [D][TP], scales
   // and usable flags [TP], partial scores [HP / RH][rows][TP], a row to
   // rotate in per (row, head) thread.
-  static std::size_t scratch_size(int rows, int heads, int D) {
+  KOKKOS_INLINE_FUNCTION static std::size_t scratch_size(int rows, int heads, int D) {
     std::size_t const HP = padded_heads(heads);
     return rows * D * HP + rows * HP + static_cast<std::size_t>(D) * TP + 2 * TP +
            HP / RH * rows * TP;

@@ -320,9 +320,11 @@ template <bool Expand, class ExecutionSpace, class Key, int Level, bool Staged,
           class OutView>
 void launch_select_variant(Checker const& chk, ExecutionSpace const& space,
                            SelectBatch const& batch, Key const* keys, OutView const& out,
-                           int topk, SplitArgs const& split, Options const& options) {
+                           int topk, int cap, SplitArgs const& split,
+                           Options const& options) {
   using F = SelectFunctor<ExecutionSpace, Key, Expand, Level, Staged>;
   F f;
+  f.cap = cap;
   f.batch = batch;
   f.keys = keys;
   f.out = out;
@@ -335,7 +337,7 @@ void launch_select_variant(Checker const& chk, ExecutionSpace const& space,
   LaunchShape shape;
   shape.league = static_cast<int>(batch.row_end - batch.row_begin);
   shape.team_size = team_size_for(space, f, 1, options.team_size);
-  shape.scratch_bytes = F::scratch_bytes(topk, batch.max_visible);
+  shape.scratch_bytes = F::scratch_bytes(topk, batch.max_visible, cap);
   shape.scratch_level = Level;
   launch(space, chk.entry_point() + "::select", shape, f);
 }
@@ -369,19 +371,25 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     launch(space, chk.entry_point() + "::select_segments", shape, h);
   }
   std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  std::size_t const max1 = scratch_max<ExecutionSpace>(1);
   using Staged = SelectFunctor<ExecutionSpace, Key, Expand, 0, true>;
   using Fast = SelectFunctor<ExecutionSpace, Key, Expand, 0, false>;
   using Large = SelectFunctor<ExecutionSpace, Key, Expand, 1, false>;
-  if (device_shapes<ExecutionSpace>::value &&
-      Staged::scratch_bytes(topk, batch.max_visible) <= max0)
-    launch_select_variant<Expand, ExecutionSpace, Key, 0, true>(chk, space, batch, keys,
-                                                                out, topk, split, options);
-  else if (Fast::scratch_bytes(topk, 0) <= max0)
-    launch_select_variant<Expand, ExecutionSpace, Key, 0, false>(chk, space, batch, keys,
-                                                                 out, topk, split, options);
-  else if (Large::scratch_bytes(topk, 0) <= scratch_max<ExecutionSpace>(1))
-    launch_select_variant<Expand, ExecutionSpace, Key, 1, false>(chk, space, batch, keys,
-                                                                 out, topk, split, options);
+  // The row staged needs the full candidate buffer next to it.
+  int const staged_cap = Staged::capacity_for(topk, batch.max_visible, max0);
+  int const fast_cap = Fast::capacity_for(topk, 0, max0);
+  if (device_shapes<ExecutionSpace>::value && staged_cap == candidate_capacity)
+    launch_select_variant<Expand, ExecutionSpace, Key, 0, true>(chk, space, batch, keys, out,
+                                                                topk, staged_cap, split,
+                                                                options);
+  else if (fast_cap > 0)
+    launch_select_variant<Expand, ExecutionSpace, Key, 0, false>(chk, space, batch, keys, out,
+                                                                 topk, fast_cap, split,
+                                                                 options);
+  else if (Large::capacity_for(topk, 0, max1) > 0)
+    launch_select_variant<Expand, ExecutionSpace, Key, 1, false>(
+        chk, space, batch, keys, out, topk, Large::capacity_for(topk, 0, max1), split,
+        options);
   else
     chk.fail_scalar("topk", topk, "is too many pools for the selection's team scratch");
 }

@@ -11,7 +11,8 @@
 //      the prefix found so far (built in parallel with team atomics, or
 //      plainly by a one-thread team), scanned from the top bin in parallel
 //      (a team scan) to find the threshold digit; repeated only while the
-//      threshold bin holds more than `candidate_capacity` keys;
+//      threshold bin holds more keys than the candidate buffer (`cap`,
+//      up to candidate_capacity, as much as fast scratch allows);
 //   2. one ordered partition pass over the row (a team scan in id order):
 //      keys above the prefix go to the `sure` list, ascending; keys on the
 //      prefix are compacted into the candidate buffer, ascending (or, once
@@ -129,7 +130,6 @@ struct SelectFunctor {
 
   static constexpr int bins = select_bins;
   static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
-  static constexpr int cap = candidate_capacity;
 
   SelectBatch batch;
   Key const* keys;  // [chunk rows * max_visible]
@@ -142,13 +142,33 @@ struct SelectFunctor {
   std::uint64_t segment;  // pools a segment of a split row
   std::uint32_t const* seg_hist;
 
-  // hist, shared values, sure ids, chosen ids, candidate ids and keys,
-  // and (Staged) the row.
-  static std::size_t scratch_bytes(int topk, std::size_t row) {
+  int cap;  // candidates the buffer holds
+
+  // hist, shared values, sure ids, chosen ids, `cap` candidate ids and
+  // keys, and (Staged) the row.
+  static std::size_t fixed_bytes(int topk, std::size_t row) {
     return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<std::uint64_t>::shmem_size(8) +
            2 * Scratch<std::int32_t>::shmem_size(topk) +
-           Scratch<std::int32_t>::shmem_size(cap) + Scratch<Key>::shmem_size(cap) +
            (Staged ? Scratch<Key>::shmem_size(row) : 0);
+  }
+  static std::size_t scratch_bytes(int topk, std::size_t row, int cap) {
+    return fixed_bytes(topk, row) + Scratch<std::int32_t>::shmem_size(cap) +
+           Scratch<Key>::shmem_size(cap);
+  }
+  // The largest candidate buffer (up to candidate_capacity) that keeps the
+  // scratch within `budget`, or 0 when not even min_candidates fit.
+  static constexpr int min_candidates = 128;
+  static int capacity_for(int topk, std::size_t row, std::size_t budget) {
+    std::size_t const fixed = fixed_bytes(topk, row) + 2 * 64;
+    if (fixed >= budget) return 0;
+    std::size_t const per = sizeof(Key) + sizeof(std::int32_t);
+    std::size_t c = (budget - fixed) / per;
+    c = c > static_cast<std::size_t>(candidate_capacity) ? candidate_capacity : c;
+    c &= ~std::size_t(7);
+    while (c >= static_cast<std::size_t>(min_candidates) &&
+           scratch_bytes(topk, row, static_cast<int>(c)) > budget)
+      c -= 8;
+    return c < static_cast<std::size_t>(min_candidates) ? 0 : static_cast<int>(c);
   }
 
   // The team's buffers.
