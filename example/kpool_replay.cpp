@@ -54,7 +54,7 @@ char const usage_text[] =
     "              (the default)\n"
     "  --unfused   three launches per step (Options::fused = false)\n"
     "  --engine E  the selection's scoring engine (Options::score_engine):\n"
-    "              automatic (the default), register_tiles, team_gemm, blas\n"
+    "              automatic (the default), register_tiles, tiles, team_gemm, blas\n"
     "  --block-pools N\n"
     "              pools a block of the pool cache holds (default 16; the\n"
     "              output does not depend on it)\n"
@@ -164,6 +164,7 @@ int main(int argc, char* argv[]) {
         if (v == "automatic") options.score_engine = KPool::ScoreEngine::automatic;
         else if (v == "register_tiles") options.score_engine = KPool::ScoreEngine::register_tiles;
         else if (v == "team_gemm") options.score_engine = KPool::ScoreEngine::team_gemm;
+        else if (v == "tiles") options.score_engine = KPool::ScoreEngine::tiles;
         else if (v == "blas") options.score_engine = KPool::ScoreEngine::blas;
         else ok = false;
       } else {

@@ -152,6 +152,9 @@ struct Result {
   double rule_ratio_cpu = 0;  // median
   double rule_ratio_cpu_min = 0;  // of the least CPU time of each
   double cpu_seconds = 0, baseline_cpu_seconds = 0, pass_cpu_seconds = 0;
+  // Top-k cases (keys_read_seconds > 0): a same-run pass reading the same
+  // keys once (a max-reduction).
+  double keys_read_seconds = 0;
 };
 
 // ------------------------------------------------------------ device work
@@ -843,6 +846,60 @@ class Runner {
   }
 #endif
 
+  // Runs `call()` timed next to `read()` (a pass reading the same keys
+  // once), alternating, after a warm-up.
+  void measure_read(std::string const& scenario, std::string const& dtype,
+                    std::string const& op, std::uint64_t tokens, int batch,
+                    std::uint64_t bytes, int launches, std::function<void()> const& call,
+                    std::function<void()> const& read) {
+    std::string const name = scenario + "/" + dtype + "/" + op;
+    if (!selected(name)) return;
+    Clock::time_point const w0 = Clock::now();
+    for (int i = 0;; ++i) {
+      call();
+      space_.fence();
+      read();
+      space_.fence();
+      if (i >= 1 && seconds_between(w0, Clock::now()) >= 0.05 * s_.min_time) break;
+      if (i >= 20) break;
+    }
+    std::vector<double> kt, rt;
+    Clock::time_point const start = Clock::now();
+    for (;;) {
+      space_.fence();
+      Clock::time_point const t0 = Clock::now();
+      call();
+      space_.fence();
+      Clock::time_point const t1 = Clock::now();
+      read();
+      space_.fence();
+      Clock::time_point const t2 = Clock::now();
+      kt.push_back(seconds_between(t0, t1));
+      rt.push_back(seconds_between(t1, t2));
+      int const runs = static_cast<int>(kt.size());
+      if (runs >= s_.max_runs) break;
+      if (runs >= s_.min_runs && seconds_between(start, Clock::now()) >= s_.min_time)
+        break;
+    }
+    Result r;
+    r.name = name;
+    r.op = op;
+    r.dtype = dtype;
+    r.tokens = tokens;
+    r.batch = batch;
+    r.bytes = bytes;
+    r.seconds = median(kt);
+    r.seconds_min = *std::min_element(kt.begin(), kt.end());
+    r.keys_read_seconds = median(rt);
+    r.runs = static_cast<int>(kt.size());
+    r.launches = launches;
+    std::printf("%-44s %10.4f ms  keys read %10.4f ms  ratio %5.2f  (%d runs)\n",
+                name.c_str(), r.seconds * 1e3, r.keys_read_seconds * 1e3,
+                r.keys_read_seconds / r.seconds, r.runs);
+    std::fflush(stdout);
+    results_.push_back(r);
+  }
+
   std::vector<Result> const& results() const { return results_; }
   // Records which path the cached step of entry `name` took.
   void set_cache_path(std::string const& name, std::string const& path) {
@@ -1402,7 +1459,8 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
   std::string const prefix = scenario + "/bf16/";
   std::vector<std::pair<std::string, KPool::ScoreEngine>> engines = {
       {"select", KPool::ScoreEngine::automatic},
-      {"select_team_gemm", KPool::ScoreEngine::team_gemm}};
+      {"select_team_gemm", KPool::ScoreEngine::team_gemm},
+      {"select_tiles", KPool::ScoreEngine::tiles}};
   if (!KPool::Details::KokkosExt::is_device_backend<Space>::value) {
     engines.push_back({"select_register_tiles", KPool::ScoreEngine::register_tiles});
     engines.push_back({"select_blas", KPool::ScoreEngine::blas});
@@ -1468,8 +1526,94 @@ void run_selects(Runner& run, Settings const& s) {
                rng);
   }
 }
+
+// Keys of scores in [-2, 2), as the scoring engines write them.
+struct KeyFillFunctor {
+  Kokkos::View<std::uint32_t*, Mem> keys;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i) const {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ 0x2545F491u;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    float const x = static_cast<float>(h >> 8) * (4.0f / 16777216.0f) - 2.0f;
+    keys(i) = KPool::Details::score_key(x);
+  }
+};
+
+struct KeyMaxFunctor {
+  Kokkos::View<const std::uint32_t*, Mem> keys;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::uint32_t& m) const {
+    m = keys(i) > m ? keys(i) : m;
+  }
+};
+
+// Op `topk`: the selection alone over `rows` rows of `pools` scored keys
+// (one request a row), next to a max-reduction reading the same keys.
+void run_topk(Runner& run, std::string const& scenario, int rows, std::uint32_t pools,
+              int topk) {
+  if (!run.selected(scenario + "/f32/topk")) return;
+  namespace D = KPool::Details;
+  Space const space = run.space();
+  std::vector<std::uint32_t> offsets(rows + 1), lengths(rows, pools - 1);
+  std::iota(offsets.begin(), offsets.end(), 0u);
+  View1<std::uint32_t> row_offsets = upload(space, "kpool_perf::topk_row_offsets", offsets);
+  View1<std::uint32_t> cache_lengths = upload(space, "kpool_perf::topk_cache_lengths", lengths);
+  // The workspace a selection of these rows would use (its keys and its
+  // long-row histograms).
+  KPool::SelectWorkspace<float, Mem> ws(space, rows, pools, 1, 1);
+  Kokkos::View<std::uint32_t*, Mem> keys(ws.keys().data(), ws.keys().size());
+  Kokkos::parallel_for("kpool_perf::topk_keys",
+                       Kokkos::RangePolicy<Space>(space, 0, keys.size()),
+                       KeyFillFunctor{keys});
+  View2<std::int32_t> out(Kokkos::view_alloc(space, "kpool_perf::topk_ids"), rows, topk);
+  D::SelectBatch batch;
+  batch.row_offsets = row_offsets;
+  batch.cache_lengths = cache_lengths;
+  batch.num_requests = rows;
+  batch.kpool = 1;
+  batch.total_rows = static_cast<std::uint64_t>(rows);
+  batch.max_visible = pools;
+  batch.row_begin = 0;
+  batch.row_end = static_cast<std::uint64_t>(rows);
+  D::SplitArgs split;
+  split.seg_hist = ws.segment_histograms();
+  split.segs = ws.split_segments();
+  split.from = ws.split_from();
+  split.segment = ws.split_segment();
+  D::Checker const chk("kpool_perf::topk");
+  KPool::Options o;
+  space.fence();
+  std::uint64_t const n = static_cast<std::uint64_t>(rows) * pools;
+  run.measure_read(
+      scenario, "f32", "topk", static_cast<std::uint64_t>(rows), rows, n * 4,
+      split.segs > 0 ? 2 : 1,
+      [&]() {
+        D::launch_select<false>(chk, space, batch,
+                                static_cast<std::uint32_t const*>(keys.data()),
+                                D::View2<std::int32_t, Mem>(out), topk, split, o);
+      },
+      [&]() {
+        std::uint32_t m = 0;
+        Kokkos::parallel_reduce("kpool_perf::topk_keys_read",
+                                Kokkos::RangePolicy<Space>(space, 0, n),
+                                KeyMaxFunctor{keys}, Kokkos::Max<std::uint32_t>(m));
+      });
+}
+
+void run_topks(Runner& run, Settings const& s) {
+  if (s.quick) {
+    run_topk(run, "topk_b8_p2k", 8, 2048, 128);
+    run_topk(run, "topk_b1_p256k", 1, 1u << 18, 512);
+  } else {
+    run_topk(run, "topk_b64_p8k", 64, 8192, 512);
+    run_topk(run, "topk_b1_p1m", 1, 1u << 20, 2048);
+  }
+}
 #else
 void run_selects(Runner&, Settings const&) {}
+void run_topks(Runner&, Settings const&) {}
 #endif
 
 // ---------------------------------------------------------------- report
@@ -1514,6 +1658,21 @@ bool write_report(std::string const& path, std::vector<Result> const& results) {
   for (std::size_t i = 0; i < results.size(); ++i) {
     Result const& r = results[i];
     f << (i ? ",\n" : "\n") << "    {";
+    if (r.keys_read_seconds > 0) {
+      f << "\"name\": " << json_string(r.name);
+      f << ", \"op\": " << json_string(r.op);
+      f << ", \"dtype\": " << json_string(r.dtype);
+      f << ", \"tokens\": " << r.tokens;
+      f << ", \"batch\": " << r.batch;
+      f << ", \"bytes\": " << r.bytes;
+      f << ", \"seconds\": " << json_number(r.seconds);
+      f << ", \"keys_read_seconds\": " << json_number(r.keys_read_seconds);
+      f << ", \"ratio\": " << json_number(r.keys_read_seconds / r.seconds);
+      f << ", \"seconds_min\": " << json_number(r.seconds_min);
+      f << ", \"runs\": " << r.runs;
+      f << ", \"launches\": " << r.launches << "}";
+      continue;
+    }
     if (r.flops > 0) {
       double const gf = r.flops / r.seconds * 1e-9;
       double const ggf = r.gemm_flops / r.gemm_seconds * 1e-9;
@@ -1649,6 +1808,7 @@ int main(int argc, char* argv[]) {
       run_all<KPool::bfloat16>(run, s);
       run_all<float>(run, s);
       run_selects(run, s);
+      run_topks(run, s);
     } catch (std::exception const& e) {
       std::fprintf(stderr, "kpool_perf: %s\n", e.what());
       status = 1;

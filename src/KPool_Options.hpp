@@ -8,10 +8,10 @@ namespace KPool {
 /// How KPool::score_select and KPool::select_tokens multiply queries by
 /// cached keys (README, "The selection stage"). Every engine selects by the
 /// same rule and differs only in summation order (docs/indexer.md's tolerance);
-/// register_tiles and team_gemm also score identical pools identically, so
-/// exact ties go to the lower id.
+/// register_tiles, tiles and team_gemm also score identical pools
+/// identically, so exact ties go to the lower id.
 enum class ScoreEngine {
-  /// register_tiles on host execution spaces, team_gemm on devices.
+  /// register_tiles on host execution spaces, tiles on devices.
   automatic,
   /// Hosts: per team, tiles of 32 pools dequantized transposed into team
   /// scratch, multiplied by a hand-written register-blocked kernel (one
@@ -21,6 +21,12 @@ enum class ScoreEngine {
   /// keys in team scratch, multiplied by KokkosBatched::TeamGemm. One
   /// launch to score, one to select.
   team_gemm,
+  /// Every execution space, one Kokkos source (the device default): per
+  /// team, a group of query rows staged and rotated once, then tiles of 32
+  /// pools dequantized transposed into team scratch, register-blocked over
+  /// 8 heads x several pools per thread, the teams of a group splitting
+  /// its tiles by the visible pools. One launch to score, one to select.
+  tiles,
   /// Hosts: per request and chunk of pools, dequantize into the workspace,
   /// one KokkosBlas::gemm (the BLAS Kokkos Kernels was built with), then a
   /// relu / weights pass. Runs on the calling thread and fences the

@@ -84,6 +84,19 @@ class SelectWorkspace {
         Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
                            "KPool::SelectWorkspace::keys"),
         max_tokens * max_visible);
+    // Rows longer than the split length select in two launches, through
+    // per-segment histograms.
+    Details::SelectSplit const split = Details::select_split_knob();
+    split_from_ = split.from;
+    split_segment_ = split.segment;
+    if (max_visible > split.from) {
+      std::size_t const segs = (max_visible + split.segment - 1) / split.segment;
+      split_segments_ = static_cast<int>(segs);
+      seg_hist_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+          Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                             "KPool::SelectWorkspace::segment_histograms"),
+          max_tokens * segs * static_cast<std::size_t>(Details::select_bins));
+    }
     if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
       chunks_ = Details::BlasChunks::for_shape(max_tokens, max_visible, num_heads);
       std::size_t const rows = chunks_.rows * static_cast<std::size_t>(num_heads);
@@ -111,6 +124,14 @@ class SelectWorkspace {
   /// @return the keys, max_tokens() rows of max_visible() (the selection
   /// stage's own use).
   Kokkos::View<key_type*, MemorySpace> const& keys() const { return keys_; }
+  /// @return the long rows' per-segment histograms (null without them).
+  std::uint32_t* segment_histograms() const { return seg_hist_.data(); }
+  /// @return segments a long row splits into (0: no row is long).
+  int split_segments() const { return split_segments_; }
+  /// @return visible pools past which a row is long.
+  std::uint64_t split_from() const { return split_from_; }
+  /// @return pools a segment of a long row.
+  std::uint64_t split_segment() const { return split_segment_; }
   /// @return the BLAS engine's chunk sizes.
   Details::BlasChunks const& blas_chunks() const { return chunks_; }
   /// @return the BLAS engine's staged queries (host memory spaces).
@@ -137,6 +158,10 @@ class SelectWorkspace {
   int head_dim_ = 0;
   Details::BlasChunks chunks_;
   Kokkos::View<key_type*, MemorySpace> keys_;
+  Kokkos::View<std::uint32_t*, MemorySpace> seg_hist_;
+  int split_segments_ = 0;
+  std::uint64_t split_from_ = 0;
+  std::uint64_t split_segment_ = 1;
   Kokkos::View<score_type*, MemorySpace> blas_queries_;
   Kokkos::View<score_type*, MemorySpace> blas_keys_;
   Kokkos::View<score_type*, MemorySpace> blas_products_;

@@ -119,7 +119,7 @@ kpool_trace_replay(trace_cache_native_rot_f64_k4_d16_s3 check
 # fp8 (amax, pow2) and native caches, rotated and not, with rewinds (drafts
 # re-sent after a select block saw them) and without, topk below and above
 # the visible pools, K in {1, 2, 4, 8}, every dtype; the default engine,
-# and team_gemm and blas on the same traces.
+# and tiles, team_gemm and blas on the same kind of traces.
 kpool_trace_replay(trace_select_fp8_rot_bf16_k4_d128_h32_s3 check
   --dtype bf16 --seed 61 --kpool 4 --head-dim 128 --drafts 3 --index-heads 32
   --index-topk 4 --pool-cache fp8 --rotate 1 --sequences 10 --calls 40)
@@ -139,6 +139,10 @@ kpool_trace_replay(trace_select_fp8_rot_f32_k4_d16_team_gemm check
   --dtype f32 --seed 66 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
   --index-topk 3 --pool-cache fp8 --rotate 1 --sequences 16 --calls 60
   REPLAY_ARGS --engine team_gemm)
+kpool_trace_replay(trace_select_fp8_rot_f16_k4_d32_tiles check
+  --dtype f16 --seed 68 --kpool 4 --head-dim 32 --drafts 3 --index-heads 12
+  --index-topk 3 --pool-cache fp8 --rotate 1 --sequences 16 --calls 60
+  REPLAY_ARGS --engine tiles)
 kpool_trace_replay(trace_select_fp8_rot_bf16_k4_d16_blas check
   --dtype bf16 --seed 67 --kpool 4 --head-dim 16 --drafts 3 --index-heads 4
   --index-topk 3 --pool-cache fp8 --rotate 1 --sequences 16 --calls 60

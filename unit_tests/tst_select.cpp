@@ -251,13 +251,14 @@ struct Inputs {
 // vector; the output starts filled with kSentinel.
 template <class E, class T, class C>
 std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& o,
-                                   bool tokens) {
+                                   bool tokens, std::size_t ws_rows = 0) {
   using M = typename E::memory_space;
   Inputs<E, T, C> in(sc);
   int const width = tokens ? KPool::select_tokens_width(sc.s.topk, sc.s.K) : sc.s.topk;
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, width);
   Kokkos::deep_copy(out, kSentinel);
-  KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, sc.max_visible, sc.s.H, sc.s.D);
+  KPool::SelectWorkspace<T, M> ws(in.space, ws_rows > 0 ? ws_rows : sc.rows,
+                                  sc.max_visible, sc.s.H, sc.s.D);
   int const n = sc.batch.device.num_requests;
   if (tokens)
     KPool::select_tokens(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
@@ -271,20 +272,20 @@ std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& o,
 
 template <class E, class T>
 std::vector<std::int32_t> run(Scenario const& sc, KPool::Options const& o,
-                              bool tokens = false) {
+                              bool tokens = false, std::size_t ws_rows = 0) {
   if constexpr (!std::is_same<T, double>::value) {
-    if (sc.s.fp8) return run_with<E, T, KPool::float8_e4m3>(sc, o, tokens);
+    if (sc.s.fp8) return run_with<E, T, KPool::float8_e4m3>(sc, o, tokens, ws_rows);
   }
-  return run_with<E, T, T>(sc, o, tokens);
+  return run_with<E, T, T>(sc, o, tokens, ws_rows);
 }
 
 // The engines a space offers.
 template <class E>
 std::vector<KPool::ScoreEngine> engines() {
   if (KPool::Details::KokkosExt::is_device_backend<E>::value)
-    return {KPool::ScoreEngine::team_gemm};
-  return {KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::team_gemm,
-          KPool::ScoreEngine::blas};
+    return {KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm};
+  return {KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::tiles,
+          KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas};
 }
 
 // The engines that score identical pools identically.
@@ -560,6 +561,29 @@ TYPED_TEST(Select, RowsThatSeeNoPoolOrFewerThanTopk) {
   }
 }
 
+// A workspace of fewer rows than q: the call runs its rows in chunks, in
+// order, and selects what one chunk selects (bit for bit, the same keys),
+// for score_select and select_tokens, with every engine.
+TYPED_TEST(Select, ChunkedCallsSelectWhatOneChunkSelects) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  Shape const s{4, 4, 64, 8, TypeParam::dtype != DType::f64, true, 8};
+  Scenario const sc = make_scenario(s, TypeParam::dtype, mixed_batch(), 6, 2, 33);
+  for (KPool::ScoreEngine engine : engines<E>()) {
+    SCOPED_TRACE(KPool::Details::engine_name(engine));
+    KPool::Options const o = options_for<E>(engine);
+    std::vector<std::int32_t> const whole = run<E, T>(sc, o);
+    EXPECT_TRUE(conforms(sc, whole));
+    std::vector<std::int32_t> const whole_tokens = run<E, T>(sc, o, true);
+    for (std::size_t chunk : {std::size_t(1), std::size_t(3), std::size_t(7)}) {
+      std::vector<std::int32_t> const ids = run<E, T>(sc, o, false, chunk);
+      EXPECT_EQ(ids, whole) << "chunks of " << chunk;
+      std::vector<std::int32_t> const tokens = run<E, T>(sc, o, true, chunk);
+      EXPECT_EQ(tokens, whole_tokens) << "tokens, chunks of " << chunk;
+    }
+  }
+}
+
 // One query over 2^16 pools (topk 2048), and one over 2^20 (small heads).
 TYPED_TEST(Select, LongRows) {
   using E = typename TypeParam::execution_space;
@@ -789,7 +813,7 @@ void on_deep_copy(Kokkos::Tools::SpaceHandle, char const*, void const*,
 // With validation off, score_select and select_tokens queue their launches
 // on the caller's instance and wait for nothing (no fence, no copy), so a
 // serving step and its selection overlap other streams and can be captured
-// in a CUDA graph: the engines that run on every space (team_gemm, and
+// in a CUDA graph: the engines that run on every space (tiles, team_gemm, and
 // register_tiles on hosts). The BLAS engine fences by design.
 TEST(SelectHostSync, WithoutValidationNothingWaitsForTheHost) {
   using E = Kokkos::DefaultExecutionSpace;
@@ -803,7 +827,8 @@ TEST(SelectHostSync, WithoutValidationNothingWaitsForTheHost) {
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> tokens(
       "tokens", sc.rows, KPool::select_tokens_width(s.topk, s.K));
   KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, sc.max_visible, s.H, s.D);
-  std::vector<KPool::ScoreEngine> engines = {KPool::ScoreEngine::team_gemm};
+  std::vector<KPool::ScoreEngine> engines = {KPool::ScoreEngine::tiles,
+                                             KPool::ScoreEngine::team_gemm};
   if (!KPool::Details::KokkosExt::is_device_backend<E>::value)
     engines.push_back(KPool::ScoreEngine::register_tiles);
   Kokkos::deep_copy(ids, kSentinel);
@@ -850,34 +875,60 @@ TEST(SelectDetails, Fp8DecodeMatchesTheCacheType) {
   }
 }
 
-// The selection's launch: a power-of-two team (its team scan needs one on
-// CUDA before Kokkos 3.7) not above what Options::team_size asked, and the
-// same few bytes of level-0 scratch whatever topk is, within what a device
-// team has.
+// The selection's launch: a power-of-two team (its team scans need one on
+// CUDA before Kokkos 3.7) not above what Options::team_size asked, and
+// level-0 scratch within what a device team has, whatever topk is: the
+// buffered kernel while its buffers fit, the wide kernel (the same scratch
+// for every topk) past that.
+template <class F>
+void expect_select_shapes(F const& f, std::size_t bytes) {
+  using E = Kokkos::DefaultExecutionSpace;
+  E space;
+  for (int requested = 0; requested <= 70; ++requested) {
+    KPool::Options o;
+    o.team_size = requested;
+    KPool::Details::LaunchShape const shape =
+        KPool::Details::select_shape(space, f, 100, bytes, o);
+    ASSERT_GE(shape.team_size, 1);
+    ASSERT_EQ(shape.team_size & (shape.team_size - 1), 0)
+        << "team_size " << requested << " gave " << shape.team_size;
+    if (requested > 0) {
+      ASSERT_LE(shape.team_size, requested);
+    }
+    ASSERT_EQ(shape.scratch_level, 0);
+    ASSERT_EQ(shape.scratch_bytes, bytes);
+  }
+}
+
 TEST(SelectDetails, SelectLaunchTakesPowerOfTwoTeamsAndLevelZeroScratch) {
   using E = Kokkos::DefaultExecutionSpace;
-  using F = KPool::Details::SelectFunctor<E, std::uint32_t, true>;
-  E space;
-  F f{};
-  std::size_t const bytes = F::scratch_bytes();
-  EXPECT_LE(bytes, KPool::Details::device_scratch0<E>());
-  EXPECT_LE(bytes, KPool::Details::scratch_max<E>(0));
-  for (int topk : {1, 2048, 12000, 1 << 20}) {
-    f.topk = topk;
-    f.out_columns = topk * 4 + 3;
-    for (int requested = 0; requested <= 70; ++requested) {
-      KPool::Options o;
-      o.team_size = requested;
-      KPool::Details::LaunchShape const shape =
-          KPool::Details::select_shape(space, f, 100, o);
-      ASSERT_GE(shape.team_size, 1);
-      ASSERT_EQ(shape.team_size & (shape.team_size - 1), 0)
-          << "team_size " << requested << " gave " << shape.team_size;
-      if (requested > 0) {
-        ASSERT_LE(shape.team_size, requested);
+  using Kernel = KPool::Details::SelectKernel;
+  std::size_t const wide_bytes =
+      KPool::Details::SelectWideFunctor<E, std::uint32_t, true>::scratch_bytes();
+  for (std::size_t max_visible : {std::size_t(8192), std::size_t(1) << 20}) {
+    for (int topk : {1, 512, 2048, 12000, 1 << 20}) {
+      KPool::Details::SelectPlan const plan =
+          KPool::Details::select_plan<E, std::uint32_t, true>(topk, max_visible);
+      SCOPED_TRACE("topk " + std::to_string(topk) + ", max_visible " +
+                   std::to_string(max_visible));
+      EXPECT_LE(plan.scratch_bytes, KPool::Details::device_scratch0<E>());
+      EXPECT_LE(plan.scratch_bytes, KPool::Details::scratch_max<E>(0));
+      if (topk >= 12000) {
+        // 2 * topk ids alone are past any device's fast scratch.
+        EXPECT_EQ(plan.kernel, Kernel::wide);
+        EXPECT_EQ(plan.scratch_bytes, wide_bytes);
       }
-      ASSERT_EQ(shape.scratch_level, 0) << "topk " << topk;
-      ASSERT_EQ(shape.scratch_bytes, bytes) << "topk " << topk;
+      if (topk <= 2048) {
+        EXPECT_NE(plan.kernel, Kernel::wide);
+        EXPECT_GE(plan.cap, 128);
+      }
+      if (plan.kernel == Kernel::wide) {
+        KPool::Details::SelectWideFunctor<E, std::uint32_t, true> f{};
+        expect_select_shapes(f, plan.scratch_bytes);
+      } else {
+        KPool::Details::SelectFunctor<E, std::uint32_t, true, false> f{};
+        expect_select_shapes(f, plan.scratch_bytes);
+      }
     }
   }
 }

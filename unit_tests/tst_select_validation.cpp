@@ -351,12 +351,6 @@ TEST(SelectValidation, VisiblePoolsMustFitTheWorkspace) {
   expect_rejected(w, at_row("cache_lengths", 1, 9));
 }
 
-TEST(SelectValidation, WorkspaceMustHoldTheQueryRows) {
-  World w;
-  w.ws_rows = 9;
-  expect_rejected(w, Expect{"workspace", -1, "9", "max_tokens"});
-}
-
 TEST(SelectValidation, WorkspaceHeadsMustMatch) {
   World w;
   w.ws_heads = 8;
@@ -424,8 +418,9 @@ TEST(SelectValidation, HostEnginesNeedAHostSpace) {
 
 std::vector<KPool::ScoreEngine> engines() {
   if (KPool::Details::KokkosExt::is_device_backend<E>::value)
-    return {KPool::ScoreEngine::team_gemm};
-  return {KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::team_gemm,
+    return {KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm};
+  return {KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::tiles,
+          KPool::ScoreEngine::team_gemm,
           KPool::ScoreEngine::blas};
 }
 

@@ -117,7 +117,7 @@ struct BlasReduceFunctor {
       KPOOL_IMPL_IVDEP
       for (int j = 0; j < n; ++j) acc[j] += w * relu(s[j] * prod[j]);
     }
-    Key* out = keys + t * batch.max_visible + pool0 + j0;
+    Key* out = keys + batch.key_offset(t) + pool0 + j0;
     for (int j = 0; j < n; ++j)
       out[j] = ok[j] ? score_key(acc[j]) : static_cast<Key>(key_not_visible);
   }
@@ -166,14 +166,19 @@ void score_blas(std::string const& entry, ExecutionSpace const& space,
   for (int r = 0; r < batch.num_requests; ++r) {
     SelectRequest const req = batch.request(r);
     if (!req.valid || req.begin == req.end) continue;
-    std::uint64_t const n = req.end - req.begin;
+    // This chunk's rows of the request: [lo, n) from its first.
+    if (req.end <= batch.row_begin || req.begin >= batch.row_end) continue;
+    std::uint64_t const lo = batch.row_begin > req.begin ? batch.row_begin - req.begin : 0;
+    std::uint64_t const n =
+        (req.end < batch.row_end ? req.end : batch.row_end) - req.begin;
     std::uint64_t const c = req.cache_length;
-    std::uint64_t const vis_hi = batch.visible(req, req.end - 1);
+    std::uint64_t const vis_hi = batch.visible(req, req.begin + n - 1);
     for (std::uint64_t p0 = 0; p0 < vis_hi; p0 += chunks.pools) {
       std::uint64_t const chunk = vis_hi - p0 < chunks.pools ? vis_hi - p0 : chunks.pools;
       // Rows that see past p0: (c + i + 1) / K > p0.
       std::uint64_t const need = (p0 + 1) * K;
       std::uint64_t i0 = need > c + 1 ? need - c - 1 : 0;
+      if (i0 < lo) i0 = lo;
       bool keys_staged = false;
       for (; i0 < n; i0 += chunks.rows) {
         std::uint64_t const i1 = i0 + chunks.rows < n ? i0 + chunks.rows : n;

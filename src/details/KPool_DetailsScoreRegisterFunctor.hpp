@@ -69,9 +69,9 @@ struct ScoreRegisterFunctor {
                      scratch_size(rows_per_team, heads, cache.head_dim()));
     std::uint64_t const group = member.league_rank() / splits;
     int const split = member.league_rank() % splits;
-    std::uint64_t t = group * static_cast<std::uint64_t>(rows_per_team);
+    std::uint64_t t = batch.row_begin + group * static_cast<std::uint64_t>(rows_per_team);
     std::uint64_t const t_end =
-        t + rows_per_team < batch.total_rows ? t + rows_per_team : batch.total_rows;
+        t + rows_per_team < batch.row_end ? t + rows_per_team : batch.row_end;
     while (t < t_end) {
       SelectRequest req;
       int const r = batch.owner(t, req);
@@ -140,7 +140,7 @@ struct ScoreRegisterFunctor {
           if (vis <= p0) continue;
           score_tile(qt + static_cast<std::size_t>(i) * D * HP, w + i * H, kt, sc, score);
           int const n = vis - p0 < static_cast<std::uint64_t>(np) ? static_cast<int>(vis - p0) : np;
-          Key* out = keys + t * batch.max_visible + p0;
+          Key* out = keys + batch.key_offset(t) + p0;
           for (int j = 0; j < n; ++j)
             out[j] = ok[j] != A(0) ? score_key(score[j]) : static_cast<Key>(key_not_visible);
         }

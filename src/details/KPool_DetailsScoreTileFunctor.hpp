@@ -26,7 +26,9 @@
 namespace KPool {
 namespace Details {
 
-template <class ExecutionSpace, class T, class C>
+// Level: the team scratch level, a template argument so that no scratch
+// pointer is chosen at run time (which keeps a stack frame on devices).
+template <class ExecutionSpace, class T, class C, int Level = 0>
 struct ScoreTileFunctor {
   using memory_space = typename ExecutionSpace::memory_space;
   using member_type =
@@ -57,7 +59,6 @@ struct ScoreTileFunctor {
   int rows_per_team;
   int tile_pools;
   int splits;
-  int scratch_level;
 
   static std::size_t scratch_bytes(int rows, int tile, int heads, int D) {
     return Tile::shmem_size(rows * heads, D) + Tile::shmem_size(rows, heads) +
@@ -70,18 +71,17 @@ struct ScoreTileFunctor {
     int const D = cache.head_dim();
     int const TQ = rows_per_team;
     int const TP = tile_pools;
-    Tile qs(member.team_scratch(scratch_level), TQ * H, D);
-    Tile ws(member.team_scratch(scratch_level), TQ, H);
-    Tile ks(member.team_scratch(scratch_level), TP, D);
-    Tile cs(member.team_scratch(scratch_level), TQ * H, TP);
-    Column sc(member.team_scratch(scratch_level), TP);
-    Flags ok(member.team_scratch(scratch_level), TP);
+    Tile qs(member.team_scratch(Level), TQ * H, D);
+    Tile ws(member.team_scratch(Level), TQ, H);
+    Tile ks(member.team_scratch(Level), TP, D);
+    Tile cs(member.team_scratch(Level), TQ * H, TP);
+    Column sc(member.team_scratch(Level), TP);
+    Flags ok(member.team_scratch(Level), TP);
 
     std::uint64_t const group = member.league_rank() / splits;
     int const split = member.league_rank() % splits;
-    std::uint64_t t = group * static_cast<std::uint64_t>(TQ);
-    std::uint64_t const t_end =
-        t + TQ < batch.total_rows ? t + TQ : batch.total_rows;
+    std::uint64_t t = batch.row_begin + group * static_cast<std::uint64_t>(TQ);
+    std::uint64_t const t_end = t + TQ < batch.row_end ? t + TQ : batch.row_end;
     while (t < t_end) {
       SelectRequest req;
       int const r = batch.owner(t, req);
@@ -164,7 +164,7 @@ struct ScoreTileFunctor {
           for (int h = 0; h < H; ++h) score += ws(i, h) * relu(s * cs(i * H + h, j));
           key = score_key(score);
         }
-        keys[t * batch.max_visible + p] = key;
+        keys[batch.key_offset(t) + p] = key;
       });
       member.team_barrier();
     }

@@ -107,6 +107,15 @@ struct SelectBatch {
   int kpool;
   std::uint64_t total_rows;   // rows of q
   std::uint64_t max_visible;  // pools a row can hold in the workspace
+  // The rows this launch covers (a chunk of the workspace's max_tokens):
+  // row t's keys are row t - row_begin of the workspace.
+  std::uint64_t row_begin;
+  std::uint64_t row_end;
+
+  // Where row t's keys start in the workspace.
+  KOKKOS_INLINE_FUNCTION std::uint64_t key_offset(std::uint64_t t) const {
+    return (t - row_begin) * max_visible;
+  }
 
   KOKKOS_INLINE_FUNCTION SelectRequest request(int r) const {
     SelectRequest q;

@@ -14,6 +14,7 @@
 #include <details/KPool_DetailsScoreBlas.hpp>
 #include <details/KPool_DetailsScoreRegisterFunctor.hpp>
 #include <details/KPool_DetailsScoreTileFunctor.hpp>
+#include <details/KPool_DetailsScoreTilesFunctor.hpp>
 #include <details/KPool_DetailsSelect.hpp>
 #include <details/KPool_DetailsSelectFunctor.hpp>
 #include <details/KPool_DetailsValidate.hpp>
@@ -31,6 +32,7 @@ namespace Details {
 inline char const* engine_name(ScoreEngine e) {
   return e == ScoreEngine::blas             ? "blas"
          : e == ScoreEngine::team_gemm      ? "team_gemm"
+         : e == ScoreEngine::tiles          ? "tiles"
          : e == ScoreEngine::register_tiles ? "register_tiles"
                                             : "automatic";
 }
@@ -44,9 +46,9 @@ ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested) {
   if ((requested == ScoreEngine::blas || requested == ScoreEngine::register_tiles) &&
       KokkosExt::is_device_backend<ExecutionSpace>::value)
     chk.fail("options", "score_engine", -1, engine_name(requested),
-             "needs a host execution space (use team_gemm or automatic)");
+             "needs a host execution space (use tiles, team_gemm or automatic)");
   if (requested == ScoreEngine::automatic)
-    return device_shapes<ExecutionSpace>::value ? ScoreEngine::team_gemm
+    return device_shapes<ExecutionSpace>::value ? ScoreEngine::tiles
                                                 : ScoreEngine::register_tiles;
   return requested;
 }
@@ -148,6 +150,48 @@ struct ScoreInputs {
   int heads;
 };
 
+template <class ExecutionSpace, class T, class C, int Level>
+void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& space,
+                                  ScoreInputs<ExecutionSpace, T, C> const& in,
+                                  TileShape const& tiles, Options const& options) {
+  using F = ScoreTileFunctor<ExecutionSpace, T, C, Level>;
+  F f;
+  f.batch = in.batch;
+  f.q = in.q;
+  f.weights = in.weights;
+  f.cache = in.cache;
+  f.keys = in.keys;
+  f.heads = in.heads;
+  f.rows_per_team = tiles.rows;
+  f.tile_pools = tiles.pools;
+  std::size_t const groups =
+      (in.batch.row_end - in.batch.row_begin + tiles.rows - 1) /
+      static_cast<std::size_t>(tiles.rows);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, tiles.pools);
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = team_size_for(space, f, 1, options.team_size);
+  shape.scratch_bytes = tiles.bytes;
+  shape.scratch_level = Level;
+  launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
+}
+
+// A scoring engine whose smallest tile does not fit a device team's fast
+// scratch: refused by name (a device never takes level-1 scratch; on CUDA
+// it allocates and fences, breaking graph capture).
+template <class ExecutionSpace>
+[[noreturn]] void fail_device_scratch(Checker const& chk, char const* engine,
+                                      char const* smallest, int heads, int D,
+                                      std::size_t bytes) {
+  chk.fail("q", "extent 1", -1, std::to_string(heads),
+           "heads of " + std::to_string(D) + " channels need " + std::to_string(bytes) +
+               " bytes of team scratch for " + smallest + ", more than the " +
+               std::to_string(device_scratch0<ExecutionSpace>()) +
+               " bytes of fast (level-0) scratch a device team has; the " + engine +
+               " engine never takes level-1 scratch on a device (on CUDA it "
+               "allocates and fences, breaking graph capture)");
+}
+
 template <class ExecutionSpace, class T, class C>
 void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
                         ScoreInputs<ExecutionSpace, T, C> const& in,
@@ -158,19 +202,24 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
       in.batch.total_rows, in.batch.num_requests, in.heads, D);
   if (device_shapes<ExecutionSpace>::value &&
       tiles.bytes > device_scratch0<ExecutionSpace>())
-    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
-             "heads of " + std::to_string(D) + " channels need " +
-                 std::to_string(tiles.bytes) +
-                 " bytes of team scratch for one query row and one pool, more "
-                 "than the " + std::to_string(device_scratch0<ExecutionSpace>()) +
-                 " bytes of fast (level-0) scratch a device team has; the "
-                 "team_gemm engine never takes level-1 scratch on a device (on "
-                 "CUDA it allocates and fences, breaking graph capture)");
+    fail_device_scratch<ExecutionSpace>(chk, "team_gemm", "one query row and one pool",
+                                        in.heads, D, tiles.bytes);
   if (tiles.bytes > scratch_max<ExecutionSpace>(1))
     chk.fail("q", "extent 1", -1, std::to_string(in.heads),
              "heads of " + std::to_string(D) +
                  " channels do not fit the team scratch of the team_gemm "
                  "engine (use the blas engine)");
+  if (tiles.level == 0)
+    launch_score_team_gemm_level<ExecutionSpace, T, C, 0>(chk, space, in, tiles, options);
+  else
+    launch_score_team_gemm_level<ExecutionSpace, T, C, 1>(chk, space, in, tiles, options);
+}
+
+template <class ExecutionSpace, class T, class C, int Level>
+void launch_score_tiles_level(Checker const& chk, ExecutionSpace const& space,
+                              ScoreInputs<ExecutionSpace, T, C> const& in, int rows,
+                              std::size_t bytes, Options const& options) {
+  using F = ScoreTilesFunctor<ExecutionSpace, T, C, Level>;
   F f;
   f.batch = in.batch;
   f.q = in.q;
@@ -178,18 +227,53 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
   f.cache = in.cache;
   f.keys = in.keys;
   f.heads = in.heads;
-  f.rows_per_team = tiles.rows;
-  f.tile_pools = tiles.pools;
-  f.scratch_level = tiles.level;
+  f.rows_per_team = rows;
+  int const D = in.cache.head_dim();
+  f.packets = D % F::packet == 0 &&
+              reinterpret_cast<std::uintptr_t>(in.cache.values) % 16 == 0;
   std::size_t const groups =
-      (in.batch.total_rows + tiles.rows - 1) / static_cast<std::size_t>(tiles.rows);
-  f.splits = tile_splits(space, groups, in.batch.max_visible, tiles.pools);
+      (in.batch.row_end - in.batch.row_begin + rows - 1) / static_cast<std::size_t>(rows);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, F::TP);
+  // A team takes at least a few tiles, so that staging its queries pays.
+  f.min_tiles = device_shapes<ExecutionSpace>::value ? 4 : 2;
   LaunchShape shape;
   shape.league = static_cast<int>(groups * f.splits);
   shape.team_size = team_size_for(space, f, 1, options.team_size);
-  shape.scratch_bytes = tiles.bytes;
-  shape.scratch_level = tiles.level;
-  launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
+  shape.scratch_bytes = bytes;
+  shape.scratch_level = Level;
+  launch(space, chk.entry_point() + "::score_tiles", shape, f);
+}
+
+// The portable engine: rows a team as the request sizes allow (up to 8),
+// fewer on devices until they fit fast scratch; the level is a template
+// argument of the kernel.
+template <class ExecutionSpace, class T, class C>
+void launch_score_portable(Checker const& chk, ExecutionSpace const& space,
+                           ScoreInputs<ExecutionSpace, T, C> const& in,
+                           Options const& options) {
+  using F = ScoreTilesFunctor<ExecutionSpace, T, C, 0>;
+  int const D = in.cache.head_dim();
+  std::size_t const per_request =
+      in.batch.total_rows / static_cast<std::size_t>(std::max(1, in.batch.num_requests));
+  int rows = static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  if (device_shapes<ExecutionSpace>::value) {
+    std::size_t const budget = std::min(max0, device_scratch0<ExecutionSpace>());
+    while (rows > 1 && F::scratch_bytes(rows, in.heads, D) > budget) rows /= 2;
+    if (F::scratch_bytes(rows, in.heads, D) > budget)
+      fail_device_scratch<ExecutionSpace>(chk, "tiles", "one query row and a tile of pools",
+                                          in.heads, D, F::scratch_bytes(rows, in.heads, D));
+  }
+  std::size_t const bytes = F::scratch_bytes(rows, in.heads, D);
+  if (bytes <= max0)
+    launch_score_tiles_level<ExecutionSpace, T, C, 0>(chk, space, in, rows, bytes, options);
+  else if (bytes <= scratch_max<ExecutionSpace>(1))
+    launch_score_tiles_level<ExecutionSpace, T, C, 1>(chk, space, in, rows, bytes, options);
+  else
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the tiles engine "
+                 "(use the blas engine)");
 }
 
 template <class ExecutionSpace, class T, class C, int HB>
@@ -216,7 +300,7 @@ void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
              "heads of " + std::to_string(D) +
                  " channels do not fit the team scratch of the register_tiles "
                  "engine (use the blas engine)");
-  std::size_t const groups = (in.batch.total_rows + f.rows_per_team - 1) /
+  std::size_t const groups = (in.batch.row_end - in.batch.row_begin + f.rows_per_team - 1) /
                              static_cast<std::size_t>(f.rows_per_team);
   f.splits = tile_splits(space, groups, in.batch.max_visible, register_tile_pools);
   // One thread a team: the tile kernel is the team's whole work.
@@ -244,33 +328,124 @@ void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
     launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in);
 }
 
-// The selection's launch: a team per row of q, a power-of-two team size
-// (its team scan needs one on CUDA before Kokkos 3.7, and Options::team_size
-// may ask for any), and level-0 scratch whatever topk is.
+// The long-row split of a workspace: per-segment histograms of rows of
+// more than `from` visible pools (segs 0: none).
+struct SplitArgs {
+  std::uint32_t* seg_hist = nullptr;
+  int segs = 0;
+  std::uint64_t from = 0;
+  std::uint64_t segment = 1;
+};
+
+// A selection launch: a team per row of the chunk, a power-of-two team
+// size (the team scans need one on CUDA before Kokkos 3.7, and
+// Options::team_size may ask for any), level-0 scratch always.
 template <class ExecutionSpace, class F>
 LaunchShape select_shape(ExecutionSpace const& space, F const& f, std::size_t rows,
-                         Options const& options) {
+                         std::size_t scratch_bytes, Options const& options) {
   LaunchShape shape;
   shape.league = static_cast<int>(rows);
   shape.team_size = power_of_two_floor(team_size_for(space, f, 1, options.team_size));
-  shape.scratch_bytes = F::scratch_bytes();
+  shape.scratch_bytes = scratch_bytes;
   shape.scratch_level = 0;
   return shape;
 }
 
-template <bool Expand, class ExecutionSpace, class Key, class OutView>
-void launch_select(Checker const& chk, ExecutionSpace const& space,
-                   SelectBatch const& batch, Key const* keys, OutView const& out,
-                   int topk, Options const& options) {
-  using F = SelectFunctor<ExecutionSpace, Key, Expand>;
-  F f;
+// Which selection kernel a call takes, and its scratch: the row staged in
+// scratch next to the full candidate buffer (device shapes, when every row
+// fits); else the buffers alone, with as many candidates as fit; else, for
+// a topk whose buffers do not fit level 0, SelectWideFunctor (four reads
+// of the row, the same scratch for every topk). Always within the level-0
+// scratch a device team has.
+enum class SelectKernel { staged, fast, wide };
+struct SelectPlan {
+  SelectKernel kernel = SelectKernel::wide;
+  int cap = 0;
+  std::size_t scratch_bytes = 0;
+};
+
+template <class ExecutionSpace, class Key, bool Expand>
+SelectPlan select_plan(int topk, std::size_t max_visible) {
+  using Staged = SelectFunctor<ExecutionSpace, Key, Expand, true>;
+  using Fast = SelectFunctor<ExecutionSpace, Key, Expand, false>;
+  using Wide = SelectWideFunctor<ExecutionSpace, Key, Expand>;
+  std::size_t const max0 = device_shapes<ExecutionSpace>::value
+                               ? std::min(scratch_max<ExecutionSpace>(0),
+                                          device_scratch0<ExecutionSpace>())
+                               : scratch_max<ExecutionSpace>(0);
+  SelectPlan p;
+  int const staged_cap = Staged::capacity_for(topk, max_visible, max0);
+  int const fast_cap = Fast::capacity_for(topk, 0, max0);
+  if (device_shapes<ExecutionSpace>::value && staged_cap == candidate_capacity) {
+    p.kernel = SelectKernel::staged;
+    p.cap = staged_cap;
+    p.scratch_bytes = Staged::scratch_bytes(topk, max_visible, staged_cap);
+  } else if (fast_cap > 0) {
+    p.kernel = SelectKernel::fast;
+    p.cap = fast_cap;
+    p.scratch_bytes = Fast::scratch_bytes(topk, 0, fast_cap);
+  } else {
+    p.scratch_bytes = Wide::scratch_bytes();
+  }
+  return p;
+}
+
+template <class F, class Key, class OutView>
+void set_select_args(F& f, SelectBatch const& batch, Key const* keys, OutView const& out,
+                     int topk) {
   f.batch = batch;
   f.keys = keys;
   f.out = out;
   f.out_columns = static_cast<int>(out.extent(1));
   f.topk = topk;
-  launch(space, chk.entry_point() + "::select", select_shape(space, f, batch.total_rows, options),
-         f);
+}
+
+// The selection of rows [row_begin, row_end) from their keys: with split
+// rows (and a kernel that reads them in segments), a launch of per-segment
+// histograms first; then one team a row, in the kernel select_plan picks.
+template <bool Expand, class ExecutionSpace, class Key, class OutView>
+void launch_select(Checker const& chk, ExecutionSpace const& space,
+                   SelectBatch const& batch, Key const* keys, OutView const& out,
+                   int topk, SplitArgs const& split, Options const& options) {
+  std::size_t const rows = batch.row_end - batch.row_begin;
+  if (rows == 0) return;
+  SelectPlan const plan = select_plan<ExecutionSpace, Key, Expand>(topk, batch.max_visible);
+  std::string const name = chk.entry_point() + "::select";
+  if (plan.kernel == SelectKernel::wide) {
+    SelectWideFunctor<ExecutionSpace, Key, Expand> f;
+    set_select_args(f, batch, keys, out, topk);
+    launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
+    return;
+  }
+  if (split.segs > 0) {
+    using H = SegmentHistFunctor<ExecutionSpace, Key>;
+    H h;
+    h.batch = batch;
+    h.keys = keys;
+    h.seg_hist = split.seg_hist;
+    h.split_from = split.from;
+    h.segment = split.segment;
+    h.segs = split.segs;
+    LaunchShape shape;
+    shape.league = league_for(chk, "q", rows * static_cast<std::uint64_t>(split.segs), 1);
+    shape.team_size = team_size_for(space, h, 1, options.team_size);
+    shape.scratch_bytes = H::scratch_bytes();
+    shape.scratch_level = 0;
+    launch(space, chk.entry_point() + "::select_segments", shape, h);
+  }
+  auto run = [&](auto f) {
+    set_select_args(f, batch, keys, out, topk);
+    f.cap = plan.cap;
+    f.segs = split.segs;
+    f.split_from = split.from;
+    f.segment = split.segment;
+    f.seg_hist = split.seg_hist;
+    launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
+  };
+  if (plan.kernel == SelectKernel::staged)
+    run(SelectFunctor<ExecutionSpace, Key, Expand, true>{});
+  else
+    run(SelectFunctor<ExecutionSpace, Key, Expand, false>{});
 }
 
 template <bool Expand, class ExecutionSpace, class RowOffsetsView,
@@ -398,9 +573,6 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
   if (!workspace.is_allocated())
     chk.fail("workspace", "", -1, "an empty SelectWorkspace",
              "has no storage (construct it with a size)");
-  if (workspace.max_tokens() < rows)
-    chk.fail("workspace", "max_tokens", -1, std::to_string(workspace.max_tokens()),
-             "is less than the " + std::to_string(rows) + " rows of q");
   chk.extent_is("q", 1, static_cast<std::size_t>(H),
                 static_cast<std::size_t>(workspace.num_heads()),
                 "the workspace's num_heads");
@@ -423,27 +595,43 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
   in.batch.kpool = kpool;
   in.batch.total_rows = rows;
   in.batch.max_visible = workspace.max_visible();
+  in.batch.row_begin = 0;
+  in.batch.row_end = rows;
   in.q = q;
   in.weights = weights;
   in.cache = cache_target<C, A>(cache, block_table);
   in.keys = workspace.keys().data();
   in.heads = H;
-  if (engine == ScoreEngine::blas) {
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
-      score_blas<ExecutionSpace, T, C>(
-          chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
-          workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
-          workspace.blas_weights(), workspace.blas_chunks(), H);
+  SplitArgs split;
+  split.seg_hist = workspace.segment_histograms();
+  split.segs = workspace.split_segments();
+  split.from = workspace.split_from();
+  split.segment = workspace.split_segment();
+  // Chunks of the workspace's max_tokens rows, in order, on the one
+  // instance: each chunk's keys are consumed before the next overwrites.
+  std::size_t const chunk = workspace.max_tokens();
+  for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
+    in.batch.row_begin = row_begin;
+    in.batch.row_end = std::min(rows, row_begin + chunk);
+    if (engine == ScoreEngine::blas) {
+      if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
+        score_blas<ExecutionSpace, T, C>(
+            chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
+            workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
+            workspace.blas_weights(), workspace.blas_chunks(), H);
+      }
+    } else if (engine == ScoreEngine::register_tiles) {
+      if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
+        launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
+      }
+    } else if (engine == ScoreEngine::tiles) {
+      launch_score_portable<ExecutionSpace, T, C>(chk, space, in, options);
+    } else {
+      launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
     }
-  } else if (engine == ScoreEngine::register_tiles) {
-    if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
-      launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
-    }
-  } else {
-    launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
+    launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
+                          View2<std::int32_t, M>(out), topk, split, options);
   }
-  launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
-                        View2<std::int32_t, M>(out), topk, options);
 }
 
 }  // namespace Details

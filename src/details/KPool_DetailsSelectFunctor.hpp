@@ -1,26 +1,46 @@
 #ifndef KPOOL_DETAILS_SELECT_FUNCTOR_HPP
 #define KPOOL_DETAILS_SELECT_FUNCTOR_HPP
 
-// The selection (docs/indexer.md, "Selection"): one team per query row finds the
-// row's top-k pools among its visible ones from their keys, in O(visible):
-//   1. a radix select, 8 key bits a pass from the top, finds the k-th
-//      largest key `thr` and how many of the keys equal to it are taken
-//      (`take`): every key above thr is selected, and of those equal to it
-//      the `take` lowest pool ids, which is the tie rule;
-//   2. one team scan over the pools in id order counts, for each pool, the
-//      selected pools before it: that count is its column, so the selected
-//      ids come out ascending with no sort.
-// Counts are exact integers, so the selection is the same whatever the
-// team size or backend. Expand (select_tokens) writes the expanded token
-// row instead (expanded_column): the row's K - 1 tail columns and -1s
-// first, then each selected pool's K positions at its column, so no
-// team scratch grows with topk.
-// Team scratch is a 256-bin histogram and two keys whatever topk is, so
-// it always fits level 0 (a device never takes level-1 scratch, which on
-// CUDA allocates and fences, and breaks graph capture). The loops over a
-// row's pools are 64-bit (KokkosExt::team_range). The team scan needs a
-// power-of-two team size on CUDA before Kokkos 3.7: launch_select rounds
-// it, and a device-shapes build checks it here.
+// The selection (docs/indexer.md, "Selection"): one team per query row finds
+// the row's top-k pools among its visible ones from their keys. Key 0 (not
+// visible) is never selected; when no more than k keys are nonzero, all of
+// them are. Otherwise the k-th largest key `thr` and `take`, how many keys
+// equal to it are selected (the lowest ids: the tie rule), are found by a
+// radix select, 11 key bits a digit from the top:
+//   1. row passes: a histogram of the digit over the row's keys that match
+//      the prefix found so far (built in parallel with team atomics, or
+//      plainly by a one-thread team), scanned from the top bin in parallel
+//      (a team scan) to find the threshold digit; repeated only while the
+//      threshold bin holds more keys than the candidate buffer (`cap`,
+//      up to candidate_capacity, as much as fast scratch allows);
+//   2. one ordered partition pass over the row (a team scan in id order):
+//      keys above the prefix go to the `sure` list, ascending; keys on the
+//      prefix are compacted into the candidate buffer, ascending (or, once
+//      the prefix is a whole key, the first `rem` of them go straight to
+//      the `chosen` list: the tie rule);
+//   3. candidate passes: the remaining digits over the candidates only,
+//      then one ordered scan over them applies the tie rule into `chosen`;
+//   4. the two ascending lists are merged (each id's column is its index
+//      plus how many ids of the other list are lower) and written, with
+//      -1 after them.
+// A pass stops early once the threshold bin holds exactly the keys still
+// to take. The row is read from global memory once per row pass and once
+// for the partition; a Staged kernel copies it into team scratch on the
+// first read, when the launch knows every row fits. Rows longer than the
+// workspace's split length take their first digit from per-segment
+// histograms built by SegmentHistFunctor, one team per segment, in the
+// launch before (no inter-team barrier). Counts are exact integers, so the
+// selection is the same whatever the team size or backend, and it is the
+// set the sorted ranking gives. Expand (select_tokens) writes the expanded
+// token row instead (expanded_column).
+// Team scratch holds the histogram, 2 * topk ids and the candidates, so it
+// grows with topk. A device never takes level-1 scratch (on CUDA it
+// allocates and fences, and breaks graph capture): when the buffers do not
+// fit level 0 (topk past about 4500 in 48 KB), launch_select takes
+// SelectWideFunctor below instead, whose scratch is the same for every
+// topk. The loops over a row's pools are 64-bit (KokkosExt::team_range).
+// The team scans need a power-of-two team size on CUDA before Kokkos 3.7:
+// launch_select rounds it, and a device-shapes build checks it here.
 
 #include <details/KPool_DetailsExpandTopkFunctor.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
@@ -32,8 +52,570 @@
 namespace KPool {
 namespace Details {
 
-template <class ExecutionSpace, class Key, bool Expand>
+// The digit width of the radix select, and how many candidates a team
+// compacts into scratch.
+constexpr int select_digit_bits = 11;
+constexpr int select_bins = 1 << select_digit_bits;
+constexpr int candidate_capacity = 1024;
+
+// Where long rows split (docs/indexer.md, "Selection"): rows of more than
+// `from` visible pools take their first digit from per-segment histograms
+// of `segment` pools each. Read when a SelectWorkspace is built (tests
+// lower it so that small rows take the split path).
+struct SelectSplit {
+  std::uint64_t from = std::uint64_t(1) << 16;
+  std::uint64_t segment = std::uint64_t(1) << 14;
+};
+inline SelectSplit& select_split_knob() {
+  static SelectSplit s;
+  return s;
+}
+
+// The selection's team scans need a power-of-two team size on CUDA before
+// Kokkos 3.7; launch_select rounds it, and a device-shapes build checks.
+template <class ExecutionSpace, class Member>
+KOKKOS_INLINE_FUNCTION void check_select_team_size(Member const& member) {
+  if constexpr (device_shapes<ExecutionSpace>::value) {
+    int const ts = member.team_size();
+    if ((ts & (ts - 1)) != 0)
+      Kokkos::abort("KPool: the selection's team scan needs a power-of-two team size");
+  }
+}
+
+// The first digit's histogram (nonzero keys) of one segment of a long row.
+template <class ExecutionSpace, class Key>
+struct SegmentHistFunctor {
+  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+  using Scratch =
+      Kokkos::View<std::uint32_t*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
+  static constexpr int top_shift = key_bits - select_digit_bits;
+
+  SelectBatch batch;
+  Key const* keys;           // [chunk rows * max_visible]
+  std::uint32_t* seg_hist;   // [chunk rows][segs][bins]
+  std::uint64_t split_from;
+  std::uint64_t segment;
+  int segs;
+
+  static std::size_t scratch_bytes() { return Scratch::shmem_size(select_bins); }
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    std::uint64_t const i = member.league_rank() / segs;
+    int const seg = member.league_rank() % segs;
+    std::uint64_t const t = batch.row_begin + i;
+    SelectRequest req;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
+    std::uint64_t const n = batch.visible(req, t);
+    std::uint64_t const p0 = seg * segment;
+    if (n <= split_from || p0 >= n) return;
+    std::uint64_t const p1 = p0 + segment < n ? p0 + segment : n;
+    Key const* row = keys + i * batch.max_visible;
+    Scratch hist(member.team_scratch(0), select_bins);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, select_bins),
+                         [&](int d) { hist(d) = 0; });
+    member.team_barrier();
+    bool const alone = member.team_size() == 1;
+    Kokkos::parallel_for(KokkosExt::team_range(member, 0, p1 - p0),
+                         [&](std::int64_t j) {
+                           Key const key = row[p0 + j];
+                           if (key == key_not_visible) return;
+                           int const d = static_cast<int>(key >> top_shift);
+                           if (alone)
+                             ++hist(d);
+                           else
+                             Kokkos::atomic_add(&hist(d), 1u);
+                         });
+    member.team_barrier();
+    std::uint32_t* out = seg_hist + (i * segs + seg) * select_bins;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, select_bins),
+                         [&](int d) { out[d] = hist(d); });
+  }
+};
+
+// Level-0 team scratch always. Staged: every row fits team scratch next to
+// the buffers and is copied there on its first read.
+template <class ExecutionSpace, class Key, bool Expand, bool Staged = false>
 struct SelectFunctor {
+  using memory_space = typename ExecutionSpace::memory_space;
+  using member_type =
+      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+  template <class V>
+  using Scratch =
+      Kokkos::View<V*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  static constexpr int bins = select_bins;
+  static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
+
+  SelectBatch batch;
+  Key const* keys;  // [chunk rows * max_visible]
+  // pool_ids [T, topk], or with Expand the token rows [T, topk * K + K - 1].
+  Strided<std::int32_t, 2> out;
+  int out_columns;
+  int topk;
+  int segs;  // segments a split row's histograms hold (0: no split rows)
+  std::uint64_t split_from;
+  std::uint64_t segment;  // pools a segment of a split row
+  std::uint32_t const* seg_hist;
+
+  int cap;  // candidates the buffer holds
+
+  // hist, shared values, sure ids, chosen ids, `cap` candidate ids and
+  // keys, and (Staged) the row.
+  static std::size_t fixed_bytes(int topk, std::size_t row) {
+    return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<std::uint64_t>::shmem_size(8) +
+           2 * Scratch<std::int32_t>::shmem_size(topk) +
+           (Staged ? Scratch<Key>::shmem_size(row) : 0);
+  }
+  static std::size_t scratch_bytes(int topk, std::size_t row, int cap) {
+    return fixed_bytes(topk, row) + Scratch<std::int32_t>::shmem_size(cap) +
+           Scratch<Key>::shmem_size(cap);
+  }
+  // The largest candidate buffer (up to candidate_capacity) that keeps the
+  // scratch within `budget`, or 0 when not even min_candidates fit.
+  static constexpr int min_candidates = 128;
+  static int capacity_for(int topk, std::size_t row, std::size_t budget) {
+    std::size_t const fixed = fixed_bytes(topk, row) + 2 * 64;
+    if (fixed >= budget) return 0;
+    std::size_t const per = sizeof(Key) + sizeof(std::int32_t);
+    std::size_t c = (budget - fixed) / per;
+    c = c > static_cast<std::size_t>(candidate_capacity) ? candidate_capacity : c;
+    c &= ~std::size_t(7);
+    while (c >= static_cast<std::size_t>(min_candidates) &&
+           scratch_bytes(topk, row, static_cast<int>(c)) > budget)
+      c -= 8;
+    return c < static_cast<std::size_t>(min_candidates) ? 0 : static_cast<int>(c);
+  }
+
+  // The team's buffers.
+  struct Buffers {
+    Scratch<std::uint32_t> hist;
+    Scratch<std::uint64_t> shared;
+    Scratch<std::int32_t> sure, chosen, cand_ids;
+    Scratch<Key> cand_keys, row;
+  };
+
+  // Where a radix select stands: the keys matching `prefix` under `mask`
+  // are in play; `rem` of them are still to take.
+  struct State {
+    Key prefix;
+    Key mask;
+    std::uint64_t rem;
+    int shift;  // bits below the digits resolved so far
+    bool resolved;
+  };
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    check_select_team_size<ExecutionSpace>(member);
+    std::uint64_t const i = member.league_rank();
+    std::uint64_t const t = batch.row_begin + i;
+    SelectRequest req;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
+    std::uint64_t const n = batch.visible(req, t);
+    Key const* row = keys + i * batch.max_visible;
+    bool const split = segs > 0 && n > split_from;
+
+    Buffers b;
+    b.hist = Scratch<std::uint32_t>(member.team_scratch(0), bins);
+    b.shared = Scratch<std::uint64_t>(member.team_scratch(0), 8);
+    b.sure = Scratch<std::int32_t>(member.team_scratch(0), topk);
+    b.chosen = Scratch<std::int32_t>(member.team_scratch(0), topk);
+    b.cand_ids = Scratch<std::int32_t>(member.team_scratch(0), cap);
+    b.cand_keys = Scratch<Key>(member.team_scratch(0), cap);
+    if (Staged)
+      b.row = Scratch<Key>(member.team_scratch(0), split ? 0 : n);
+    bool const staged = Staged && !split;
+    bool in_scratch = false;  // the row has been copied into scratch
+
+    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+    State s;
+    s.prefix = 0;
+    s.mask = 0;
+    s.rem = k;
+    s.shift = key_bits;
+    s.resolved = false;
+    // all: every nonzero key is selected (no more than k of them).
+    bool all = n <= static_cast<std::uint64_t>(topk);
+    bool on_row = true;  // the prefix's keys are still only in the row
+    if (!all) {
+      for (bool first = true; on_row; first = false) {
+        int const bits = s.shift < select_digit_bits ? s.shift : select_digit_bits;
+        int const shift = s.shift - bits;
+        if (first && split) {
+          merge_segments(member, b, i, n);
+        } else {
+          if (first && staged) {
+            stage_row_hist(member, b, row, n, shift);
+            in_scratch = true;
+          } else {
+            row_hist(member, b, in_scratch ? b.row.data() : row, n, s, shift, bits);
+          }
+        }
+        std::uint64_t count = 0, total = 0;
+        int const d = find_digit(member, b, 1 << bits, s.rem, count, total);
+        if (first && total <= k) {
+          all = true;
+          break;
+        }
+        advance(s, d, shift, bits, count);
+        if (s.resolved || count <= static_cast<std::uint64_t>(cap)) on_row = false;
+      }
+    }
+
+    // Partition: sure ids above the prefix, candidates (or, resolved, the
+    // chosen ties) on it.
+    std::uint64_t n_sure = 0, n_cand = 0;
+    partition(member, b, in_scratch ? b.row.data() : row, n, s, all, n_sure, n_cand);
+    std::uint64_t n_chosen = s.resolved ? (n_cand < s.rem ? n_cand : s.rem) : 0;
+    if (!all && !s.resolved) {
+      int const m = static_cast<int>(n_cand);
+      while (!s.resolved) {
+        int const bits = s.shift < select_digit_bits ? s.shift : select_digit_bits;
+        int const shift = s.shift - bits;
+        row_hist(member, b, b.cand_keys.data(), m, s, shift, bits);
+        std::uint64_t count = 0, total = 0;
+        int const d = find_digit(member, b, 1 << bits, s.rem, count, total);
+        advance(s, d, shift, bits, count);
+      }
+      n_chosen = choose_ties(member, b, m, s);
+    }
+    if (all) n_chosen = 0;
+    write(member, b, t, req, static_cast<int>(n_sure), static_cast<int>(n_chosen));
+  }
+
+  KOKKOS_INLINE_FUNCTION static void advance(State& s, int d, int shift, int bits,
+                                             std::uint64_t count) {
+    s.prefix |= static_cast<Key>(d) << shift;
+    s.mask |= static_cast<Key>((1u << bits) - 1) << shift;
+    s.shift = shift;
+    // Every key on the prefix is taken once the bin holds just the rest.
+    s.resolved = shift == 0 || count == s.rem;
+  }
+
+  KOKKOS_INLINE_FUNCTION static bool matches(Key key, State const& s) {
+    return key != key_not_visible && (key & s.mask) == s.prefix;
+  }
+
+  KOKKOS_INLINE_FUNCTION void zero_hist(member_type const& member, Buffers const& b,
+                                        int nb) const {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, nb),
+                         [&](int d) { b.hist(d) = 0; });
+    member.team_barrier();
+  }
+
+  KOKKOS_INLINE_FUNCTION static void count(member_type const& member, Buffers const& b,
+                                           int d) {
+    if (member.team_size() == 1)
+      ++b.hist(d);
+    else
+      Kokkos::atomic_add(&b.hist(d), 1u);
+  }
+
+  // The first digit's histogram, copying the row into scratch.
+  KOKKOS_INLINE_FUNCTION void stage_row_hist(member_type const& member, Buffers const& b,
+                                             Key const* row, std::uint64_t n,
+                                             int shift) const {
+    zero_hist(member, b, bins);
+    Kokkos::parallel_for(KokkosExt::team_range(member, 0, n), [&](std::int64_t p) {
+      Key const key = row[p];
+      b.row(p) = key;
+      if (key != key_not_visible) count(member, b, static_cast<int>(key >> shift));
+    });
+    member.team_barrier();
+  }
+
+  // The histogram of the next digit over src[0, n)'s keys on the prefix.
+  KOKKOS_INLINE_FUNCTION void row_hist(member_type const& member, Buffers const& b,
+                                       Key const* src, std::uint64_t n, State const& s,
+                                       int shift, int bits) const {
+    int const nb = 1 << bits;
+    zero_hist(member, b, nb);
+    Key const low = static_cast<Key>(nb - 1);
+    if (member.team_size() == 1) {
+      std::uint32_t* h = b.hist.data();
+      for (std::uint64_t p = 0; p < n; ++p) {
+        Key const key = src[p];
+        if (matches(key, s)) ++h[static_cast<int>((key >> shift) & low)];
+      }
+    } else {
+      Kokkos::parallel_for(KokkosExt::team_range(member, 0, n),
+                           [&](std::int64_t p) {
+                             Key const key = src[p];
+                             if (matches(key, s))
+                               Kokkos::atomic_add(&b.hist(static_cast<int>((key >> shift) & low)),
+                                                  1u);
+                           });
+    }
+    member.team_barrier();
+  }
+
+  // A split row's first histogram: the sum of its segments'.
+  KOKKOS_INLINE_FUNCTION void merge_segments(member_type const& member, Buffers const& b,
+                                             std::uint64_t i, std::uint64_t n) const {
+    std::uint64_t const used = (n + segment - 1) / segment;
+    std::uint32_t const* h = seg_hist + i * segs * bins;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, bins), [&](int d) {
+      std::uint32_t sum = 0;
+      for (std::uint64_t g = 0; g < used; ++g) sum += h[g * bins + d];
+      b.hist(d) = sum;
+    });
+    member.team_barrier();
+  }
+
+  // The threshold digit: the bin d with (keys in bins above d) < rem <=
+  // (keys in bins d and above), scanned from the top bin; rem becomes what
+  // is left to take in bin d, `count` its keys, `total` all counted keys
+  // (when total < rem, no bin is found and d is 0).
+  KOKKOS_INLINE_FUNCTION int find_digit(member_type const& member, Buffers const& b,
+                                        int nb, std::uint64_t& rem, std::uint64_t& count,
+                                        std::uint64_t& total) const {
+    std::uint64_t const want = rem;
+    if (member.team_size() == 1) {
+      std::uint64_t above = 0;
+      int found = 0;
+      std::uint64_t found_rem = 0, found_count = 0;
+      bool done = false;
+      for (int d = nb - 1; d >= 0; --d) {
+        std::uint64_t const h = b.hist(d);
+        if (!done && above < want && above + h >= want) {
+          found = d;
+          found_rem = want - above;
+          found_count = h;
+          done = true;
+        }
+        above += h;
+      }
+      total = above;
+      rem = found_rem;
+      count = found_count;
+      return found;
+    }
+    Kokkos::single(Kokkos::PerTeam(member), [&]() {
+      b.shared(0) = 0;
+      b.shared(1) = 0;
+      b.shared(2) = 0;
+      b.shared(3) = 0;
+    });
+    member.team_barrier();
+    Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, nb),
+                          [&](int j, std::uint64_t& above, bool final) {
+                            int const d = nb - 1 - j;
+                            std::uint64_t const h = b.hist(d);
+                            if (final) {
+                              if (above < want && above + h >= want) {
+                                b.shared(0) = static_cast<std::uint64_t>(d);
+                                b.shared(1) = want - above;
+                                b.shared(2) = h;
+                              }
+                              if (j == nb - 1) b.shared(3) = above + h;
+                            }
+                            above += h;
+                          });
+    member.team_barrier();
+    int const d = static_cast<int>(b.shared(0));
+    rem = b.shared(1);
+    count = b.shared(2);
+    total = b.shared(3);
+    member.team_barrier();
+    return d;
+  }
+
+  // The ordered partition of row[0, n): ids above the prefix into sure,
+  // ids on it into the candidates (resolved: the first rem into chosen).
+  // With `all`, every nonzero key is sure.
+  KOKKOS_INLINE_FUNCTION void partition(member_type const& member, Buffers const& b,
+                                        Key const* row, std::uint64_t n, State const& s,
+                                        bool all, std::uint64_t& n_sure,
+                                        std::uint64_t& n_cand) const {
+    Key const prefix = all ? Key(0) : s.prefix;
+    Key const mask = all ? Key(0) : s.mask;
+    bool const resolved = s.resolved;
+    std::uint64_t const rem = s.rem;
+    // Without `all`, a nonzero key above the prefix; with it, any nonzero
+    // key (mask 0, prefix 0 make every key "on the prefix", so test
+    // `above` as nonzero-and-all).
+    if (member.team_size() == 1) {
+      std::uint64_t ns = 0, nc = 0;
+      for (std::uint64_t p = 0; p < n; ++p) {
+        Key const key = row[p];
+        if (key == key_not_visible) continue;
+        Key const m = key & mask;
+        if (all || m > prefix) {
+          b.sure(static_cast<int>(ns++)) = static_cast<std::int32_t>(p);
+        } else if (m == prefix) {
+          if (resolved) {
+            if (nc < rem) b.chosen(static_cast<int>(nc)) = static_cast<std::int32_t>(p);
+          } else {
+            b.cand_ids(static_cast<int>(nc)) = static_cast<std::int32_t>(p);
+            b.cand_keys(static_cast<int>(nc)) = key;
+          }
+          ++nc;
+        }
+      }
+      n_sure = ns;
+      n_cand = nc;
+      return;
+    }
+    // (sure so far) in the low half, (on the prefix so far) in the high
+    // half: visible < 2^32 pools, so neither overflows.
+    reset_total(member, b);
+    std::int64_t const last = static_cast<std::int64_t>(n) - 1;
+    Kokkos::parallel_scan(
+        KokkosExt::team_range(member, 0, n),
+        [&](std::int64_t p, std::uint64_t& before, bool final) {
+          Key const key = row[p];
+          bool const nz = key != key_not_visible;
+          Key const m = key & mask;
+          bool const above = nz && (all || m > prefix);
+          bool const on = nz && !all && m == prefix;
+          if (final) {
+            std::uint64_t const sb = before & 0xFFFFFFFFull;
+            std::uint64_t const cb = before >> 32;
+            if (above) b.sure(static_cast<int>(sb)) = static_cast<std::int32_t>(p);
+            if (on) {
+              if (resolved) {
+                if (cb < rem) b.chosen(static_cast<int>(cb)) = static_cast<std::int32_t>(p);
+              } else {
+                b.cand_ids(static_cast<int>(cb)) = static_cast<std::int32_t>(p);
+                b.cand_keys(static_cast<int>(cb)) = key;
+              }
+            }
+          }
+          before += (above ? 1ull : 0ull) + (on ? (1ull << 32) : 0ull);
+          if (final && p == last) b.shared(4) = before;
+        });
+    std::uint64_t const totals = read_total(member, b);
+    n_sure = totals & 0xFFFFFFFFull;
+    n_cand = totals >> 32;
+  }
+
+  // A team scan's total, written by the thread of its last index.
+  KOKKOS_INLINE_FUNCTION static void reset_total(member_type const& member,
+                                                 Buffers const& b) {
+    Kokkos::single(Kokkos::PerTeam(member), [&]() { b.shared(4) = 0; });
+    member.team_barrier();
+  }
+  KOKKOS_INLINE_FUNCTION static std::uint64_t read_total(member_type const& member,
+                                                         Buffers const& b) {
+    member.team_barrier();
+    std::uint64_t const total = b.shared(4);
+    member.team_barrier();
+    return total;
+  }
+
+  // The tie rule over the m candidates (ascending ids), thr = the prefix
+  // (resolved): above it chosen, equal to it the first rem; returns how
+  // many are chosen.
+  KOKKOS_INLINE_FUNCTION std::uint64_t choose_ties(member_type const& member,
+                                                   Buffers const& b, int m,
+                                                   State const& s) const {
+    Key const thr = s.prefix;
+    Key const mask = s.mask;
+    std::uint64_t const rem = s.rem;
+    if (member.team_size() == 1) {
+      std::uint64_t nc = 0, eq = 0;
+      for (int j = 0; j < m; ++j) {
+        Key const key = b.cand_keys(j) & mask;
+        bool const pick = key > thr || (key == thr && eq++ < rem);
+        if (pick) b.chosen(static_cast<int>(nc++)) = b.cand_ids(j);
+      }
+      return nc;
+    }
+    reset_total(member, b);
+    Kokkos::parallel_scan(
+        Kokkos::TeamThreadRange(member, m),
+        [&](int j, std::uint64_t& before, bool final) {
+          Key const key = b.cand_keys(j) & mask;
+          bool const above = key > thr;
+          bool const equal = key == thr;
+          std::uint64_t const eq_before = before >> 32;
+          bool const pick = above || (equal && eq_before < rem);
+          if (final && pick) b.chosen(static_cast<int>(before & 0xFFFFFFFFull)) = b.cand_ids(j);
+          before += (pick ? 1ull : 0ull) + (equal ? (1ull << 32) : 0ull);
+          if (final && j == m - 1) b.shared(4) = before;
+        });
+    return read_total(member, b) & 0xFFFFFFFFull;
+  }
+
+  // How many of a[0, n) (ascending) are below v.
+  KOKKOS_INLINE_FUNCTION static int lower(Scratch<std::int32_t> const& a, int n,
+                                          std::int32_t v) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+      int const mid = (lo + hi) / 2;
+      if (a(mid) < v)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    return lo;
+  }
+
+  KOKKOS_INLINE_FUNCTION void put(std::uint64_t t, SelectRequest const& req, int col,
+                                  std::int32_t id) const {
+    if (!Expand) {
+      out(t, col) = id;
+      return;
+    }
+    int const K = batch.kpool;
+    int const selected = topk * K;
+    std::int64_t const positions =
+        static_cast<std::int64_t>(req.cache_length + (t - req.begin) + 1);
+    for (int m = 0; m < K; ++m)
+      out(t, col * K + m) = expanded_column(col * K + m, id, positions, K, selected);
+  }
+
+  // Merges sure[0, ns) and chosen[0, nc) into the row's columns, -1 after.
+  KOKKOS_INLINE_FUNCTION void write(member_type const& member, Buffers const& b,
+                                    std::uint64_t t, SelectRequest const& req, int ns,
+                                    int nc) const {
+    int const total = ns + nc;
+    if (member.team_size() == 1) {
+      int i = 0, j = 0;
+      for (int col = 0; col < total; ++col) {
+        bool const from_sure = j >= nc || (i < ns && b.sure(i) < b.chosen(j));
+        put(t, req, col, from_sure ? b.sure(i++) : b.chosen(j++));
+      }
+    } else {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, total), [&](int x) {
+        if (x < ns) {
+          std::int32_t const id = b.sure(x);
+          put(t, req, x + lower(b.chosen, nc, id), id);
+        } else {
+          std::int32_t const id = b.chosen(x - ns);
+          put(t, req, x - ns + lower(b.sure, ns, id), id);
+        }
+      });
+    }
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, topk - total),
+                         [&](int x) { put(t, req, total + x, -1); });
+    if (Expand) {
+      int const K = batch.kpool;
+      int const selected = topk * K;
+      std::int64_t const positions =
+          static_cast<std::int64_t>(req.cache_length + (t - req.begin) + 1);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, out_columns - selected),
+                           [&](int x) {
+                             out(t, selected + x) =
+                                 expanded_column(selected + x, -1, positions, K, selected);
+                           });
+    }
+  }
+};
+
+// The selection for any topk in level-0 scratch (a 256-bin histogram and
+// two keys): a radix select of 8 key bits a pass from the top, each pass
+// over the whole row, finds the k-th largest key `thr` and `take`, how
+// many keys equal to it are selected; then one team scan over the pools in
+// id order gives each selected pool its column (the selected pools before
+// it), so the ids come out ascending with no sort. Expand writes the token
+// row's -1s and tail columns first, then each selected pool's K positions
+// at its column. Slower than SelectFunctor (four reads of the row), it is
+// what a topk whose buffers do not fit level 0 takes.
+template <class ExecutionSpace, class Key, bool Expand>
+struct SelectWideFunctor {
   using memory_space = typename ExecutionSpace::memory_space;
   using member_type =
       typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
@@ -47,7 +629,7 @@ struct SelectFunctor {
   static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
 
   SelectBatch batch;
-  Key const* keys;  // [rows of q * max_visible]
+  Key const* keys;  // [chunk rows * max_visible]
   // pool_ids [T, topk], or with Expand the token rows [T, topk * K + K - 1].
   Strided<std::int32_t, 2> out;
   int out_columns;
@@ -59,19 +641,16 @@ struct SelectFunctor {
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    if constexpr (device_shapes<ExecutionSpace>::value) {
-      int const ts = member.team_size();
-      if ((ts & (ts - 1)) != 0)
-        Kokkos::abort("KPool: the selection's team scan needs a power-of-two team size");
-    }
-    std::uint64_t const t = member.league_rank();
+    check_select_team_size<ExecutionSpace>(member);
+    std::uint64_t const i = member.league_rank();
+    std::uint64_t const t = batch.row_begin + i;
     SelectRequest req;
-    if (t >= batch.total_rows || batch.owner(t, req) < 0) return;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
     Scratch<std::uint32_t> hist(member.team_scratch(0), bins);
     Scratch<Key> shared(member.team_scratch(0), 2);
 
     std::uint64_t const n = batch.visible(req, t);
-    Key const* row = keys + t * batch.max_visible;
+    Key const* row = keys + i * batch.max_visible;
     std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
 
     // Every visible pool is selected when there are no more than topk:

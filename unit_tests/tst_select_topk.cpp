@@ -1,0 +1,192 @@
+// The selection's top-k from keys alone (docs/indexer.md, "Selection"),
+// every kernel variant: one-thread and many-thread teams, rows staged in
+// team scratch or read from memory, candidates compacted or not (more ties
+// than the candidate buffer holds), early exits, long rows split over
+// teams, row chunks, 32- and 64-bit keys. The expectation is the ranking
+// itself, computed here by sorting: keys descending, ties to the lower id,
+// key 0 (not visible) never, ids ascending, then -1.
+
+#include <KPoolTestUtils.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace {
+
+template <class Key>
+std::vector<std::int32_t> ranking(std::vector<Key> const& keys, int topk) {
+  std::vector<std::int32_t> ids;
+  for (std::size_t p = 0; p < keys.size(); ++p)
+    if (keys[p] != 0) ids.push_back(static_cast<std::int32_t>(p));
+  std::stable_sort(ids.begin(), ids.end(),
+                   [&](std::int32_t a, std::int32_t b) { return keys[a] > keys[b]; });
+  if (ids.size() > static_cast<std::size_t>(topk)) ids.resize(topk);
+  std::sort(ids.begin(), ids.end());
+  ids.resize(topk, -1);
+  return ids;
+}
+
+// Row kinds: distinct random keys, a few values with many ties, one value
+// for most of the row (more ties than the candidate buffer), keys equal in
+// their top digits (several row passes), mostly not visible.
+template <class Key>
+std::vector<Key> make_row(std::mt19937_64& rng, int kind, std::size_t n) {
+  std::vector<Key> row(n);
+  Key const top = static_cast<Key>(~Key(0));
+  for (std::size_t p = 0; p < n; ++p) {
+    Key v = static_cast<Key>(rng());
+    switch (kind) {
+      case 0:
+        break;
+      case 1:
+        v = static_cast<Key>(0x80000000u + 977u * (rng() % 7));
+        break;
+      case 2:
+        v = rng() % 10 == 0 ? v : static_cast<Key>(top / 3);
+        break;
+      case 3:
+        // Same top 20 bits, ties in the low ones.
+        v = static_cast<Key>((top / 5) & ~Key(0xFFFFF)) | static_cast<Key>(rng() % 300);
+        break;
+      default:
+        v = rng() % 8 == 0 ? v : Key(0);
+        break;
+    }
+    if (rng() % 50 == 0) v = 0;  // not visible
+    if (rng() % 70 == 0) v = 1;  // NaN
+    row[p] = v;
+  }
+  return row;
+}
+
+struct TopkCase {
+  std::vector<std::size_t> lengths;  // visible pools per row
+  int topk;
+};
+
+// Runs the selection over rows of the given lengths (one request a row,
+// K = 1) and compares every row with the ranking.
+template <class Key>
+void check(TopkCase const& c, int team_size, std::size_t chunk_rows,
+           KPool::Details::SelectSplit split, std::uint64_t seed) {
+  using E = Kokkos::DefaultExecutionSpace;
+  using M = E::memory_space;
+  namespace D = KPool::Details;
+  E space;
+  std::mt19937_64 rng(seed);
+  int const R = static_cast<int>(c.lengths.size());
+  std::size_t const max_visible =
+      std::max<std::size_t>(1, *std::max_element(c.lengths.begin(), c.lengths.end()));
+  std::vector<std::vector<Key>> rows;
+  for (int r = 0; r < R; ++r) rows.push_back(make_row<Key>(rng, r % 5, c.lengths[r]));
+
+  Kokkos::View<std::uint32_t*, M> offsets("offsets", R + 1), lengths("lengths", R);
+  auto ho = Kokkos::create_mirror_view(offsets);
+  auto hl = Kokkos::create_mirror_view(lengths);
+  for (int r = 0; r <= R; ++r) ho(r) = r;
+  for (int r = 0; r < R; ++r) hl(r) = static_cast<std::uint32_t>(c.lengths[r]);
+  // A row at position cache_length sees cache_length + 1 pools at K = 1.
+  for (int r = 0; r < R; ++r) hl(r) -= 1;
+  Kokkos::deep_copy(offsets, ho);
+  Kokkos::deep_copy(lengths, hl);
+
+  Kokkos::View<Key*, M> keys("keys", chunk_rows * max_visible);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", R, c.topk);
+  Kokkos::deep_copy(out, -7);
+  std::size_t const segs =
+      max_visible > split.from ? (max_visible + split.segment - 1) / split.segment : 0;
+  Kokkos::View<std::uint32_t*, M> hist("hist", chunk_rows * std::max<std::size_t>(segs, 1) *
+                                                   D::select_bins);
+  D::SplitArgs args;
+  args.seg_hist = hist.data();
+  args.segs = static_cast<int>(segs);
+  args.from = split.from;
+  args.segment = split.segment;
+  D::SelectBatch batch;
+  batch.row_offsets = offsets;
+  batch.cache_lengths = lengths;
+  batch.num_requests = R;
+  batch.kpool = 1;
+  batch.total_rows = static_cast<std::uint64_t>(R);
+  batch.max_visible = max_visible;
+  KPool::Options o;
+  o.team_size = team_size;
+  D::Checker const chk("tst_select_topk");
+  auto hk = Kokkos::create_mirror_view(keys);
+  for (std::size_t b = 0; b < static_cast<std::size_t>(R); b += chunk_rows) {
+    std::size_t const e = std::min<std::size_t>(R, b + chunk_rows);
+    for (std::size_t t = b; t < e; ++t)
+      std::copy(rows[t].begin(), rows[t].end(), hk.data() + (t - b) * max_visible);
+    Kokkos::deep_copy(keys, hk);
+    batch.row_begin = b;
+    batch.row_end = e;
+    D::launch_select<false>(chk, space, batch, static_cast<Key const*>(keys.data()),
+                            D::View2<std::int32_t, M>(out), c.topk, args, o);
+    space.fence();
+  }
+  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  for (int r = 0; r < R; ++r) {
+    std::vector<std::int32_t> const want = ranking(rows[r], c.topk);
+    for (int j = 0; j < c.topk; ++j)
+      ASSERT_EQ(h(r, j), want[j]) << [&] { std::string k; for (std::size_t p = 0; p < std::min<std::size_t>(rows[r].size(), 30); ++p) k += std::to_string(rows[r][p]) + " "; std::string g; for (int x = 0; x < c.topk && x < 30; ++x) g += std::to_string(h(r, x)) + " "; return k + "\n got " + g + "\n"; }() << "row " << r << " (kind " << r % 5 << ", "
+                                  << c.lengths[r] << " pools) column " << j
+                                  << ", topk " << c.topk << ", team size " << team_size;
+  }
+}
+
+template <class Key>
+void check_all(std::uint64_t seed) {
+  KPool::Details::SelectSplit const no_split;
+  std::vector<int> teams = {0};
+  if (!KPool::Details::KokkosExt::is_device_backend<Kokkos::DefaultExecutionSpace>::value)
+    teams = {0, 1, 3};
+  for (int team : teams) {
+    SCOPED_TRACE("team size " + std::to_string(team));
+    // Short rows (staged in scratch with device shapes), some shorter
+    // than topk.
+    check<Key>({{2, 5, 40, 300, 700, 1, 16, 17, 900, 650}, 16}, team, 10, no_split, seed);
+    // Longer rows (read from memory), more ties than candidates.
+    check<Key>({{3000, 5000, 4500, 2500, 6000, 100}, 300}, team, 6, no_split, seed + 1);
+    // topk 2048: a smaller candidate buffer; topk 5000: past a device's
+    // fast scratch with device shapes (the wide kernel); topk 12000: the
+    // wide kernel everywhere.
+    check<Key>({{5000, 2100, 2047, 4096}, 2048}, team, 4, no_split, seed + 5);
+    check<Key>({{9000, 5000, 7000}, 5000}, team, 3, no_split, seed + 6);
+    check<Key>({{20000, 12000, 11999, 13000}, 12000}, team, 2, no_split, seed + 7);
+    // The wide kernel with split rows in the workspace: it reads them whole.
+    KPool::Details::SelectSplit wide_split;
+    wide_split.from = 8000;
+    wide_split.segment = 4096;
+    check<Key>({{20000, 13000, 7000}, 12000}, team, 3, wide_split, seed + 8);
+    // Row chunks of two rows.
+    check<Key>({{600, 700, 20, 800, 500}, 64}, team, 2, no_split, seed + 2);
+    // Long rows split over teams (segments of 512 past 1500 pools).
+    KPool::Details::SelectSplit split;
+    split.from = 1500;
+    split.segment = 512;
+    check<Key>({{4000, 1400, 3333, 2048, 5000}, 200}, team, 5, split, seed + 3);
+    check<Key>({{4000, 1400, 3333, 2048, 5000}, 200}, team, 2, split, seed + 4);
+  }
+}
+
+TEST(SelectTopk, SelectsTheRankingWith32BitKeys) { check_all<std::uint32_t>(11); }
+
+TEST(SelectTopk, SelectsTheRankingWith64BitKeys) { check_all<std::uint64_t>(23); }
+
+// Every candidate-buffer boundary: the threshold bin holding exactly
+// the candidate capacity, one more, and topk at the row length.
+TEST(SelectTopk, BoundaryCounts) {
+  using Key = std::uint32_t;
+  int const cap = KPool::Details::candidate_capacity;
+  for (int team : {0, 2}) {
+    KPool::Details::SelectSplit const no_split;
+    check<Key>({{static_cast<std::size_t>(cap), static_cast<std::size_t>(cap) + 1,
+                 static_cast<std::size_t>(cap) + 2, 2 * static_cast<std::size_t>(cap)},
+                cap},
+               team, 4, no_split, 5);
+  }
+}
+
+}  // namespace
