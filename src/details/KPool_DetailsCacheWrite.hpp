@@ -494,6 +494,7 @@ KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
 // and their order are those of phases 1 to 3, so the cache holds the same
 // bytes either way (HostCacheHook below says which a step takes).
 
+#if defined(KPOOL_IMPL_GNU_VECTORS)
 // A pool's 128 values, as f32, into eight 16-lane vectors.
 template <class T>
 inline void load_row_128(T const* x, f32x16 (&r)[8]) {
@@ -507,7 +508,6 @@ inline void load_row_128(T const* x, f32x16 (&r)[8]) {
   }
 }
 
-#if defined(KPOOL_IMPL_GNU_VECTORS)
 // D = 128 with f32 arithmetic into an fp8 cache (the checkpoint's shape):
 // the pool stays in vector registers from the read-back to the store of its
 // 128 bytes. Returns false, with the rotated row in `spill`, for a pool the
