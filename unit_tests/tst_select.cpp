@@ -798,8 +798,12 @@ TYPED_TEST(Select, TensorCoresServingProfile) {
         if (sc.owner(row) != 2) continue;
         std::int32_t const* r = ids.data() + static_cast<std::size_t>(row) * s.topk;
         auto has = [&](int p) { return std::find(r, r + s.topk, p) != r + s.topk; };
-        if (has(17)) EXPECT_TRUE(has(9) && has(1)) << "row " << row;
-        if (has(9)) EXPECT_TRUE(has(1)) << "row " << row;
+        if (has(17)) {
+          EXPECT_TRUE(has(9) && has(1)) << "row " << row;
+        }
+        if (has(9)) {
+          EXPECT_TRUE(has(1)) << "row " << row;
+        }
       }
     }
   }

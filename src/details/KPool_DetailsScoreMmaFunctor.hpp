@@ -59,17 +59,24 @@ constexpr int mma_team_warps = 4;
 // Pools of a warp's tile (the MMA's M).
 constexpr int mma_tile_pools = 16;
 
-// bf16 operand terms of x: each the nearest bf16 of what the earlier ones
-// left (exact in f32); three represent every f32 exactly. A non-finite
-// first term leaves nothing for the others (x itself carries inf or NaN).
-KOKKOS_INLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[3]) {
+// bf16 operand term `term` of x (0, 1, 2): the nearest bf16 of what the
+// earlier terms left (each rest exact in f32); three terms represent every
+// f32 of magnitude 2^-110 or more exactly. A non-finite first term leaves
+// nothing for the others (x itself carries inf or NaN).
+KOKKOS_INLINE_FUNCTION std::uint32_t bf16_term(float x, int term) {
   float r = x;
-  for (int j = 0; j < 3; ++j) {
-    std::uint16_t const b = j < terms ? float_to_bf16_bits(r) : std::uint16_t(0);
-    out[j] = b;
+  std::uint16_t b = 0;
+  for (int j = 0; j <= term; ++j) {
+    b = float_to_bf16_bits(r);
     float const v = bf16_bits_to_float(b);
     r = (v - v == 0.0f) ? r - v : 0.0f;  // v finite
   }
+  return b;
+}
+
+// The first `terms` bf16 terms of x, zeros after.
+KOKKOS_INLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[3]) {
+  for (int j = 0; j < 3; ++j) out[j] = j < terms ? bf16_term(x, j) : 0u;
 }
 
 // Serving profile query quantization (docs/indexer.md): the row rounded to
@@ -256,9 +263,7 @@ struct ScoreMmaFunctor {
   // Term `term` of query value v as an operand's bits.
   KOKKOS_INLINE_FUNCTION std::uint32_t operand_bits(float v, int term) const {
     if constexpr (Kind == MmaKind::bf16) {
-      std::uint32_t parts[3];
-      split_bf16(v, terms, parts);
-      return parts[term];
+      return bf16_term(v, term);
     } else if constexpr (Kind == MmaKind::f16) {
       return float16(v).bits;
     } else {
