@@ -1464,6 +1464,11 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
   if (!KPool::Details::KokkosExt::is_device_backend<Space>::value) {
     engines.push_back({"select_register_tiles", KPool::ScoreEngine::register_tiles});
     engines.push_back({"select_blas", KPool::ScoreEngine::blas});
+  } else if (KPool::Details::mma_plan<Space, KPool::bfloat16, KPool::float8_e4m3>(true)
+                 .on_device) {
+    // The tensor-core engine by name (automatic picks it too); its
+    // tensor-core work is 3x `flops` (three bf16 terms of the rotated query).
+    engines.push_back({"select_tensor_cores", KPool::ScoreEngine::tensor_cores});
   }
   bool any = run.selected(prefix + "select_serving");
   for (auto const& e : engines) any = any || run.selected(prefix + e.first);

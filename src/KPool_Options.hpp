@@ -11,7 +11,9 @@ namespace KPool {
 /// register_tiles, tiles and team_gemm also score identical pools
 /// identically, so exact ties go to the lower id.
 enum class ScoreEngine {
-  /// register_tiles on host execution spaces, tiles on devices.
+  /// register_tiles on host execution spaces; on devices tensor_cores
+  /// where it takes the call (Kokkos::Cuda, sm_80 and newer, and a cache
+  /// type and profile it serves), else tiles.
   automatic,
   /// Hosts: per team, tiles of 32 pools dequantized transposed into team
   /// scratch, multiplied by a hand-written register-blocked kernel (one
@@ -34,7 +36,15 @@ enum class ScoreEngine {
   /// columns with other kernels than the rest, so identical pools may
   /// score a rounding apart: exact ties are then not guaranteed to go to
   /// the lower id (the selection still meets docs/indexer.md's tolerance).
-  blas
+  blas,
+  /// CUDA devices (sm_80 and newer): the products on tensor cores
+  /// (mma.sync), tiles of 16 pools x 8 heads a warp, relu, weights and the
+  /// head sum in registers. Takes fp8 caches (bf16 MMA, the f32 query split
+  /// into exact bf16 terms), bf16 caches, and f16 caches that are not
+  /// rotated (f16 MMA); automatic chooses it on Kokkos::Cuda for those. On
+  /// other execution spaces the same tile code runs with the MMA emulated
+  /// (for tests: slow). One launch to score, one to select.
+  tensor_cores
 };
 
 /// Per-call settings, the optional last argument of every entry point.

@@ -250,9 +250,13 @@ struct Inputs {
 // pool_ids (or, with tokens, the token rows) of one call, as a flat host
 // vector; the output starts filled with kSentinel.
 template <class E, class T, class C>
-std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& o,
+std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& options,
                                    bool tokens, std::size_t ws_rows = 0) {
   using M = typename E::memory_space;
+  KPool::Options o = options;
+  if (o.score_engine == KPool::ScoreEngine::tensor_cores &&
+      !KPool::Details::mma_plan<E, T, C>(sc.s.rotated, sc.s.serving).usable)
+    o.score_engine = KPool::ScoreEngine::automatic;
   Inputs<E, T, C> in(sc);
   int const width = tokens ? KPool::select_tokens_width(sc.s.topk, sc.s.K) : sc.s.topk;
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, width);
@@ -280,12 +284,16 @@ std::vector<std::int32_t> run(Scenario const& sc, KPool::Options const& o,
 }
 
 // The engines a space offers.
+// tensor_cores runs the emulation of its MMA on hosts; a call it does not
+// take (f32 and f64 caches, rotated f16) runs as automatic would (run_with).
 template <class E>
 std::vector<KPool::ScoreEngine> engines() {
   if (KPool::Details::KokkosExt::is_device_backend<E>::value)
-    return {KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm};
+    return {KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm,
+            KPool::ScoreEngine::tensor_cores};
   return {KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::tiles,
-          KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas};
+          KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas,
+          KPool::ScoreEngine::tensor_cores};
 }
 
 // The engines that score identical pools identically.
@@ -788,6 +796,71 @@ TYPED_TEST(Select, BadBlocksAreNotVisibleWithValidationOff) {
       std::string const why =
           SR::check_selection(sc.scores(row, &counted), s.topk, ids.data() + row * s.topk);
       EXPECT_TRUE(why.empty()) << "row " << row << ": " << why;
+    }
+  }
+}
+
+// ------------------------------------------------------- tensor cores
+
+// The tensor-core engine in the serving profile (the E4M3 MMA, emulated on
+// hosts), through score_select: the profile's own quantized queries and
+// cache against the reference, with planted ties across lanes and tiles
+// (identical pools score identically, so the lower ids win). Then: a
+// native f32 or f64 cache asked for tensor_cores is an InvalidArgument
+// naming options.
+TYPED_TEST(Select, TensorCoresServingProfile) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  DType const t = TypeParam::dtype;
+  if constexpr (std::is_same<T, double>::value || std::is_same<T, float>::value) {
+    Shape s{2, 4, 64, 8, false, false, 8};
+    Scenario sc = make_scenario(s, t, {{20, 3}}, 1, 0, 71);
+    Inputs<E, T, T> in(sc);
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, typename E::memory_space> out(
+        "out", sc.rows, s.topk);
+    KPool::SelectWorkspace<T, typename E::memory_space> ws(in.space, sc.rows, sc.max_visible,
+                                                          s.H, s.D);
+    try {
+      KPool::score_select(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table,
+                          sc.batch.device.num_requests, s.K, in.q, in.w, in.cache, s.topk,
+                          out, ws, options_for<E>(KPool::ScoreEngine::tensor_cores));
+      ADD_FAILURE() << "tensor_cores took a native " << KPool::storage_name<T>() << " cache";
+    } catch (KPool::InvalidArgument const& e) {
+      EXPECT_NE(std::string(e.what()).find("options"), std::string::npos) << e.what();
+    }
+  }
+  if constexpr (!std::is_same<T, double>::value) {
+    for (Shape s : {Shape{2, 4, 64, 16, true, false, 8, true},
+                    Shape{1, 32, 128, 12, true, true, 16, true},
+                    Shape{4, 3, 40, 5, true, false, 5, true}}) {
+      SCOPED_TRACE(describe(s));
+      Scenario sc = make_scenario(s, t, mixed_batch(), 6, 2, 73);
+      // Planted ties: pools 9 and 17 of request 2 (130 cached positions)
+      // are copies of its pool 1: other lanes, another tile.
+      for (int copy : {9, 17}) {
+        auto const from = sc.where(2, 1), to = sc.where(2, copy);
+        std::size_t const f = sc.cache.entry(from.first, from.second);
+        std::size_t const g = sc.cache.entry(to.first, to.second);
+        sc.cache.scale[g] = sc.cache.scale[f];
+        for (int c = 0; c < s.D; ++c) {
+          sc.cache.code[g * s.D + c] = sc.cache.code[f * s.D + c];
+          sc.cache.value[g * s.D + c] = sc.cache.value[f * s.D + c];
+        }
+      }
+      std::vector<std::int32_t> const ids =
+          run<E, T>(sc, options_for<E>(KPool::ScoreEngine::tensor_cores));
+      EXPECT_TRUE(conforms(sc, ids));
+      for (int row = 0; row < sc.rows; ++row) {
+        if (sc.owner(row) != 2) continue;
+        std::int32_t const* r = ids.data() + static_cast<std::size_t>(row) * s.topk;
+        auto has = [&](int p) { return std::find(r, r + s.topk, p) != r + s.topk; };
+        if (has(17)) {
+          EXPECT_TRUE(has(9) && has(1)) << "row " << row;
+        }
+        if (has(9)) {
+          EXPECT_TRUE(has(1)) << "row " << row;
+        }
+      }
     }
   }
 }

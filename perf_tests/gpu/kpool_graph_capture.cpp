@@ -15,6 +15,11 @@
 // memory) or anything else that synchronizes breaks the capture: the
 // program then names the step and exits 2. A difference in bits exits 1.
 // Success prints "graph capture: OK" and exits 0.
+//
+// With Kokkos Kernels, a selection too: score_select (validation off, the
+// automatic engine: tensor_cores on sm_80 and newer) over a rotated fp8
+// cache, captured, replayed twice and compared with the eager call's
+// pool_ids.
 
 #include <KPool.hpp>
 
@@ -245,6 +250,111 @@ int check(Space const& space, cudaStream_t stream, Inputs const& in, bool fused)
   return status;
 }
 
+#if KPOOL_HAS_KOKKOSKERNELS
+// One score_select call (decode rows and a prefill chunk) captured and
+// replayed against the eager call.
+int check_select(Space const& space, cudaStream_t stream) {
+  using C = KPool::float8_e4m3;
+  constexpr int H = 32, topk = 64, block_pools = 64;
+  std::vector<std::uint32_t> cache{4000, 813, 0, 2047};
+  std::vector<std::uint32_t> rows{1, 1, 40, 17};
+  int const B = static_cast<int>(rows.size());
+  std::vector<std::uint32_t> offsets{0};
+  int max_blocks = 1, blocks = 0;
+  std::size_t max_visible = 1;
+  for (int r = 0; r < B; ++r) {
+    offsets.push_back(offsets.back() + rows[r]);
+    std::size_t const vis = (cache[r] + rows[r]) / kK;
+    max_visible = vis > max_visible ? vis : max_visible;
+    int const need = static_cast<int>((vis + block_pools - 1) / block_pools);
+    max_blocks = need > max_blocks ? need : max_blocks;
+    blocks += need;
+  }
+  std::size_t const T_rows = offsets.back();
+  auto row_offsets = index_view<Kokkos::View<std::uint32_t*, Mem>>(space, "sel_offsets", offsets);
+  auto cache_lengths = index_view<Kokkos::View<std::uint32_t*, Mem>>(space, "sel_lengths", cache);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, Mem> table(
+      Kokkos::view_alloc(space, "sel_table"), B, max_blocks);
+  auto ht = Kokkos::create_mirror_view(table);
+  int next = 0;
+  for (int r = 0; r < B; ++r) {
+    int const need = static_cast<int>(((cache[r] + rows[r]) / kK + block_pools - 1) / block_pools);
+    for (int j = 0; j < max_blocks; ++j) ht(r, j) = j < need ? (next++ * 7) % blocks : -1;
+  }
+  Kokkos::deep_copy(space, table, ht);
+  KPool::PoolCache<C, Mem> pools(space, blocks, block_pools, kD, KPool::CacheScale::amax, true);
+  fill_random(space, pools.values(), 11, -400, 400);
+  fill_random(space, pools.scales(), 12, 0.001f, 0.01f);
+  Kokkos::View<T***, Kokkos::LayoutRight, Mem> q(Kokkos::view_alloc(space, "sel_q"), T_rows, H, kD);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> w(Kokkos::view_alloc(space, "sel_w"), T_rows, H);
+  fill_random(space, q, 13, -1, 1);
+  fill_random(space, w, 14, -0.5f, 1);
+  KPool::SelectWorkspace<T, Mem> ws(space, T_rows, max_visible, H, kD);
+  using Ids = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, Mem>;
+  Ids want_ids(Kokkos::view_alloc(space, "sel_want"), T_rows, topk);
+  Ids got_ids(Kokkos::view_alloc(space, "sel_got"), T_rows, topk);
+  KPool::Options o;
+  o.validate = false;
+  auto select = [&](Ids const& out) {
+    KPool::score_select(space, row_offsets, cache_lengths, table, B, kK, q, w, pools, topk,
+                        out, ws, o);
+  };
+  select(want_ids);
+  space.fence();
+  cudaGraph_t g = nullptr;
+  if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal),
+               "cudaStreamBeginCapture"))
+    return 2;
+  std::string broken;
+  try {
+    select(got_ids);
+  } catch (std::exception const& e) {
+    broken = e.what();
+  }
+  cudaError_t const end = cudaStreamEndCapture(stream, &g);
+  if (!broken.empty() || end != cudaSuccess) {
+    std::printf("graph capture (select): the selection broke the capture: %s%s\n",
+                broken.empty() ? "" : broken.c_str(),
+                end != cudaSuccess ? cudaGetErrorString(end) : "");
+    if (g) cudaGraphDestroy(g);
+    return 2;
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (!cuda_ok(cudaGraphInstantiateWithFlags(&exec, g, 0), "cudaGraphInstantiate")) {
+    cudaGraphDestroy(g);
+    return 2;
+  }
+  auto const want = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), want_ids);
+  int status = 0;
+  for (int replay = 0; replay < 2 && status == 0; ++replay) {
+    Kokkos::deep_copy(space, got_ids, -7);
+    space.fence();
+    if (!cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch") ||
+        !cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize")) {
+      status = 2;
+      break;
+    }
+    auto const got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got_ids);
+    for (std::size_t i = 0; i < got.span(); ++i)
+      if (got.data()[i] != want.data()[i]) {
+        std::printf("graph capture (select): replay %d differs at row %zu column %zu\n",
+                    replay, i / topk, i % topk);
+        status = 1;
+        break;
+      }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  if (status == 0)
+    std::printf("graph capture (select): score_select (%zu rows, engine %s), 2 replays "
+                "identical to eager\n",
+                T_rows,
+                KPool::Details::mma_plan<Space, T, C>(true).on_device ? "tensor_cores"
+                                                                       : "team_gemm");
+  return status;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -263,6 +373,10 @@ int main(int argc, char** argv) {
       int const s = check(space, stream, in, fused);
       status = s > status ? s : status;
     }
+#if KPOOL_HAS_KOKKOSKERNELS
+    int const s = check_select(space, stream);
+    status = s > status ? s : status;
+#endif
   }
   cudaStreamDestroy(stream);
   std::printf("graph capture: %s\n", status == 0 ? "OK" : "FAILED");

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The CUDA check, run on a GPU machine in one go: the unit suite, the CUDA
-# graph capture check (kpool_graph_capture) and the perf suite on the GPU,
-# and the same pooling timed as PyTorch eager operations; logs,
-# perf_report.json and torch_pooling.json land in OUT.
+# The CUDA check, run on a GPU machine in one go: the unit suite (with the
+# tensor-core engine's own tests, tst_score_mma, and the engine in every
+# tst_select scenario), the CUDA graph capture check (kpool_graph_capture:
+# two steps, then a selection) and the perf suite on the GPU, the perf
+# cases recorded against the H200's limits (h200_targets.txt), and the
+# same pooling timed as PyTorch eager operations; logs, perf_report.json
+# and torch_pooling.json land in OUT.
 #
 # Two ways to get the programs there:
 #   PREBUILT=DIR     programs built elsewhere with nvcc (stage_binaries.sh
@@ -69,7 +72,36 @@ fi
 "$perf" --out "$out/perf_report.json" >"$out/perf.log" 2>&1
 echo "perf: exit $?"
 python3 "$repo/perf_tests/perf_table.py" "$out/perf_report.json" >"$out/perf_table.txt" 2>&1
-grep -E 'prefill_b1_64k/bf16|decode_b256|mixed_64c' "$out/perf_table.txt"
+grep -E 'prefill_b1_64k/bf16|decode_b256|mixed_64c|select_' "$out/perf_table.txt"
+
+# The selection and cached-step cases against the H200's limits
+# (docs/indexer.md, "The tensor-core engine"): decode scoring + top-k of
+# 64 x 8192 pools <= 40 us; prefill 2048 x 2048 >= 30% of the dense bf16
+# tensor peak (990 TFLOP/s), counting the three bf16 query terms the
+# exact profile multiplies; the step writing the fp8 cache >= 0.75 of the
+# same-run copy bandwidth.
+python3 - "$out/perf_report.json" >"$out/h200_targets.txt" 2>&1 <<'PY'
+import json, sys
+cases = json.load(open(sys.argv[1]))["cases"]
+def find(name, op):
+    return [c for c in cases if c["name"].startswith(name) and c["op"] == op]
+for op in ("select", "select_tensor_cores", "select_team_gemm"):
+    for c in find("select_decode_b64_p8k", op):
+        us = c["seconds"] * 1e6
+        print(f"decode 64 x 8192 {op}: {us:.1f} us (target <= 40: {'met' if us <= 40 else 'NOT met'})")
+    for c in find("select_prefill_q2k_p2k", op):
+        terms = 3 if op != "select_team_gemm" else 1
+        tflops = terms * c["flops"] / c["seconds"] / 1e12
+        share = tflops / 990.0
+        print(f"prefill 2048 x 2048 {op}: {c['seconds']*1e6:.1f} us, {tflops:.1f} tensor TFLOP/s = "
+              f"{share:.1%} of bf16 peak (target >= 30%: {'met' if share >= 0.30 else 'NOT met'})")
+for c in cases:
+    if "cache_fp8" in c["op"] or "serving" in c["op"]:
+        r = c.get("ratio", 0.0)
+        print(f"{c['name']} {c['op']}: {r:.2f} of copy bandwidth (target >= 0.75: "
+              f"{'met' if r >= 0.75 else 'NOT met'})")
+PY
+cat "$out/h200_targets.txt"
 
 python3 "$repo/perf_tests/gpu/torch_pooling.py" --tokens 65536 --batch 1 \
   --out "$out/torch_pooling.json" >"$out/torch.log" 2>&1

@@ -74,18 +74,6 @@ KOKKOS_FORCEINLINE_FUNCTION A cache_value(C v) {
   return static_cast<A>(to_accumulator(v));
 }
 
-// R (docs/indexer.md) of a query row x[0, D) in place: the same butterflies,
-// in the same order, as the pool cache's writers apply to keys
-// (rotate_row_serial), then every value times the arithmetic type's
-// nearest 1/sqrt(D) (`norm`, nearest_rsqrt), so that a rotated query meets
-// its keys in the same basis, bit for bit.
-template <class A>
-KOKKOS_INLINE_FUNCTION void rotate_query(A* x, int D, A norm) {
-  rotate_row_serial(x, D);
-  KPOOL_IMPL_IVDEP
-  for (int i = 0; i < D; ++i) x[i] *= norm;
-}
-
 // A live request of a selection call, as every kernel sees it. `valid` is
 // false when its rows or length are out of range (validation off); such a
 // request's rows are neither scored nor written.

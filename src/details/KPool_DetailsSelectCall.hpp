@@ -12,6 +12,7 @@
 #include <details/KPool_DetailsCacheFunctors.hpp>
 #include <details/KPool_DetailsLaunch.hpp>
 #include <details/KPool_DetailsScoreBlas.hpp>
+#include <details/KPool_DetailsScoreMma.hpp>
 #include <details/KPool_DetailsScoreRegisterFunctor.hpp>
 #include <details/KPool_DetailsScoreTileFunctor.hpp>
 #include <details/KPool_DetailsScoreTilesFunctor.hpp>
@@ -34,22 +35,34 @@ inline char const* engine_name(ScoreEngine e) {
          : e == ScoreEngine::team_gemm      ? "team_gemm"
          : e == ScoreEngine::tiles          ? "tiles"
          : e == ScoreEngine::register_tiles ? "register_tiles"
+         : e == ScoreEngine::tensor_cores   ? "tensor_cores"
                                             : "automatic";
 }
 
 // register_tiles and blas are host code (one thread a team, a host BLAS)
 // and are refused on device backends. The automatic choice follows the
 // launch shapes, so a device-shapes build on a host (KPool_TEST_DEVICE_SHAPES)
-// runs the device engine.
-template <class ExecutionSpace>
-ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested) {
+// runs the device engine: tensor_cores on CUDA where the MMA takes the
+// call (mma_plan: the cache's type, rotation and profile), tiles otherwise.
+// tensor_cores on a host runs its emulation; asked for where the plan
+// refuses the call, it is an error.
+template <class ExecutionSpace, class T, class C>
+ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested, bool rotated,
+                           bool serving) {
   if ((requested == ScoreEngine::blas || requested == ScoreEngine::register_tiles) &&
       KokkosExt::is_device_backend<ExecutionSpace>::value)
     chk.fail("options", "score_engine", -1, engine_name(requested),
-             "needs a host execution space (use tiles, team_gemm or automatic)");
-  if (requested == ScoreEngine::automatic)
+             "needs a host execution space (use tiles, team_gemm, tensor_cores or "
+             "automatic)");
+  MmaPlan const plan = mma_plan<ExecutionSpace, T, C>(rotated, serving);
+  if (requested == ScoreEngine::tensor_cores && !plan.usable)
+    chk.fail("options", "score_engine", -1, engine_name(requested),
+             std::string("does not take this call (") + plan.why + ")");
+  if (requested == ScoreEngine::automatic) {
+    if (plan.usable && plan.on_device) return ScoreEngine::tensor_cores;
     return device_shapes<ExecutionSpace>::value ? ScoreEngine::tiles
                                                 : ScoreEngine::register_tiles;
+  }
   return requested;
 }
 
@@ -274,6 +287,98 @@ void launch_score_portable(Checker const& chk, ExecutionSpace const& space,
              "heads of " + std::to_string(D) +
                  " channels do not fit the team scratch of the tiles engine "
                  "(use the blas engine)");
+}
+
+// The tensor-core engine (KPool_DetailsScoreMmaFunctor.hpp): teams of
+// mma_team_warps warps on CUDA (one thread a warp elsewhere), as many query
+// rows a team (up to 8 of a request) as fit fast scratch, splits of the
+// visible pools to fill the machine. The serving profile takes the E4M3
+// MMA on an fp8 cache (queries quantized per row and head by
+// prepare_query_row). Level-0 scratch on devices, as every engine.
+template <class ExecutionSpace, class T, class C, MmaKind Kind>
+void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
+                           ScoreInputs<ExecutionSpace, T, C> const& in,
+                           Options const& options, int terms) {
+  using F = ScoreMmaFunctor<ExecutionSpace, T, C, Kind>;
+  constexpr bool warp_lanes = mma_lanes<ExecutionSpace>::value == 1;
+  int const D = in.cache.head_dim();
+  F f;
+  f.batch = in.batch;
+  f.q = in.q;
+  f.weights = in.weights;
+  f.cache = in.cache;
+  f.keys = in.keys;
+  f.heads = in.heads;
+  f.terms = terms;
+  if (warp_lanes) {
+    f.warps = mma_team_warps;
+  } else {
+    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+    int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
+    int const want = options.team_size > 0 ? options.team_size : mma_team_warps;
+    f.warps = std::max(1, std::min(want, max));
+  }
+  std::size_t const per_request =
+      in.batch.total_rows / static_cast<std::size_t>(std::max(1, in.batch.num_requests));
+  f.rows_per_team =
+      static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  std::size_t const budget = device_shapes<ExecutionSpace>::value
+                                 ? std::min(max0, device_scratch0<ExecutionSpace>())
+                                 : max0;
+  // Fewer rows a team, then fewer warps (each stages its own key tile),
+  // until the team's scratch fits.
+  while (f.rows_per_team > 1 &&
+         F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
+    f.rows_per_team /= 2;
+  while (f.warps > 1 && F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
+    f.warps /= 2;
+  std::size_t const bytes = F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps);
+  if (device_shapes<ExecutionSpace>::value && bytes > budget)
+    fail_device_scratch<ExecutionSpace>(chk, "tensor_cores", "one query row and a warp's tiles",
+                                        in.heads, D, bytes);
+  f.scratch_level = bytes > max0 ? 1 : 0;
+  if (bytes > scratch_max<ExecutionSpace>(1))
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the tensor_cores engine "
+                 "(use tiles)");
+  std::size_t const groups = (in.batch.row_end - in.batch.row_begin + f.rows_per_team - 1) /
+                             static_cast<std::size_t>(f.rows_per_team);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, mma_tile_pools * f.warps);
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = warp_lanes ? 32 * f.warps : f.warps;
+  shape.scratch_bytes = bytes;
+  shape.scratch_level = f.scratch_level;
+  launch(space, chk.entry_point() + "::score_tensor_cores", shape, f);
+}
+
+template <class ExecutionSpace, class T, class C>
+void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
+                      ScoreInputs<ExecutionSpace, T, C> const& in, Options const& options) {
+  if constexpr (mma_types<T, C>::value) {
+    MmaPlan const plan = mma_plan<ExecutionSpace, T, C>(in.cache.rotate, in.cache.serving);
+    if (!plan.usable)
+      chk.fail("options", "score_engine", -1, "tensor_cores",
+               std::string("does not take this call (") + plan.why + ")");
+    if (plan.kind == MmaKind::e4m3) {
+      if constexpr (std::is_same<C, float8_e4m3>::value)
+        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::e4m3>(chk, space, in, options, 1);
+    } else if (plan.kind == MmaKind::f16) {
+      if constexpr (std::is_same<C, float16>::value)
+        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::f16>(chk, space, in, options,
+                                                                  plan.terms);
+    } else {
+      if constexpr (!std::is_same<C, float16>::value)
+        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::bf16>(chk, space, in, options,
+                                                                   plan.terms);
+    }
+  } else {
+    (void)space, (void)in, (void)options;
+    chk.fail("options", "score_engine", -1, "tensor_cores",
+             "does not take f32 or f64 caches (use tiles)");
+  }
 }
 
 template <class ExecutionSpace, class T, class C, int HB>
@@ -581,7 +686,9 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
                 "the workspace's head_dim");
   if (rows > 0x7FFFFFFF)
     chk.fail("q", "extent 0", -1, std::to_string(rows), "is too many query rows");
-  ScoreEngine const engine = resolve_engine<ExecutionSpace>(chk, options.score_engine);
+  ScoreEngine const engine =
+      resolve_engine<ExecutionSpace, T, C>(chk, options.score_engine, cache.rotated(),
+                                           cache.profile() == CacheProfile::serving);
   if (options.validate)
     check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
                        num_requests, rows, kpool, cache.num_blocks(),
@@ -626,6 +733,8 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
       }
     } else if (engine == ScoreEngine::tiles) {
       launch_score_portable<ExecutionSpace, T, C>(chk, space, in, options);
+    } else if (engine == ScoreEngine::tensor_cores) {
+      launch_score_mma<ExecutionSpace, T, C>(chk, space, in, options);
     } else {
       launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
     }

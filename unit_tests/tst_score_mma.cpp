@@ -1,0 +1,339 @@
+// The tensor-core engine's pieces (docs/indexer.md, "The tensor-core
+// engine"): the MMA fragment mapping against the PTX ISA's tables, the host
+// emulation of a warp's MMA against a plain f64 product, the exact bf16
+// split of an f32 query, the serving query codes, and, where a CUDA device
+// runs the tests, the hardware MMA against the emulation bit for bit. The
+// engine's whole path (scores and selection against the reference, planted
+// ties) runs in tst_select with ScoreEngine::tensor_cores.
+
+#include <KPoolSelectReference.hpp>
+#include <KPoolTestUtils.hpp>
+#include <KPool_ScoreSelect.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using KPool::Details::MmaKind;
+using KPool::Details::MmaShape;
+using KPoolTest::Rng;
+
+// ------------------------------------------------ the PTX ISA's tables
+
+// The fragment tables as the PTX ISA prints them ("Matrix Fragments for
+// mma.m16n8k16 with floating point type" and "... mma.m16n8k32"), written
+// out here independently of src/: (row, col) of element i of lane `lane`.
+std::pair<int, int> ptx_a16(int lane, int i) {
+  int const g = lane / 4, t = lane % 4;
+  int const row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+  int const col = i < 4 ? t * 2 + (i & 1) : t * 2 + (i & 1) + 8;
+  return {row, col};
+}
+std::pair<int, int> ptx_b16(int lane, int i) {
+  int const g = lane / 4, t = lane % 4;
+  return {i < 2 ? t * 2 + (i & 1) : t * 2 + (i & 1) + 8, g};
+}
+std::pair<int, int> ptx_a8(int lane, int i) {
+  int const g = lane / 4, t = lane % 4;
+  int const row = (i < 4 || (i >= 8 && i < 12)) ? g : g + 8;
+  int const col = i < 8 ? t * 4 + (i & 3) : t * 4 + (i & 3) + 16;
+  return {row, col};
+}
+std::pair<int, int> ptx_b8(int lane, int i) {
+  int const g = lane / 4, t = lane % 4;
+  return {i < 4 ? t * 4 + (i & 3) : t * 4 + (i & 3) + 16, g};
+}
+std::pair<int, int> ptx_c(int lane, int i) {
+  int const g = lane / 4, t = lane % 4;
+  return {i < 2 ? g : g + 8, t * 2 + (i & 1)};
+}
+
+template <MmaKind Kind>
+void expect_tables(std::pair<int, int> (*a)(int, int), std::pair<int, int> (*b)(int, int)) {
+  using S = MmaShape<Kind>;
+  std::set<std::pair<int, int>> as, bs, cs;
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < S::a_elems; ++i) {
+      std::pair<int, int> const got{S::a_row(lane, i), S::a_col(lane, i)};
+      EXPECT_EQ(got, a(lane, i)) << "A lane " << lane << " element " << i;
+      as.insert(got);
+    }
+    for (int i = 0; i < S::b_elems; ++i) {
+      std::pair<int, int> const got{S::b_row(lane, i), S::b_col(lane, i)};
+      EXPECT_EQ(got, b(lane, i)) << "B lane " << lane << " element " << i;
+      bs.insert(got);
+    }
+    for (int i = 0; i < 4; ++i) {
+      std::pair<int, int> const got{S::c_row(lane, i), S::c_col(lane, i)};
+      EXPECT_EQ(got, ptx_c(lane, i)) << "C lane " << lane << " element " << i;
+      cs.insert(got);
+    }
+  }
+  // Every element of each tile once.
+  EXPECT_EQ(as.size(), static_cast<std::size_t>(S::m * S::k));
+  EXPECT_EQ(bs.size(), static_cast<std::size_t>(S::k * S::n));
+  EXPECT_EQ(cs.size(), static_cast<std::size_t>(S::m * S::n));
+}
+
+TEST(MmaFragments, MatchThePtxTables) {
+  expect_tables<MmaKind::bf16>(ptx_a16, ptx_b16);
+  expect_tables<MmaKind::f16>(ptx_a16, ptx_b16);
+  expect_tables<MmaKind::e4m3>(ptx_a8, ptx_b8);
+}
+
+// ------------------------------------------------ the emulated warp MMA
+
+// Random operands as bit patterns of the kind, and their values.
+std::uint32_t random_bits(Rng& rng, MmaKind kind, double& value) {
+  if (kind == MmaKind::e4m3) {
+    std::uint8_t b;
+    do b = static_cast<std::uint8_t>(rng.next()); while ((b & 0x7F) == 0x7F);
+    value = KPoolSelectRef::fp8_decode(b);
+    return b;
+  }
+  float const f = static_cast<float>(rng.uniform(-4, 4));
+  if (kind == MmaKind::bf16) {
+    KPool::bfloat16 const h(f);
+    value = static_cast<float>(h);
+    return h.bits;
+  }
+  KPool::float16 const h(f);
+  value = static_cast<float>(h);
+  return h.bits;
+}
+
+// Tiles packed into the 32 lanes' registers by the PTX tables above.
+template <MmaKind Kind>
+struct WarpOperands {
+  using S = MmaShape<Kind>;
+  std::uint32_t a[32][4] = {};
+  std::uint32_t b[32][2] = {};
+  float c[32][4] = {};
+  std::vector<double> am = std::vector<double>(S::m * S::k);
+  std::vector<double> bm = std::vector<double>(S::k * S::n);
+  std::vector<double> cm = std::vector<double>(S::m * S::n);
+
+  WarpOperands(Rng& rng, std::pair<int, int> (*ta)(int, int),
+               std::pair<int, int> (*tb)(int, int)) {
+    int const bits = 32 / S::per_reg;
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int i = 0; i < S::a_elems; ++i) {
+        double v;
+        std::uint32_t const x = random_bits(rng, Kind, v);
+        a[lane][i / S::per_reg] |= x << ((i % S::per_reg) * bits);
+        am[ta(lane, i).first * S::k + ta(lane, i).second] = v;
+      }
+      for (int i = 0; i < S::b_elems; ++i) {
+        double v;
+        std::uint32_t const x = random_bits(rng, Kind, v);
+        b[lane][i / S::per_reg] |= x << ((i % S::per_reg) * bits);
+        bm[tb(lane, i).first * S::n + tb(lane, i).second] = v;
+      }
+      for (int i = 0; i < 4; ++i) {
+        c[lane][i] = static_cast<float>(rng.uniform(-8, 8));
+        cm[ptx_c(lane, i).first * S::n + ptx_c(lane, i).second] = c[lane][i];
+      }
+    }
+  }
+};
+
+template <MmaKind Kind>
+void expect_emulation(std::pair<int, int> (*ta)(int, int), std::pair<int, int> (*tb)(int, int)) {
+  using S = MmaShape<Kind>;
+  Rng rng(static_cast<std::uint64_t>(Kind) + 11);
+  for (int rep = 0; rep < 20; ++rep) {
+    WarpOperands<Kind> w(rng, ta, tb);
+    float d[32][4];
+    KPool::Details::mma_emulate<Kind>(d, w.a, w.b, w.c);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        int const r = ptx_c(lane, i).first, col = ptx_c(lane, i).second;
+        double ref = w.cm[r * S::n + col], mag = std::fabs(ref);
+        for (int k = 0; k < S::k; ++k) {
+          ref += w.am[r * S::k + k] * w.bm[k * S::n + col];
+          mag += std::fabs(w.am[r * S::k + k] * w.bm[k * S::n + col]);
+        }
+        // f32 sums of exact products: within K + 1 roundings of the terms.
+        EXPECT_NEAR(d[lane][i], ref, (S::k + 1) * 0x1.0p-24 * mag)
+            << "lane " << lane << " element " << i;
+      }
+  }
+}
+
+TEST(MmaEmulation, IsTheProductOfTheTiles) {
+  expect_emulation<MmaKind::bf16>(ptx_a16, ptx_b16);
+  expect_emulation<MmaKind::f16>(ptx_a16, ptx_b16);
+  expect_emulation<MmaKind::e4m3>(ptx_a8, ptx_b8);
+}
+
+// ------------------------------------------------ numerics of the operands
+
+float bits_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Three bf16 terms hold every finite f32 of magnitude 2^-110 or more
+// exactly (up to the largest), smaller ones to within 2^-134 (bf16's
+// subnormal step is 2^-133); two leave at most 2^-17 |x|; one term is the
+// nearest bf16.
+TEST(MmaNumerics, ThreeBf16TermsAreExact) {
+  Rng rng(7);
+  auto value = [](std::uint32_t bits) {
+    return static_cast<double>(KPool::Details::bf16_bits_to_float(static_cast<std::uint16_t>(bits)));
+  };
+  for (int n = 0; n < 200000; ++n) {
+    std::uint32_t u = static_cast<std::uint32_t>(rng.next());
+    if (n % 4 == 1) u &= 0x807FFFFFu;                          // subnormals
+    if (n % 4 == 2) u = (u & 0x80FFFFFFu) | 0x7E000000u;       // near the top
+    float const x = bits_float(u);
+    if (!std::isfinite(x)) continue;
+    std::uint32_t t3[3], t2[3], t1[3];
+    KPool::Details::split_bf16(x, 3, t3);
+    KPool::Details::split_bf16(x, 2, t2);
+    KPool::Details::split_bf16(x, 1, t1);
+    double const s3 = value(t3[0]) + value(t3[1]) + value(t3[2]);
+    // Below 2^-110 the f32 bits reach under bf16's smallest step, 2^-133.
+    if (std::fabs(x) >= 0x1.0p-110) {
+      ASSERT_EQ(s3, static_cast<double>(x)) << "x = " << x;
+    } else {
+      ASSERT_LE(std::fabs(s3 - x), 0x1.0p-134) << "x = " << x;
+    }
+    ASSERT_EQ(t2[2], 0u);
+    double const s2 = value(t2[0]) + value(t2[1]);
+    if (std::isfinite(value(t2[0])) && std::fabs(x) >= 0x1.0p-110) {
+      ASSERT_LE(std::fabs(s2 - x), 0x1.0p-17 * std::fabs(x)) << "x = " << x;
+    }
+    ASSERT_EQ(t1[1], 0u);
+    ASSERT_EQ(t1[0], KPool::bfloat16(x).bits);
+  }
+  // inf and NaN stay in the first term.
+  std::uint32_t t[3];
+  KPool::Details::split_bf16(std::numeric_limits<float>::infinity(), 3, t);
+  EXPECT_TRUE(std::isinf(value(t[0])));
+  EXPECT_EQ(t[1] | t[2], 0u);
+  KPool::Details::split_bf16(std::numeric_limits<float>::quiet_NaN(), 3, t);
+  EXPECT_TRUE(std::isnan(value(t[0])));
+  EXPECT_EQ(t[1] | t[2], 0u);
+}
+
+// E4M3 operands: every product of two codes is exact in f32, so the MMA's
+// products are the contract's exact products.
+TEST(MmaNumerics, E4m3ProductsAreExactInF32) {
+  for (int a = 0; a < 256; ++a)
+    for (int b = 0; b < 256; ++b) {
+      if ((a & 0x7F) == 0x7F || (b & 0x7F) == 0x7F) continue;
+      double const x = KPoolSelectRef::fp8_decode(static_cast<std::uint8_t>(a));
+      double const y = KPoolSelectRef::fp8_decode(static_cast<std::uint8_t>(b));
+      ASSERT_EQ(static_cast<double>(static_cast<float>(x) * static_cast<float>(y)), x * y);
+    }
+}
+
+// The serving profile's query codes (docs/indexer.md): a power-of-two scale
+// from the bf16-rounded row's amax (floored at 1e-4), every code the
+// nearest E4M3 of value / scale, computed here from the definition.
+TEST(MmaNumerics, ServingQueryCodes) {
+  Rng rng(3);
+  for (int rep = 0; rep < 2000; ++rep) {
+    int const D = 1 + rng.below(128);
+    double const range = std::ldexp(1.0, rng.below(40) - 20);
+    std::vector<float> x(D);
+    for (float& v : x) v = static_cast<float>(rng.uniform(-range, range));
+    std::vector<float> y = x;
+    // What the engine stages: prepare_query_row, no rotation, weight 1
+    // (the returned weight is then s_q).
+    KPool::Details::QueryPrep<float> const prep{1.0f, false, true};
+    float const s = KPool::Details::prepare_query_row(y.data(), D, prep, 1.0f);
+    double amax = 1e-4f;
+    std::vector<double> r(D);
+    for (int c = 0; c < D; ++c) {
+      r[c] = static_cast<float>(KPool::bfloat16(x[c]));
+      amax = std::max(amax, std::fabs(r[c]));
+    }
+    // The smallest power of two at or above f32(amax * f32(1/448)).
+    float const want = static_cast<float>(amax) * (1.0f / 448.0f);
+    double p2 = std::ldexp(1.0, -126);
+    while (p2 < want) p2 *= 2;
+    ASSERT_EQ(static_cast<double>(s), p2) << "amax " << amax;
+    for (int c = 0; c < D; ++c) {
+      double const q = r[c] / s;
+      // Nearest code: no code lies strictly closer.
+      double const got = y[c];
+      for (int b = 0; b < 256; ++b) {
+        if ((b & 0x7F) == 0x7F) continue;
+        double const v = KPoolSelectRef::fp8_decode(static_cast<std::uint8_t>(b));
+        ASSERT_GE(std::fabs(v - q), std::fabs(got - q)) << "value " << q;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------ the hardware MMA
+
+#if defined(KOKKOS_ENABLE_CUDA)
+// One warp's MMA on the device against the emulation, bit for bit: the
+// operands are small integers, so every summation order gives the same f32
+// result, and any difference is a fragment mapped to the wrong element.
+template <MmaKind Kind>
+void expect_device_mma(std::pair<int, int> (*ta)(int, int), std::pair<int, int> (*tb)(int, int)) {
+  if (!KPool::Details::mma_device_supported<Kind>::value) GTEST_SKIP() << "arch";
+  using S = MmaShape<Kind>;
+  Rng rng(42);
+  WarpOperands<Kind> w(rng, ta, tb);
+  // Integers: small values only.
+  auto small_word = [&]() {
+    std::uint32_t word = 0;
+    for (int e = 0; e < S::per_reg; ++e) {
+      float const v = static_cast<float>(rng.below(7) - 3);
+      std::uint32_t const bits = Kind == MmaKind::e4m3   ? KPool::float8_e4m3(v).bits
+                                 : Kind == MmaKind::bf16 ? KPool::bfloat16(v).bits
+                                                         : KPool::float16(v).bits;
+      word |= bits << (e * (32 / S::per_reg));
+    }
+    return word;
+  };
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int r = 0; r < 4; ++r) w.a[lane][r] = small_word();
+    for (int r = 0; r < 2; ++r) w.b[lane][r] = small_word();
+    for (int i = 0; i < 4; ++i) w.c[lane][i] = static_cast<float>(rng.below(9) - 4);
+  }
+  Kokkos::View<std::uint32_t[32][6], Kokkos::CudaSpace> in("in");
+  Kokkos::View<float[32][4], Kokkos::CudaSpace> acc("acc");
+  auto hin = Kokkos::create_mirror_view(in);
+  auto hacc = Kokkos::create_mirror_view(acc);
+  for (int l = 0; l < 32; ++l) {
+    for (int r = 0; r < 4; ++r) hin(l, r) = w.a[l][r];
+    for (int r = 0; r < 2; ++r) hin(l, 4 + r) = w.b[l][r];
+    for (int i = 0; i < 4; ++i) hacc(l, i) = w.c[l][i];
+  }
+  Kokkos::deep_copy(in, hin);
+  Kokkos::deep_copy(acc, hacc);
+  using Policy = Kokkos::TeamPolicy<Kokkos::Cuda>;
+  Kokkos::parallel_for(
+      "mma_device_check", Policy(1, 32), KOKKOS_LAMBDA(Policy::member_type const& m) {
+        int const l = m.team_rank();
+        float d[1][4] = {{acc(l, 0), acc(l, 1), acc(l, 2), acc(l, 3)}};
+        std::uint32_t const a[1][4] = {{in(l, 0), in(l, 1), in(l, 2), in(l, 3)}};
+        std::uint32_t const b[1][2] = {{in(l, 4), in(l, 5)}};
+        KPool::Details::mma_warp<Kind, 1>(d, a, b);
+        for (int i = 0; i < 4; ++i) acc(l, i) = d[0][i];
+      });
+  Kokkos::deep_copy(hacc, acc);
+  float d[32][4];
+  KPool::Details::mma_emulate<Kind>(d, w.a, w.b, w.c);
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(hacc(l, i), d[l][i]) << "lane " << l << " element " << i;
+}
+
+TEST(MmaDevice, Bf16MatchesTheEmulation) { expect_device_mma<MmaKind::bf16>(ptx_a16, ptx_b16); }
+TEST(MmaDevice, F16MatchesTheEmulation) { expect_device_mma<MmaKind::f16>(ptx_a16, ptx_b16); }
+TEST(MmaDevice, E4m3MatchesTheEmulation) { expect_device_mma<MmaKind::e4m3>(ptx_a8, ptx_b8); }
+#endif
+
+}  // namespace
