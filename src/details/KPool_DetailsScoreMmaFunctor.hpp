@@ -178,7 +178,7 @@ struct ScoreMmaFunctor {
     float* rot;            // [rotate_rows][D]
     std::uint32_t* k;      // [warps][TM][RW]
     float* meta;           // [warps][2][TM]: scale, usable (1 or 0)
-    std::int64_t* entry;   // [warps][TM]: cache entry of each pool
+    std::int64_t* entry;   // [warps][TM]: offset of each pool's values in the cache
   };
 
   KOKKOS_INLINE_FUNCTION int warp_of(member_type const& member) const {
@@ -301,7 +301,7 @@ struct ScoreMmaFunctor {
         CacheSlot const slot = p < vis_hi ? cache.locate(r, static_cast<std::int64_t>(p))
                                           : CacheSlot{-1, 0};
         bool const ok = slot.block >= 0;
-        entry[lane] = ok ? cache.entry_index(slot) : -1;
+        entry[lane] = ok ? static_cast<std::int64_t>(cache.row(slot) - cache.values) : -1;
         scale[lane] = ok ? cache.scale_at(slot) : 0.0f;
         usable[lane] = ok ? 1.0f : 0.0f;
       }
@@ -316,7 +316,7 @@ struct ScoreMmaFunctor {
         int const wd = idx % words;
         std::uint32_t word = 0;
         if (entry[j] >= 0) {
-          C const* v = cache.values + entry[j] * D;
+          C const* v = cache.values + entry[j];
           for (int e = 0; e < S::per_reg; ++e) {
             int const c = wd * S::per_reg + e;
             if (c < D) word |= key_bits(v[c]) << (e * (32 / S::per_reg));
