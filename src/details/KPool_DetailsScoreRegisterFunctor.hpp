@@ -69,20 +69,10 @@ struct ScoreRegisterFunctor {
                      scratch_size(rows_per_team, heads, cache.head_dim()));
     std::uint64_t const group = member.league_rank() / splits;
     int const split = member.league_rank() % splits;
-    std::uint64_t t = batch.row_begin + group * static_cast<std::uint64_t>(rows_per_team);
-    std::uint64_t const t_end =
-        t + rows_per_team < batch.row_end ? t + rows_per_team : batch.row_end;
-    while (t < t_end) {
-      SelectRequest req;
-      int const r = batch.owner(t, req);
-      if (r < 0) {
-        ++t;
-        continue;
-      }
-      std::uint64_t const sub_end = req.end < t_end ? req.end : t_end;
-      score_rows(member, all.data(), r, req, t, sub_end, split);
-      t = sub_end;
-    }
+    batch.for_each_run(group, rows_per_team, [&](int r, SelectRequest const& req, std::uint64_t t0,
+                                          std::uint64_t t1) {
+      score_rows(member, all.data(), r, req, t0, t1, split);
+    });
   }
 
   KOKKOS_INLINE_FUNCTION void score_rows(member_type const& member, A* buffer, int r,

@@ -120,19 +120,10 @@ struct ScoreTilesFunctor {
 
     std::uint64_t const group = member.league_rank() / splits;
     int const split = member.league_rank() % splits;
-    std::uint64_t t = batch.row_begin + group * static_cast<std::uint64_t>(TQ);
-    std::uint64_t const t_end = t + TQ < batch.row_end ? t + TQ : batch.row_end;
-    while (t < t_end) {
-      SelectRequest req;
-      int const r = batch.owner(t, req);
-      if (r < 0) {
-        ++t;
-        continue;
-      }
-      std::uint64_t const sub_end = req.end < t_end ? req.end : t_end;
-      score_rows(member, L, r, req, t, sub_end, split);
-      t = sub_end;
-    }
+    batch.for_each_run(group, TQ, [&](int r, SelectRequest const& req, std::uint64_t t0,
+                                          std::uint64_t t1) {
+      score_rows(member, L, r, req, t0, t1, split);
+    });
   }
 
   // The teams sharing a group whose last row sees vis_hi pools.

@@ -105,6 +105,27 @@ struct SelectBatch {
     return (t - row_begin) * max_visible;
   }
 
+  // A scoring team's rows: group `group` of `rows` consecutive rows from
+  // row_begin (to row_end), in runs of one live request each, fn(r, req,
+  // t0, t1) for each run [t0, t1) of request r; rows of no live request
+  // are skipped.
+  template <class Fn>
+  KOKKOS_INLINE_FUNCTION void for_each_run(std::uint64_t group, int rows, Fn const& fn) const {
+    std::uint64_t t = row_begin + group * static_cast<std::uint64_t>(rows);
+    std::uint64_t const t_end = t + rows < row_end ? t + rows : row_end;
+    while (t < t_end) {
+      SelectRequest req;
+      int const r = owner(t, req);
+      if (r < 0) {
+        ++t;
+        continue;
+      }
+      std::uint64_t const sub_end = req.end < t_end ? req.end : t_end;
+      fn(r, req, t, sub_end);
+      t = sub_end;
+    }
+  }
+
   KOKKOS_INLINE_FUNCTION SelectRequest request(int r) const {
     SelectRequest q;
     q.begin = row_offsets(r);

@@ -107,14 +107,25 @@ struct TileShape {
 };
 
 
+// Query rows a scoring team takes: a request's share of the call's rows
+// (they share each key tile while it is in cache), 1 to 8.
+inline int rows_per_team_for(std::size_t total_rows, int num_requests) {
+  std::size_t const per_request =
+      total_rows / static_cast<std::size_t>(std::max(1, num_requests));
+  return static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+}
+
+// Groups of `rows` query rows in the batch's chunk.
+inline std::size_t row_groups(SelectBatch const& batch, int rows) {
+  return (batch.row_end - batch.row_begin + rows - 1) / static_cast<std::size_t>(rows);
+}
+
 template <class ExecutionSpace, class F>
 TileShape tile_shape(std::size_t total_rows, int num_requests, int heads,
                      int head_dim) {
   bool const device = device_shapes<ExecutionSpace>::value;
-  std::size_t const per_request =
-      total_rows / static_cast<std::size_t>(std::max(1, num_requests));
   TileShape s;
-  s.rows = static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  s.rows = rows_per_team_for(total_rows, num_requests);
   s.pools = device ? 32 : 64;
   // Devices shrink the tiles into fast scratch, down to one row and one
   // pool; hosts keep them (their level-1 scratch is the same memory).
@@ -163,23 +174,27 @@ struct ScoreInputs {
   int heads;
 };
 
-template <class ExecutionSpace, class T, class C, int Level>
-void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& space,
-                                  ScoreInputs<ExecutionSpace, T, C> const& in,
-                                  TileShape const& tiles, Options const& options) {
-  using F = ScoreTileFunctor<ExecutionSpace, T, C, Level>;
-  F f;
+// What every scoring functor reads, from the call's ScoreInputs.
+template <class F, class In>
+void set_score_inputs(F& f, In const& in) {
   f.batch = in.batch;
   f.q = in.q;
   f.weights = in.weights;
   f.cache = in.cache;
   f.keys = in.keys;
   f.heads = in.heads;
+}
+
+template <class ExecutionSpace, class T, class C, int Level>
+void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& space,
+                                  ScoreInputs<ExecutionSpace, T, C> const& in,
+                                  TileShape const& tiles, Options const& options) {
+  using F = ScoreTileFunctor<ExecutionSpace, T, C, Level>;
+  F f;
+  set_score_inputs(f, in);
   f.rows_per_team = tiles.rows;
   f.tile_pools = tiles.pools;
-  std::size_t const groups =
-      (in.batch.row_end - in.batch.row_begin + tiles.rows - 1) /
-      static_cast<std::size_t>(tiles.rows);
+  std::size_t const groups = row_groups(in.batch, tiles.rows);
   f.splits = tile_splits(space, groups, in.batch.max_visible, tiles.pools);
   LaunchShape shape;
   shape.league = static_cast<int>(groups * f.splits);
@@ -234,18 +249,12 @@ void launch_score_tiles_level(Checker const& chk, ExecutionSpace const& space,
                               std::size_t bytes, Options const& options) {
   using F = ScoreTilesFunctor<ExecutionSpace, T, C, Level>;
   F f;
-  f.batch = in.batch;
-  f.q = in.q;
-  f.weights = in.weights;
-  f.cache = in.cache;
-  f.keys = in.keys;
-  f.heads = in.heads;
+  set_score_inputs(f, in);
   f.rows_per_team = rows;
   int const D = in.cache.head_dim();
   f.packets = D % F::packet == 0 &&
               reinterpret_cast<std::uintptr_t>(in.cache.values) % 16 == 0;
-  std::size_t const groups =
-      (in.batch.row_end - in.batch.row_begin + rows - 1) / static_cast<std::size_t>(rows);
+  std::size_t const groups = row_groups(in.batch, rows);
   f.splits = tile_splits(space, groups, in.batch.max_visible, F::TP);
   // A team takes at least a few tiles, so that staging its queries pays.
   f.min_tiles = device_shapes<ExecutionSpace>::value ? 4 : 2;
@@ -266,9 +275,7 @@ void launch_score_portable(Checker const& chk, ExecutionSpace const& space,
                            Options const& options) {
   using F = ScoreTilesFunctor<ExecutionSpace, T, C, 0>;
   int const D = in.cache.head_dim();
-  std::size_t const per_request =
-      in.batch.total_rows / static_cast<std::size_t>(std::max(1, in.batch.num_requests));
-  int rows = static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  int rows = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
   std::size_t const max0 = scratch_max<ExecutionSpace>(0);
   if (device_shapes<ExecutionSpace>::value) {
     std::size_t const budget = std::min(max0, device_scratch0<ExecutionSpace>());
@@ -303,12 +310,7 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   constexpr bool warp_lanes = mma_lanes<ExecutionSpace>::value == 1;
   int const D = in.cache.head_dim();
   F f;
-  f.batch = in.batch;
-  f.q = in.q;
-  f.weights = in.weights;
-  f.cache = in.cache;
-  f.keys = in.keys;
-  f.heads = in.heads;
+  set_score_inputs(f, in);
   f.terms = terms;
   if (warp_lanes) {
     f.warps = mma_team_warps;
@@ -318,10 +320,7 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
     int const want = options.team_size > 0 ? options.team_size : mma_team_warps;
     f.warps = std::max(1, std::min(want, max));
   }
-  std::size_t const per_request =
-      in.batch.total_rows / static_cast<std::size_t>(std::max(1, in.batch.num_requests));
-  f.rows_per_team =
-      static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  f.rows_per_team = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
   std::size_t const max0 = scratch_max<ExecutionSpace>(0);
   std::size_t const budget = device_shapes<ExecutionSpace>::value
                                  ? std::min(max0, device_scratch0<ExecutionSpace>())
@@ -343,8 +342,7 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
              "heads of " + std::to_string(D) +
                  " channels do not fit the team scratch of the tensor_cores engine "
                  "(use tiles)");
-  std::size_t const groups = (in.batch.row_end - in.batch.row_begin + f.rows_per_team - 1) /
-                             static_cast<std::size_t>(f.rows_per_team);
+  std::size_t const groups = row_groups(in.batch, f.rows_per_team);
   f.splits = tile_splits(space, groups, in.batch.max_visible, mma_tile_pools * f.warps);
   LaunchShape shape;
   shape.league = static_cast<int>(groups * f.splits);
@@ -387,17 +385,9 @@ void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
   using F = ScoreRegisterFunctor<ExecutionSpace, T, C, HB>;
   int const D = in.cache.head_dim();
   F f;
-  f.batch = in.batch;
-  f.q = in.q;
-  f.weights = in.weights;
-  f.cache = in.cache;
-  f.keys = in.keys;
-  f.heads = in.heads;
+  set_score_inputs(f, in);
   // Queries of one request share each key tile while it is in cache.
-  std::size_t const per_request =
-      in.batch.total_rows / static_cast<std::size_t>(std::max(1, in.batch.num_requests));
-  f.rows_per_team =
-      static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+  f.rows_per_team = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
   std::size_t const bytes = F::scratch_bytes(f.rows_per_team, in.heads, D);
   f.scratch_level = bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
   if (bytes > scratch_max<ExecutionSpace>(1))
@@ -405,8 +395,7 @@ void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
              "heads of " + std::to_string(D) +
                  " channels do not fit the team scratch of the register_tiles "
                  "engine (use the blas engine)");
-  std::size_t const groups = (in.batch.row_end - in.batch.row_begin + f.rows_per_team - 1) /
-                             static_cast<std::size_t>(f.rows_per_team);
+  std::size_t const groups = row_groups(in.batch, f.rows_per_team);
   f.splits = tile_splits(space, groups, in.batch.max_visible, register_tile_pools);
   // One thread a team: the tile kernel is the team's whole work.
   LaunchShape shape;
