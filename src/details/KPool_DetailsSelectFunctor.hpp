@@ -40,7 +40,7 @@
 // SelectWideFunctor below instead, whose scratch is the same for every
 // topk. The loops over a row's pools are 64-bit (KokkosExt::team_range).
 // The team scans need a power-of-two team size on CUDA before Kokkos 3.7:
-// launch_select rounds it, and a device-shapes build checks it here.
+// launch_select rounds it, and a device-shapes build on a host checks it.
 
 #include <details/KPool_DetailsExpandTopkFunctor.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
@@ -72,10 +72,13 @@ inline SelectSplit& select_split_knob() {
 }
 
 // The selection's team scans need a power-of-two team size on CUDA before
-// Kokkos 3.7; launch_select rounds it, and a device-shapes build checks.
+// Kokkos 3.7; launch_select rounds it, and a device-shapes build on a host
+// checks it here. (Not on a GPU: the abort's message buffer would cost
+// every selection kernel a local-memory stack frame.)
 template <class ExecutionSpace, class Member>
 KOKKOS_INLINE_FUNCTION void check_select_team_size(Member const& member) {
-  if constexpr (device_shapes<ExecutionSpace>::value) {
+  if constexpr (device_shapes<ExecutionSpace>::value &&
+                !KokkosExt::is_device_backend<ExecutionSpace>::value) {
     int const ts = member.team_size();
     if ((ts & (ts - 1)) != 0)
       Kokkos::abort("KPool: the selection's team scan needs a power-of-two team size");
