@@ -277,8 +277,10 @@ void launch_score_portable(Checker const& chk, ExecutionSpace const& space,
   int const D = in.cache.head_dim();
   int rows = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
   std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  // Device shapes fit a device team's fast scratch (a host under device
+  // shapes may then take its own level 1, the same memory).
   if (device_shapes<ExecutionSpace>::value) {
-    std::size_t const budget = std::min(max0, device_scratch0<ExecutionSpace>());
+    std::size_t const budget = device_scratch0<ExecutionSpace>();
     while (rows > 1 && F::scratch_bytes(rows, in.heads, D) > budget) rows /= 2;
     if (F::scratch_bytes(rows, in.heads, D) > budget)
       fail_device_scratch<ExecutionSpace>(chk, "tiles", "one query row and a tile of pools",
@@ -322,9 +324,8 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   }
   f.rows_per_team = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
   std::size_t const max0 = scratch_max<ExecutionSpace>(0);
-  std::size_t const budget = device_shapes<ExecutionSpace>::value
-                                 ? std::min(max0, device_scratch0<ExecutionSpace>())
-                                 : max0;
+  std::size_t const budget =
+      device_shapes<ExecutionSpace>::value ? device_scratch0<ExecutionSpace>() : max0;
   // Fewer rows a team, then fewer warps (each stages its own key tile),
   // until the team's scratch fits.
   while (f.rows_per_team > 1 &&
