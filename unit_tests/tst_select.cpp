@@ -257,6 +257,11 @@ std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& opt
   if (o.score_engine == KPool::ScoreEngine::tensor_cores &&
       !KPool::Details::mma_plan<E, T, C>(sc.s.rotated, sc.s.serving).usable)
     o.score_engine = KPool::ScoreEngine::automatic;
+  // Under device shapes tiles refuses (by name) heads whose one-row tile
+  // does not fit a device team's fast scratch; automatic takes team_gemm.
+  if (o.score_engine == KPool::ScoreEngine::tiles &&
+      !KPool::Details::tiles_fit<E, T, C>(sc.s.H, sc.s.D))
+    o.score_engine = KPool::ScoreEngine::automatic;
   Inputs<E, T, C> in(sc);
   int const width = tokens ? KPool::select_tokens_width(sc.s.topk, sc.s.K) : sc.s.topk;
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, width);

@@ -66,6 +66,17 @@ ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested, bool rotat
   return requested;
 }
 
+// Whether the tiles engine's smallest tile (one query row) fits a device
+// team's fast scratch; always on hosts without device shapes.
+template <class ExecutionSpace, class T, class C>
+bool tiles_fit(int heads, int D) {
+  if constexpr (device_shapes<ExecutionSpace>::value)
+    return ScoreTilesFunctor<ExecutionSpace, T, C, 0>::scratch_bytes(1, heads, D) <=
+           device_scratch0<ExecutionSpace>();
+  else
+    return true;
+}
+
 // The data rules (docs/indexer.md, "Bad input"): the ragged batch's own rules,
 // then per live request with rows: its visible pools fit the workspace's
 // rows, and every block they live in is assigned and below num_blocks.
@@ -676,9 +687,15 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
                 "the workspace's head_dim");
   if (rows > 0x7FFFFFFF)
     chk.fail("q", "extent 0", -1, std::to_string(rows), "is too many query rows");
-  ScoreEngine const engine =
+  ScoreEngine engine =
       resolve_engine<ExecutionSpace, T, C>(chk, options.score_engine, cache.rotated(),
                                            cache.profile() == CacheProfile::serving);
+  // automatic on a device: tiles where one query row's tile fits a team's
+  // fast scratch, else team_gemm, whose tiles shrink further (f64 with 32
+  // heads of 128 channels; team_gemm refuses by name past its own limit).
+  if (options.score_engine == ScoreEngine::automatic && engine == ScoreEngine::tiles &&
+      !tiles_fit<ExecutionSpace, T, C>(H, D))
+    engine = ScoreEngine::team_gemm;
   if (options.validate)
     check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
                        num_requests, rows, kpool, cache.num_blocks(),
