@@ -36,7 +36,7 @@
 // Team scratch holds the histogram, 2 * topk ids and the candidates, so it
 // grows with topk. A device never takes level-1 scratch (on CUDA it
 // allocates and fences, and breaks graph capture): when the buffers do not
-// fit level 0 (topk past about 4500 in 48 KB), launch_select takes
+// fit level 0 (topk past about 3900 in 40 KB, 4900 in 48 KB), launch_select takes
 // SelectWideFunctor below instead, whose scratch is the same for every
 // topk. The loops over a row's pools are 64-bit (KokkosExt::team_range).
 // The team scans need a power-of-two team size on CUDA before Kokkos 3.7:
