@@ -14,6 +14,7 @@
 // kept). Signs are always kept: -0 and negative values that round to zero
 // give 0x80.
 
+#include <KPool_Config.hpp>
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
 
@@ -23,10 +24,29 @@
 namespace KPool {
 namespace Details {
 
+// The hardware conversion of CUDA devices of compute capability 8.9 and
+// newer (the H200 is 9.0): PTX `cvt.rn.satfinite.e4m3x2.f32` rounds to
+// nearest even and takes finite overflow and infinities to +-448, which is
+// the contract's rule; what it does with a NaN is left to the hardware.
+// The code of f in the low byte (the instruction's second operand), or -1
+// where the instruction does not exist (hosts, other devices, older
+// architectures). DeviceBits.HardwareE4M3* in the unit suite compares it
+// with software_e4m3_bits on all 2^32 floats on such a device.
+KOKKOS_INLINE_FUNCTION int hardware_e4m3_bits(float f) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f));
+  return static_cast<int>(r & 0xFFu);
+#else
+  (void)f;
+  return -1;
+#endif
+}
+
 // Straight-line code (every case computed, one selected) so that a channel
 // loop of conversions vectorizes; the cache quantizer runs it on every
 // value it stores.
-KOKKOS_INLINE_FUNCTION std::uint8_t float_to_e4m3_bits(float f) {
+KOKKOS_INLINE_FUNCTION std::uint8_t software_e4m3_bits(float f) {
   std::uint32_t const u = KokkosExt::bit_cast<std::uint32_t>(f);
   std::uint32_t const sign = (u >> 24) & 0x80u;
   std::uint32_t const a = u & 0x7FFFFFFFu;
@@ -55,6 +75,21 @@ KOKKOS_INLINE_FUNCTION std::uint8_t float_to_e4m3_bits(float f) {
                              : rb >= 0x3C800000u ? normal
                                                  : subnormal;
   return static_cast<std::uint8_t>(sign | code);
+}
+
+// The conversion every KPool type and cache write uses: software_e4m3_bits,
+// or, built with KPool_ENABLE_HW_E4M3=ON, in device code of compute
+// capability 8.9 and newer, the hardware instruction for every non-NaN
+// value (NaN keeps the rule above: S.1111.111, the sign kept).
+KOKKOS_INLINE_FUNCTION std::uint8_t float_to_e4m3_bits(float f) {
+#if KPOOL_USE_HW_E4M3 && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
+  std::uint32_t const u = KokkosExt::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7FFFFFFFu) <= 0x7F800000u)
+    return static_cast<std::uint8_t>(hardware_e4m3_bits(f));
+  return static_cast<std::uint8_t>(((u >> 24) & 0x80u) | 0x7Fu);
+#else
+  return software_e4m3_bits(f);
+#endif
 }
 
 KOKKOS_INLINE_FUNCTION float e4m3_bits_to_float(std::uint8_t b) {

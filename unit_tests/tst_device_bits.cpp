@@ -8,13 +8,17 @@
 #include <cstring>
 
 #include <KPool.hpp>
+#include <details/KPool_DetailsCacheWrite.hpp>
 
 #include <KPoolCacheReference.hpp>
 #include <KPoolReference.hpp>
 #include <KPoolTestUtils.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
+#include <set>
 #include <vector>
 
 namespace {
@@ -118,6 +122,136 @@ TEST(DeviceBits, EncodingOnTheDeviceGivesTheHostsBits) {
     ASSERT_EQ(h(i, 1), KPool::float16(f).bits) << std::hex << "f16 of 0x" << in[i];
     ASSERT_EQ(h(i, 2), KPool::float8_e4m3(f).bits) << std::hex << "fp8 of 0x" << in[i];
   }
+}
+
+// The hardware E4M3 conversion (cvt.rn.satfinite.e4m3x2.f32), where the
+// default execution space has it: CUDA devices of compute capability 8.9
+// and newer. Its code for every finite and infinite float must be the
+// contract's (software_e4m3_bits): round to nearest even, subnormals,
+// saturation at +-448 for overflow and infinities, signed zeros. NaN is
+// reported, not compared: KPool converts NaN in software either way.
+struct HardwareProbe {
+  Kokkos::View<int*, E::memory_space> out;
+  KOKKOS_INLINE_FUNCTION void operator()(int i) const {
+    float const probes[] = {1.0f, 448.0f, 1e30f, -INFINITY, 1e-30f, -1e-30f,
+                            0.001953125f, NAN, -NAN};
+    out(i) = KPool::Details::hardware_e4m3_bits(probes[i]);
+  }
+};
+
+struct HardwareMismatches {
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::uint64_t& count,
+                                         std::int64_t& first) const {
+    auto const u = static_cast<std::uint32_t>(i);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return;  // NaN
+    float const f = bit_cast<float>(u);
+    if (KPool::Details::hardware_e4m3_bits(f) != KPool::Details::software_e4m3_bits(f)) {
+      ++count;
+      if (i < first) first = i;
+    }
+  }
+};
+
+TEST(DeviceBits, HardwareE4M3ConversionGivesTheContractsBytes) {
+  Kokkos::View<int*, E::memory_space> probe("probe", 9);
+  Kokkos::parallel_for("probe", Kokkos::RangePolicy<E>(0, 9), HardwareProbe{probe});
+  auto const p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), probe);
+  if (p(0) < 0)
+    GTEST_SKIP() << "no hardware E4M3 conversion on " << E::name()
+                 << " (CUDA compute capability 8.9 and newer only): "
+                    "perf_tests/gpu/run_device.sh runs this on the H200";
+  // The format's own values first (KPoolCacheReference's decoder).
+  EXPECT_EQ(p(0), 0x38) << "1.0";
+  EXPECT_EQ(p(1), 0x7E) << "448";
+  EXPECT_EQ(p(2), 0x7E) << "1e30 saturates";
+  EXPECT_EQ(p(3), 0xFE) << "-inf saturates";
+  EXPECT_EQ(p(4), 0x00) << "1e-30 rounds to +0";
+  EXPECT_EQ(p(5), 0x80) << "-1e-30 rounds to -0";
+  EXPECT_EQ(p(6), 0x01) << "2^-9, the least subnormal";
+  std::cout << "hardware E4M3 of NaN: 0x" << std::hex << p(7) << ", of -NaN: 0x"
+            << p(8) << std::dec << " (KPool stores S.1111.111 in software)\n";
+  std::uint64_t count = 0;
+  std::int64_t first = std::int64_t(1) << 32;
+  Kokkos::parallel_reduce(
+      "all floats",
+      Kokkos::RangePolicy<E, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(1) << 32),
+      HardwareMismatches{}, count, Kokkos::Min<std::int64_t>(first));
+  EXPECT_EQ(count, 0u) << "first differing float: 0x" << std::hex << first;
+}
+
+// The cache write's padded scratch rows (KPool_DetailsCacheWrite.hpp,
+// SlotRow): for the lane mappings a device uses, the 32 lanes of a warp
+// reach 32 distinct banks of 4-byte words. Lanes: min(32, D / W) per team
+// thread, 32 / lanes team threads a warp, thread t staging slot t (rows
+// `columns(D)` words apart); lane p of a thread writes channels
+// (i * lanes + p) * W + w, one w at a time, in iteration i.
+int worst_conflict(std::vector<int> const& words) {
+  int counts[32] = {};
+  int worst = 0;
+  std::set<int> seen;
+  for (int const w : words) {
+    if (!seen.insert(w).second) continue;  // the same word: a broadcast
+    worst = std::max(worst, ++counts[w % 32]);
+  }
+  return worst;
+}
+
+template <class Row>
+int worst_staging_conflict(int D, int W) {
+  int const lanes = std::min(32, D / W);
+  int const threads = 32 / lanes;
+  int worst = 0;
+  for (int i = 0; i * lanes * W < D; ++i)
+    for (int w = 0; w < W; ++w) {
+      std::vector<int> words;
+      for (int t = 0; t < threads; ++t)
+        for (int p = 0; p < lanes; ++p)
+          words.push_back(t * Row::columns(D) + Row::word((i * lanes + p) * W + w));
+      worst = std::max(worst, worst_conflict(words));
+    }
+  return worst;
+}
+
+// Lane c reads channel c (the quantizer), lane k channels 2k and 2k + 1 (the
+// first butterfly stage), warp by warp.
+template <class Row>
+int worst_read_conflict(int D, int stride) {
+  int worst = 0;
+  for (int base = 0; base * stride < D; base += 32)
+    for (int off = 0; off < stride; ++off) {
+      std::vector<int> words;
+      for (int k = base; k < base + 32 && k * stride < D; ++k)
+        words.push_back(Row::word(k * stride + off));
+      worst = std::max(worst, worst_conflict(words));
+    }
+  return worst;
+}
+
+TEST(DeviceBits, CacheStagingRowsAreConflictFree) {
+  using Padded = KPool::Details::SlotRow<float, true>;
+  using Plain = KPool::Details::SlotRow<float, false>;
+  for (int const D : {64, 128, 256, 512}) {
+    for (int const W : {4, 8}) {  // f32 pools, 16-bit pools (16-byte packets)
+      EXPECT_EQ(worst_staging_conflict<Padded>(D, W), 1) << "D " << D << ", W " << W;
+      // The check sees the conflicts padding removes.
+      EXPECT_GE(worst_staging_conflict<Plain>(D, W), W) << "D " << D << ", W " << W;
+    }
+    EXPECT_EQ(worst_read_conflict<Padded>(D, 1), 1) << "quantizer, D " << D;
+    EXPECT_EQ(worst_read_conflict<Padded>(D, 2), 1) << "butterfly h = 1, D " << D;
+    EXPECT_EQ(worst_read_conflict<Plain>(D, 2), 2) << "butterfly h = 1, D " << D;
+    // Every channel has its own word inside the row.
+    std::set<int> words;
+    for (int c = 0; c < D; ++c) {
+      int const w = Padded::word(c);
+      EXPECT_LT(w, Padded::columns(D));
+      words.insert(w);
+    }
+    EXPECT_EQ(static_cast<int>(words.size()), D);
+  }
+  // The scratch a launch reserves is the layout the rows use.
+  using S = KPool::Details::CacheScratch<E, float>;
+  EXPECT_EQ(S::padded, KPool::Details::device_shapes<E>::value);
+  EXPECT_EQ(S::columns(128), S::row_type::columns(128));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA check, run on a GPU machine in one go: the unit suite (with the
 # tensor-core engine's own tests, tst_score_mma, and the engine in every
-# tst_select scenario), the CUDA graph capture check (kpool_graph_capture:
+# tst_select scenario; tst_device_bits compares the hardware E4M3
+# conversion with KPool's on all 2^32 floats), the CUDA graph capture check (kpool_graph_capture:
 # two steps, then a selection) and the perf suite on the GPU, the perf
 # cases recorded against the H200's limits (h200_targets.txt), and the
 # same pooling timed as PyTorch eager operations; logs, perf_report.json
@@ -60,6 +61,9 @@ done
 grep -h -E '^\[  (PASSED|FAILED) ' "$out"/unit_*.log >"$out/unit_summary.txt" 2>/dev/null
 echo "unit: $pass programs passed, $fail failed"
 cat "$out/unit_summary.txt"
+# The hardware E4M3 conversion against KPool's on all 2^32 floats: its
+# verdict decides whether KPool_ENABLE_HW_E4M3 may be turned on.
+grep -h -E 'HardwareE4M3|hardware E4M3|first differing' "$out"/unit_tst_device_bits.log 2>/dev/null
 
 # Two steps captured into a CUDA graph and replayed give the eager bits.
 if [ -x "$capture" ]; then

@@ -47,7 +47,7 @@ struct StorePoolsFunctor {
                                             cache.head_dim());
     if constexpr (!device_shapes<ExecutionSpace>::value) {
       // Hosts: each row written at once by its thread (cache_write_row).
-      A* const buffer = s.row(member.team_rank());
+      A* const buffer = s.host_row(member.team_rank());
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items_per_team), [&](int i) {
         std::uint64_t const o = begin + i;
         if (o >= rows) return;
@@ -174,7 +174,7 @@ struct LoadPoolsFunctor {
       if (w.block < 0) return;
       float const sc = cache.scale_at(w);
       C const* const v = cache.row(w);
-      A* const row = s.row(i);
+      auto const row = s.row(i);
       KokkosExt::vector_for<ExecutionSpace>(member, D, [&](int c) {
         row[c] = dequantize<A>(v[c], sc);
       });
@@ -186,7 +186,7 @@ struct LoadPoolsFunctor {
       if (s.dest(i, 0) < 0) return;
       int r, p;
       where(begin + i, r, p);
-      A const* const row = s.row(i);
+      auto const row = s.row(i);
       KokkosExt::vector_for<ExecutionSpace>(
           member, D, [&](int c) { out(r, p, c) = to_output<O>(row[c] * rs); });
     });

@@ -208,9 +208,35 @@ CacheTarget<C, A, MemorySpace> cache_target(
   return t;
 }
 
-// One team's scratch: `slots` rows of D values in A, and each slot's cache
-// entry (block, entry; block < 0 when the slot holds nothing). Every team
-// thread constructs it, from the start of level-0 scratch, identically.
+// A slot row as the team's lanes see it. With device shapes the rows are
+// padded: channel c sits at word c + c / 32, one pad word after every 32
+// channels, so that the staging stores (lane p writing channels
+// [p * W, (p + 1) * W), W = 4 for f32 pools and 8 for 16-bit ones, one
+// channel w at a time), the quantizer's loads (lane c reading channel c)
+// and the butterflies' first stage (lane k taking channels 2k and 2k + 1)
+// each reach 32 distinct banks of 4-byte words; unpadded, the stores would
+// be 4- and 8-way conflicts and that stage 2-way. Two team threads that
+// share a warp stage rows D + D / 32 words apart, which also lands their
+// lanes on different banks for D = 128 (cache_row_banks in the unit tests
+// checks all of this). Hosts keep rows unpadded and contiguous.
+template <class A, bool Padded>
+struct SlotRow {
+  A* p;
+  /// The word channel c sits at.
+  KOKKOS_FORCEINLINE_FUNCTION static constexpr int word(int c) {
+    return Padded ? c + (c >> 5) : c;
+  }
+  /// Words a row of D channels takes.
+  KOKKOS_FORCEINLINE_FUNCTION static constexpr int columns(int D) {
+    return Padded ? D + D / 32 : D;
+  }
+  KOKKOS_FORCEINLINE_FUNCTION A& operator[](int c) const { return p[word(c)]; }
+};
+
+// One team's scratch: `slots` rows of D values in A (padded on devices,
+// SlotRow), and each slot's cache entry (block, entry; block < 0 when the
+// slot holds nothing). Every team thread constructs it, from the start of
+// level-0 scratch, identically.
 template <class ExecutionSpace, class A>
 struct CacheScratch {
   using scratch_space = typename ExecutionSpace::scratch_memory_space;
@@ -218,24 +244,40 @@ struct CacheScratch {
                                  Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using dest_type = Kokkos::View<int**, Kokkos::LayoutRight, scratch_space,
                                  Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  static constexpr bool padded = device_shapes<ExecutionSpace>::value;
+  using row_type = SlotRow<A, padded>;
   rows_type rows;
   dest_type dest;
+  int head_dim;
+
+  /// Words a row of D channels takes.
+  KOKKOS_INLINE_FUNCTION static constexpr int columns(int D) {
+    return row_type::columns(D);
+  }
 
   /// Level-0 scratch bytes a team needs for `slots` pools of D channels.
   static std::size_t bytes(int slots, int head_dim) {
-    return rows_type::shmem_size(slots, head_dim) + dest_type::shmem_size(slots, 2);
+    return rows_type::shmem_size(slots, columns(head_dim)) +
+           dest_type::shmem_size(slots, 2);
   }
 
   template <class Member>
   KOKKOS_INLINE_FUNCTION CacheScratch(Member const& member, int slots,
-                                      int head_dim)
-      : rows(member.team_scratch(0), slots, head_dim),
-        dest(member.team_scratch(0), slots, 2) {}
+                                      int head_dim_)
+      : rows(member.team_scratch(0), slots, columns(head_dim_)),
+        dest(member.team_scratch(0), slots, 2),
+        head_dim(head_dim_) {}
 
   KOKKOS_INLINE_FUNCTION int slots() const {
     return static_cast<int>(dest.extent(0));
   }
-  KOKKOS_INLINE_FUNCTION A* row(int slot) const { return &rows(slot, 0); }
+  /// Slot `slot`'s row, channel by channel.
+  KOKKOS_INLINE_FUNCTION row_type row(int slot) const { return row_type{&rows(slot, 0)}; }
+  /// Slot `slot`'s row as D contiguous values: hosts only (unpadded).
+  KOKKOS_INLINE_FUNCTION A* host_row(int slot) const {
+    static_assert(!padded, "device rows are padded: use row()");
+    return &rows(slot, 0);
+  }
 };
 
 // Largest slot count up to `wanted` whose scratch fits `max_bytes` (0 when
@@ -276,7 +318,7 @@ KOKKOS_INLINE_FUNCTION void cache_stage_skip(
 template <class ExecutionSpace, class A>
 KOKKOS_FORCEINLINE_FUNCTION void cache_stage_value(
     CacheScratch<ExecutionSpace, A> const& s, int slot, int c, A x) {
-  s.rows(slot, c) = x;
+  s.row(slot)[c] = x;
 }
 
 /// Stages pool x (D values as stored in T, channel stride `stride`) into
@@ -293,8 +335,8 @@ KOKKOS_INLINE_FUNCTION void cache_stage_row(
     T const* x, std::ptrdiff_t stride, CacheSlot where) {
   cache_stage_target(member, s, slot, where);
   if (where.block < 0) return;
-  A* const row = s.row(slot);
-  int const D = static_cast<int>(s.rows.extent(1));
+  auto const row = s.row(slot);
+  int const D = s.head_dim;
   constexpr int W = P::width;
   if constexpr (P::contiguous) {
     KokkosExt::vector_for<ExecutionSpace>(member, D / W, [&](int p) {
@@ -370,12 +412,12 @@ KOKKOS_INLINE_FUNCTION void rotate_row_serial(A* v, int D) {
 template <class ExecutionSpace, class Member, class A>
 KOKKOS_INLINE_FUNCTION void cache_team_butterflies(
     Member const& member, CacheScratch<ExecutionSpace, A> const& s) {
-  int const D = static_cast<int>(s.rows.extent(1));
+  int const D = s.head_dim;
   if constexpr (device_shapes<ExecutionSpace>::value) {
     for (int h = 1; h < D; h *= 2) {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
         if (s.dest(slot, 0) < 0) return;
-        A* const v = s.row(slot);
+        auto const v = s.row(slot);
         // i has bit h clear and the other bits of k spread around it.
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D / 2), [&](int k) {
           int const i = ((k & ~(h - 1)) << 1) | (k & (h - 1));
@@ -388,7 +430,7 @@ KOKKOS_INLINE_FUNCTION void cache_team_butterflies(
     }
   } else {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
-      if (s.dest(slot, 0) >= 0) rotate_row_serial(s.row(slot), D);
+      if (s.dest(slot, 0) >= 0) rotate_row_serial(s.host_row(slot), D);
     });
     member.team_barrier();
   }
@@ -420,9 +462,10 @@ KOKKOS_INLINE_FUNCTION std::uint32_t vector_max_u32(Member const& member, int n,
   return m;
 }
 
-template <class ExecutionSpace, class Member, class C, class A, class M>
+// x: the row, x[c] its channel c (a pointer, or a padded SlotRow).
+template <class ExecutionSpace, class Member, class X, class C, class A, class M>
 KOKKOS_INLINE_FUNCTION void cache_quantize_row(Member const& member,
-                                               A const* x,
+                                               X const& x,
                                                CacheTarget<C, A, M> const& t,
                                                CacheSlot where) {
   int const D = t.head_dim();
@@ -659,7 +702,7 @@ KOKKOS_INLINE_FUNCTION void cache_team_write(
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, s.slots()), [&](int slot) {
       CacheSlot const where{s.dest(slot, 0), s.dest(slot, 1)};
       if (where.block >= 0)
-        cache_write_staged<ExecutionSpace>(member, t, where, s.row(slot));
+        cache_write_staged<ExecutionSpace>(member, t, where, s.host_row(slot));
     });
     return;
   }
@@ -682,9 +725,9 @@ struct NoCache {
 
 // thread_vector_pool's stage for a cache write: channel c of the pool, as
 // rounded into T, converted to A, into the slot's scratch row.
-template <class A>
+template <class Row>
 struct CacheStage {
-  A* row;
+  Row row;
   template <class T>
   KOKKOS_FORCEINLINE_FUNCTION void operator()(int c, T const& v) const {
     row[c] = to_accumulator(v);
@@ -778,10 +821,11 @@ struct TeamCacheHook {
 
   KOKKOS_FORCEINLINE_FUNCTION bool holds(int k) const { return k < slots; }
   template <class Member>
-  KOKKOS_INLINE_FUNCTION CacheStage<A> open(Member const& member, int r,
+  KOKKOS_INLINE_FUNCTION CacheStage<typename CacheScratch<ExecutionSpace, A>::row_type> open(
+      Member const& member, int r,
                                             std::int64_t pool, int k = 0) const {
     cache_stage_target(member, *scratch, first + k, target->locate(r, pool));
-    return CacheStage<A>{scratch->row(first + k)};
+    return {scratch->row(first + k)};
   }
 };
 
@@ -806,8 +850,8 @@ KOKKOS_INLINE_FUNCTION void team_items(Member const& member,
     CacheScratch<ExecutionSpace, A> const s(member, member.team_size(),
                                             cache.head_dim());
     (void)per_item;
-    DirectCacheHook<ExecutionSpace, Cache> const hook{&cache,
-                                                      s.row(member.team_rank())};
+    DirectCacheHook<ExecutionSpace, Cache> const hook{
+        &cache, s.host_row(member.team_rank())};
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items),
                          [&](int i) { body(i, hook); });
   } else if constexpr (Cache::enabled) {
