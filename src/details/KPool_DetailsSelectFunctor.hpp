@@ -359,13 +359,14 @@ struct SelectFunctor {
     return false;
   }
 
-  // The next digit over the m keys key_of(j) in [lo, hi] (those on the
-  // prefix count), and its threshold bin.
+  // The next digit (up to digit_bits) over the m keys key_of(j) in [lo,
+  // hi] (those on the prefix count), and its threshold bin.
   template <class KeyOf>
   KOKKOS_INLINE_FUNCTION static void host_digit(Buffers const& b, KeyOf const& key_of,
                                                 std::uint64_t m, State& s, Key lo, Key hi,
-                                                std::uint64_t& count) {
-    int const bits = s.shift < select_digit_bits ? s.shift : select_digit_bits;
+                                                std::uint64_t& count,
+                                                int digit_bits = select_digit_bits) {
+    int const bits = s.shift < digit_bits ? s.shift : digit_bits;
     int const shift = s.shift - bits;
     Key const low = static_cast<Key>((Key(1) << bits) - 1);
     Key a, span;
@@ -471,9 +472,9 @@ struct SelectFunctor {
     std::uint64_t const rem = s.rem;
     std::uint64_t ns = 0, nc = 0;
     Key clo = static_cast<Key>(~Key(0)), chi = 0;
-    for (std::uint64_t p = 0; p < n; ++p) {
+    auto one = [&](std::uint64_t p) {
       Key const key = row[p];
-      if (key < first) continue;
+      if (key < first) return;
       std::int32_t const id = static_cast<std::int32_t>(p);
       if (key > top) {
         b.sure(static_cast<int>(ns++)) = id;
@@ -491,7 +492,43 @@ struct SelectFunctor {
         clo = key < clo ? key : clo;
         chi = key > chi ? key : chi;
       }
+    };
+    // Blocks of keys all below the prefix are skipped on their maximum.
+    // Candidates into scratch are compacted without a branch a key (every
+    // key written at the lists' ends, kept by the count) when no write
+    // can pass them: fewer than k keys are above the prefix, fewer than
+    // cap on it.
+    bool const flat = !all && !resolved && !to_big && count < static_cast<std::uint64_t>(cap);
+    Key const span = static_cast<Key>(top - first);
+    std::int32_t* const sure = b.sure.data();
+    std::int32_t* const cand_ids = b.cand_ids.data();
+    Key* const cand_keys = b.cand_keys.data();
+    constexpr int block = 8;
+    std::uint64_t p = 0;
+    for (; p + block <= n; p += block) {
+      Key mx = row[p];
+      for (int j = 1; j < block; ++j) mx = row[p + j] > mx ? row[p + j] : mx;
+      if (mx < first) continue;
+      if (flat) {
+        for (int j = 0; j < block; ++j) {
+          Key const key = row[p + j];
+          std::int32_t const id = static_cast<std::int32_t>(p + j);
+          sure[ns] = id;
+          ns += key > top ? 1 : 0;
+          cand_ids[nc] = id;
+          cand_keys[nc] = key;
+          nc += static_cast<Key>(key - first) <= span ? 1 : 0;
+        }
+      } else {
+        for (int j = 0; j < block; ++j) one(p + j);
+      }
     }
+    for (; p < n; ++p) one(p);
+    if (flat)
+      for (std::uint64_t j = 0; j < nc; ++j) {
+        clo = cand_keys[j] < clo ? cand_keys[j] : clo;
+        chi = cand_keys[j] > chi ? cand_keys[j] : chi;
+      }
 
     std::uint64_t n_chosen = 0;
     if (resolved) {
@@ -501,34 +538,19 @@ struct SelectFunctor {
       lo = clo;
       hi = chi;
       narrow(s, lo, hi);
-      bool in_big = to_big;
       auto big_id = [&](int j) { return static_cast<std::int32_t>(big[j]); };
       auto big_key = [&](std::uint64_t j) { return row[big[j]]; };
-      while (in_big && !s.resolved) {
-        std::uint64_t const before = s.rem;
+      while (to_big && !s.resolved) {
         host_digit(b, big_key, static_cast<std::uint64_t>(m), s, lo, hi, count);
-        // Kept: the threshold bin's keys and those above it.
-        if (count + (before - s.rem) <= static_cast<std::uint64_t>(cap)) {
-          m = host_keep(big_id, big_key,
-                        [&](int c, std::int32_t id, Key key, bool keep) {
-                          if (!keep) return;
-                          b.cand_ids(c) = id;
-                          b.cand_keys(c) = key;
-                        },
-                        m, s, lo, hi);
-          in_big = false;
-        } else {
-          m = host_keep(big_id, big_key,
-                        [&](int c, std::int32_t id, Key, bool) {
-                          big[c] = static_cast<std::uint32_t>(id);
-                        },
-                        m, s, lo, hi);
-        }
+        m = host_keep(big_id, big_key,
+                      [&](int c, std::int32_t id, Key, bool) {
+                        big[c] = static_cast<std::uint32_t>(id);
+                      },
+                      m, s, lo, hi);
         narrow(s, lo, hi);
       }
-      if (in_big) {
-        // Resolved with more candidates than scratch holds: the tie rule
-        // over the buffer.
+      if (to_big) {
+        // The tie rule over the buffer.
         Key const thr = s.prefix;
         std::uint64_t eq = 0;
         for (int j = 0; j < m; ++j) {
@@ -540,7 +562,8 @@ struct SelectFunctor {
         auto cand_id = [&](int j) { return b.cand_ids(j); };
         auto cand_key = [&](std::uint64_t j) { return b.cand_keys(static_cast<int>(j)); };
         while (!s.resolved) {
-          host_digit(b, cand_key, static_cast<std::uint64_t>(m), s, lo, hi, count);
+          // At most cap candidates: 256 bins a digit.
+          host_digit(b, cand_key, static_cast<std::uint64_t>(m), s, lo, hi, count, 8);
           m = host_keep(cand_id, cand_key,
                         [&](int c, std::int32_t id, Key key, bool) {
                           b.cand_ids(c) = id;
