@@ -116,6 +116,20 @@ struct SegmentHistFunctor {
     std::uint64_t const p1 = p0 + segment < n ? p0 + segment : n;
     Key const* row = keys + i * batch.max_visible;
     Scratch hist(member.team_scratch(0), select_bins);
+    std::uint32_t* out = seg_hist + (i * segs + seg) * select_bins;
+    if constexpr (!device_shapes<ExecutionSpace>::value) {
+      // A host's one-thread team: plain loops, key 0 counted as nothing.
+      if (member.team_size() == 1) {
+        std::uint32_t* h = hist.data();
+        for (int d = 0; d < select_bins; ++d) h[d] = 0;
+        for (std::uint64_t p = p0; p < p1; ++p) {
+          Key const key = row[p];
+          h[static_cast<int>(key >> top_shift)] += key != key_not_visible ? 1u : 0u;
+        }
+        for (int d = 0; d < select_bins; ++d) out[d] = h[d];
+        return;
+      }
+    }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, select_bins),
                          [&](int d) { hist(d) = 0; });
     member.team_barrier();
@@ -131,7 +145,6 @@ struct SegmentHistFunctor {
                              Kokkos::atomic_add(&hist(d), 1u);
                          });
     member.team_barrier();
-    std::uint32_t* out = seg_hist + (i * segs + seg) * select_bins;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, select_bins),
                          [&](int d) { out[d] = hist(d); });
   }
@@ -438,23 +451,37 @@ struct SelectFunctor {
           for (int d = 0; d < bins; ++d) h[d] += src[d];
         }
       } else {
+        // Every key counted, key 0 too (in bin 0, taken out below when the
+        // scan gets there): the loop is a load and an increment a key.
         for (int d = 0; d < bins; ++d) h[d] = 0;
+        for (std::uint64_t p = 0; p < n; ++p) ++h[static_cast<int>(row[p] >> shift)];
+        std::uint64_t above = 0;
+        for (int d = 1; d < bins; ++d) above += h[d];
+        for (dhi = bins - 1; dhi > 0 && h[dhi] == 0; --dhi) {
+        }
+        if (above < k) {
+          std::uint32_t zeros = 0;
+          for (std::uint64_t p = 0; p < n; ++p) zeros += row[p] == key_not_visible ? 1u : 0u;
+          h[0] -= zeros;
+        }
+      }
+      // No threshold: no more than k nonzero keys, all selected.
+      all = !host_scan(b, 0, dhi, shift, select_digit_bits, s, count);
+      // Row passes while the threshold bin does not fit a candidate
+      // buffer, after one pass for the range of the row's nonzero keys.
+      if (!all && !s.resolved && count > static_cast<std::uint64_t>(cap) &&
+          count > big_cap && !split) {
         Key mx = 0, mn1 = static_cast<Key>(~Key(0));  // min(key - 1): 0 wraps
         for (std::uint64_t p = 0; p < n; ++p) {
           Key const key = row[p];
-          h[static_cast<int>(key >> shift)] += key != key_not_visible ? 1u : 0u;
           mx = key > mx ? key : mx;
           Key const k1 = static_cast<Key>(key - 1);
           mn1 = k1 < mn1 ? k1 : mn1;
         }
         lo = static_cast<Key>(mn1 + 1);
         hi = mx;
-        dhi = static_cast<int>(hi >> shift);
       }
-      // No threshold: no more than k nonzero keys, all selected.
-      all = !host_scan(b, 0, dhi, shift, select_digit_bits, s, count);
       if (!all) narrow(s, lo, hi);
-      // Row passes while the threshold bin does not fit a candidate buffer.
       while (!all && !s.resolved && count > static_cast<std::uint64_t>(cap) &&
              count > big_cap) {
         host_digit(b, [&](std::uint64_t p) { return row[p]; }, n, s, lo, hi, count);
@@ -493,42 +520,42 @@ struct SelectFunctor {
         chi = key > chi ? key : chi;
       }
     };
-    // Blocks of keys all below the prefix are skipped on their maximum.
-    // Candidates into scratch are compacted without a branch a key (every
-    // key written at the lists' ends, kept by the count) when no write
-    // can pass them: fewer than k keys are above the prefix, fewer than
-    // cap on it.
-    bool const flat = !all && !resolved && !to_big && count < static_cast<std::uint64_t>(cap);
+    // Candidates are compacted without a branch a key (every id written
+    // at the lists' ends, kept by the count) when no write can pass them:
+    // fewer than k keys are above the prefix, fewer than the buffer holds
+    // on it.
+    bool const flat = !all && !resolved &&
+                      count < (to_big ? big_cap : static_cast<std::uint64_t>(cap));
     Key const span = static_cast<Key>(top - first);
     std::int32_t* const sure = b.sure.data();
-    std::int32_t* const cand_ids = b.cand_ids.data();
+    std::int32_t* const cand_ids =
+        to_big ? reinterpret_cast<std::int32_t*>(big) : b.cand_ids.data();
     Key* const cand_keys = b.cand_keys.data();
-    constexpr int block = 8;
     std::uint64_t p = 0;
-    for (; p + block <= n; p += block) {
-      Key mx = row[p];
-      for (int j = 1; j < block; ++j) mx = row[p + j] > mx ? row[p + j] : mx;
-      if (mx < first) continue;
-      if (flat) {
-        for (int j = 0; j < block; ++j) {
-          Key const key = row[p + j];
-          std::int32_t const id = static_cast<std::int32_t>(p + j);
-          sure[ns] = id;
-          ns += key > top ? 1 : 0;
-          cand_ids[nc] = id;
-          cand_keys[nc] = key;
-          nc += static_cast<Key>(key - first) <= span ? 1 : 0;
-        }
-      } else {
-        for (int j = 0; j < block; ++j) one(p + j);
+    if (flat) {
+      // Two stores a key; the candidates' keys are read again after.
+      for (; p < n; ++p) {
+        Key const key = row[p];
+        std::int32_t const id = static_cast<std::int32_t>(p);
+        sure[ns] = id;
+        ns += key > top ? 1 : 0;
+        cand_ids[nc] = id;
+        nc += static_cast<Key>(key - first) <= span ? 1 : 0;
       }
     }
     for (; p < n; ++p) one(p);
-    if (flat)
+    if (flat && !to_big)
       for (std::uint64_t j = 0; j < nc; ++j) {
-        clo = cand_keys[j] < clo ? cand_keys[j] : clo;
-        chi = cand_keys[j] > chi ? cand_keys[j] : chi;
+        Key const key = row[cand_ids[j]];
+        cand_keys[j] = key;
+        clo = key < clo ? key : clo;
+        chi = key > chi ? key : chi;
       }
+    if (flat && to_big) {
+      // The candidates' range is not tracked: the prefix's.
+      clo = first;
+      chi = top;
+    }
 
     std::uint64_t n_chosen = 0;
     if (resolved) {
