@@ -41,6 +41,9 @@
 // topk. The loops over a row's pools are 64-bit (KokkosExt::team_range).
 // The team scans need a power-of-two team size on CUDA before Kokkos 3.7:
 // launch_select rounds it, and a device-shapes build on a host checks it.
+// A host's one-thread teams (no device shapes) take host_select: the same
+// states, sequential, with ranges narrowing the digits, branchless
+// compaction, and a split row's candidate ids in its segment histograms.
 
 #include <details/KPool_DetailsExpandTopkFunctor.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
@@ -313,14 +316,17 @@ struct SelectFunctor {
   // ---------------------------------------------------------------- host
   // The host path (one-thread teams without device shapes): the same radix
   // select, the same (prefix, rem) states and so the same selection, done
-  // sequentially. The first pass over the row also finds the range
-  // [lo, hi] of its nonzero keys; from then on every histogram zeroes and
-  // scans only the bins the keys on the prefix can reach, and the bits all
-  // of them share (narrow) are resolved without a pass. The candidates are
-  // compacted after each of their digits. A split row whose threshold bin
-  // holds more keys than fit scratch compacts their ids into its own
-  // segment histograms (summed already, so free), instead of reading the
-  // row again.
+  // sequentially (docs/indexer.md, "Top-k"). The first pass counts every
+  // key (key 0 is taken out of bin 0 when the scan gets there); a row
+  // whose threshold bin does not fit the candidates has its range [lo, hi]
+  // read once, and from then on the bits every key on the prefix shares
+  // (narrow) are resolved without a pass, and every histogram zeroes and
+  // scans only the bins that range reaches. The partition compacts ids
+  // without a branch a key where no write can pass the lists' ends; the
+  // candidates are compacted after each of their digits. A split row
+  // whose threshold bin holds more keys than fit scratch compacts their
+  // ids into its own segment histograms (summed already, so free),
+  // instead of reading the row again.
 
   // Extends the prefix by the bits that every key on it within [lo, hi]
   // shares (all of them: the prefix becomes a whole key, resolved).
