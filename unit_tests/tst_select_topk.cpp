@@ -9,8 +9,12 @@
 #include <KPoolTestUtils.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -66,21 +70,22 @@ struct TopkCase {
   int topk;
 };
 
-// Runs the selection over rows of the given lengths (one request a row,
-// K = 1) and compares every row with the ranking.
-template <class Key>
-void check(TopkCase const& c, int team_size, std::size_t chunk_rows,
-           KPool::Details::SelectSplit split, std::uint64_t seed) {
+// Runs the selection over the given rows (one request a row, K = 1) and
+// compares every row with the ranking; `what` names a row's kind.
+template <class Key, class What>
+void check_rows(std::vector<std::vector<Key>> const& rows, int topk, int team_size,
+                std::size_t chunk_rows, KPool::Details::SelectSplit split,
+                What const& what) {
   using E = Kokkos::DefaultExecutionSpace;
   using M = E::memory_space;
   namespace D = KPool::Details;
   E space;
-  std::mt19937_64 rng(seed);
+  TopkCase c;
+  c.topk = topk;
+  for (auto const& row : rows) c.lengths.push_back(row.size());
   int const R = static_cast<int>(c.lengths.size());
   std::size_t const max_visible =
       std::max<std::size_t>(1, *std::max_element(c.lengths.begin(), c.lengths.end()));
-  std::vector<std::vector<Key>> rows;
-  for (int r = 0; r < R; ++r) rows.push_back(make_row<Key>(rng, r % 5, c.lengths[r]));
 
   Kokkos::View<std::uint32_t*, M> offsets("offsets", R + 1), lengths("lengths", R);
   auto ho = Kokkos::create_mirror_view(offsets);
@@ -130,10 +135,22 @@ void check(TopkCase const& c, int team_size, std::size_t chunk_rows,
   for (int r = 0; r < R; ++r) {
     std::vector<std::int32_t> const want = ranking(rows[r], c.topk);
     for (int j = 0; j < c.topk; ++j)
-      ASSERT_EQ(h(r, j), want[j]) << "row " << r << " (kind " << r % 5 << ", "
+      ASSERT_EQ(h(r, j), want[j]) << "row " << r << " (" << what(r) << ", "
                                   << c.lengths[r] << " pools) column " << j
                                   << ", topk " << c.topk << ", team size " << team_size;
   }
+}
+
+// Rows of the given lengths, of the make_row kinds in turn.
+template <class Key>
+void check(TopkCase const& c, int team_size, std::size_t chunk_rows,
+           KPool::Details::SelectSplit split, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<Key>> rows;
+  for (std::size_t r = 0; r < c.lengths.size(); ++r)
+    rows.push_back(make_row<Key>(rng, static_cast<int>(r % 5), c.lengths[r]));
+  check_rows(rows, c.topk, team_size, chunk_rows, split,
+             [](int r) { return "kind " + std::to_string(r % 5); });
 }
 
 template <class Key>
@@ -174,6 +191,99 @@ void check_all(std::uint64_t seed) {
 TEST(SelectTopk, SelectsTheRankingWith32BitKeys) { check_all<std::uint32_t>(11); }
 
 TEST(SelectTopk, SelectsTheRankingWith64BitKeys) { check_all<std::uint64_t>(23); }
+
+// Rows of scores (as the scoring writes them: score_key) that stress the
+// digits and the candidate buffers: uniform over [-2, 2) as the perf
+// suite's keys, one value, ties at the threshold, narrow ranges, any bits,
+// -inf and NaN, sorted either way, mostly not visible, two adjacent
+// values, a range of magnitudes.
+constexpr int score_kinds = 12;
+char const* const score_kind_names[score_kinds] = {
+    "uniform [-2, 2)", "one value",  "ties at the threshold", "[1, 1.0001)",
+    "[1.3, 1.3001)",   "any bits",   "-inf and NaN",          "ascending",
+    "descending",      "mostly not visible", "two adjacent values", "magnitudes"};
+
+template <class Score>
+std::vector<KPool::Details::score_key_t<Score>> make_score_row(std::mt19937_64& rng,
+                                                               int kind, std::size_t n) {
+  using Key = KPool::Details::score_key_t<Score>;
+  std::uniform_real_distribution<Score> u(Score(0), Score(1));
+  Score const inf = std::numeric_limits<Score>::infinity();
+  Score const nan = std::numeric_limits<Score>::quiet_NaN();
+  std::vector<Score> v(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    Score const x = u(rng);
+    switch (kind) {
+      case 0: v[p] = 4 * x - 2; break;
+      case 1: v[p] = Score(0.5); break;
+      case 2: v[p] = x < Score(1) / 64 ? Score(2) : x < Score(0.5) ? Score(1) : x - 1; break;
+      case 3: v[p] = 1 + x * Score(0.0001); break;
+      case 4: v[p] = Score(1.3) + x * Score(0.0001); break;
+      case 5: {
+        Key const bits = static_cast<Key>(rng());
+        Score f;
+        std::memcpy(&f, &bits, sizeof f);
+        v[p] = f;
+        break;
+      }
+      case 6: v[p] = x < Score(0.4) ? -inf : x < Score(0.6) ? nan : 2 * x - 1; break;
+      case 7:
+      case 8: v[p] = 4 * x - 2; break;
+      case 9: v[p] = x < Score(0.9) ? nan : 2 * x - 1; break;
+      case 10: v[p] = x < Score(0.5) ? Score(1) : std::nextafter(Score(1), Score(2)); break;
+      default: v[p] = std::exp(Score(40) * (x - Score(0.5))); break;
+    }
+  }
+  if (kind == 7) std::sort(v.begin(), v.end());
+  if (kind == 8) std::sort(v.begin(), v.end(), [](Score a, Score b) { return a > b; });
+  std::vector<Key> keys(n);
+  for (std::size_t p = 0; p < n; ++p) keys[p] = KPool::Details::score_key(v[p]);
+  // Mostly not visible: key 0 (a bad block) rather than NaN.
+  if (kind == 9)
+    for (std::size_t p = 0; p < n; ++p)
+      if (keys[p] == KPool::Details::key_nan) keys[p] = 0;
+  return keys;
+}
+
+template <class Score>
+void check_scores(int topk, std::vector<std::size_t> const& lengths,
+                  KPool::Details::SelectSplit split, std::uint64_t seed) {
+  using Key = KPool::Details::score_key_t<Score>;
+  std::vector<int> teams = {0};
+  if (!KPool::Details::KokkosExt::is_device_backend<Kokkos::DefaultExecutionSpace>::value)
+    teams = {0, 2};
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<Key>> rows;
+  std::vector<int> kinds;
+  for (int kind = 0; kind < score_kinds; ++kind)
+    for (std::size_t n : lengths) {
+      rows.push_back(make_score_row<Score>(rng, kind, n));
+      kinds.push_back(kind);
+    }
+  for (int team : teams)
+    check_rows(rows, topk, team, rows.size(), split,
+               [&](int r) { return std::string(score_kind_names[kinds[r]]); });
+}
+
+// Every kind around topk (shorter rows, topk the row length, one more),
+// in rows read whole and in split rows, whose threshold bin may hold more
+// keys than the candidate buffer (compacted in the row's segment
+// histograms on a host).
+template <class Score>
+void check_score_kinds(std::uint64_t seed) {
+  KPool::Details::SelectSplit const no_split;
+  KPool::Details::SelectSplit split;
+  split.from = 1500;
+  split.segment = 512;
+  check_scores<Score>(200, {1, 199, 200, 201, 3000, 20000}, no_split, seed);
+  check_scores<Score>(200, {199, 200, 201, 3000, 20000}, split, seed + 1);
+  check_scores<Score>(2048, {2047, 2048, 2049, 5000, 30000}, no_split, seed + 2);
+  check_scores<Score>(2048, {2048, 5000, 30000}, split, seed + 3);
+}
+
+TEST(SelectTopk, ScoreDistributionsWith32BitKeys) { check_score_kinds<float>(31); }
+
+TEST(SelectTopk, ScoreDistributionsWith64BitKeys) { check_score_kinds<double>(37); }
 
 // Every candidate-buffer boundary: the threshold bin holding exactly
 // the candidate capacity, one more, and topk at the row length.

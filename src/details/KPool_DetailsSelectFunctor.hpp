@@ -41,6 +41,9 @@
 // topk. The loops over a row's pools are 64-bit (KokkosExt::team_range).
 // The team scans need a power-of-two team size on CUDA before Kokkos 3.7:
 // launch_select rounds it, and a device-shapes build on a host checks it.
+// A host's one-thread teams (no device shapes) take host_select: the same
+// states, sequential, with ranges narrowing the digits, branchless
+// compaction, and a split row's candidate ids in its segment histograms.
 
 #include <details/KPool_DetailsExpandTopkFunctor.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
@@ -116,6 +119,20 @@ struct SegmentHistFunctor {
     std::uint64_t const p1 = p0 + segment < n ? p0 + segment : n;
     Key const* row = keys + i * batch.max_visible;
     Scratch hist(member.team_scratch(0), select_bins);
+    std::uint32_t* out = seg_hist + (i * segs + seg) * select_bins;
+    if constexpr (!device_shapes<ExecutionSpace>::value) {
+      // A host's one-thread team: plain loops, key 0 counted as nothing.
+      if (member.team_size() == 1) {
+        std::uint32_t* h = hist.data();
+        for (int d = 0; d < select_bins; ++d) h[d] = 0;
+        for (std::uint64_t p = p0; p < p1; ++p) {
+          Key const key = row[p];
+          h[static_cast<int>(key >> top_shift)] += key != key_not_visible ? 1u : 0u;
+        }
+        for (int d = 0; d < select_bins; ++d) out[d] = h[d];
+        return;
+      }
+    }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, select_bins),
                          [&](int d) { hist(d) = 0; });
     member.team_barrier();
@@ -131,7 +148,6 @@ struct SegmentHistFunctor {
                              Kokkos::atomic_add(&hist(d), 1u);
                          });
     member.team_barrier();
-    std::uint32_t* out = seg_hist + (i * segs + seg) * select_bins;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, select_bins),
                          [&](int d) { out[d] = hist(d); });
   }
@@ -161,7 +177,9 @@ struct SelectFunctor {
   int segs;  // segments a split row's histograms hold (0: no split rows)
   std::uint64_t split_from;
   std::uint64_t segment;  // pools a segment of a split row
-  std::uint32_t const* seg_hist;
+  // [chunk rows][segs][bins]; on a host, a split row's histograms are
+  // its candidate buffer once summed (host_select).
+  std::uint32_t* seg_hist;
 
   int cap;  // candidates the buffer holds
 
@@ -229,6 +247,13 @@ struct SelectFunctor {
     b.cand_keys = Scratch<Key>(member.team_scratch(0), cap);
     if (Staged)
       b.row = Scratch<Key>(member.team_scratch(0), split ? 0 : n);
+    if constexpr (!device_shapes<ExecutionSpace>::value) {
+      // A host's one-thread teams take the sequential path below.
+      if (member.team_size() == 1) {
+        host_select(member, b, t, req, i, row, n, split);
+        return;
+      }
+    }
     bool const staged = Staged && !split;
     bool in_scratch = false;  // the row has been copied into scratch
 
@@ -286,6 +311,304 @@ struct SelectFunctor {
     }
     if (all) n_chosen = 0;
     write(member, b, t, req, static_cast<int>(n_sure), static_cast<int>(n_chosen));
+  }
+
+  // ---------------------------------------------------------------- host
+  // The host path (one-thread teams without device shapes): the same radix
+  // select, the same (prefix, rem) states and so the same selection, done
+  // sequentially (docs/indexer.md, "Top-k"). The first pass counts every
+  // key (key 0 is taken out of bin 0 when the scan gets there); a row
+  // whose threshold bin does not fit the candidates has its range [lo, hi]
+  // read once, and from then on the bits every key on the prefix shares
+  // (narrow) are resolved without a pass, and every histogram zeroes and
+  // scans only the bins that range reaches. The partition compacts ids
+  // without a branch a key where no write can pass the lists' ends; the
+  // candidates are compacted after each of their digits. A split row
+  // whose threshold bin holds more keys than fit scratch compacts their
+  // ids into its own segment histograms (summed already, so free),
+  // instead of reading the row again.
+
+  // Extends the prefix by the bits that every key on it within [lo, hi]
+  // shares (all of them: the prefix becomes a whole key, resolved).
+  KOKKOS_INLINE_FUNCTION static void narrow(State& s, Key lo, Key hi) {
+    if (s.resolved) return;
+    Key const top = s.prefix | static_cast<Key>(~s.mask);
+    Key const a = lo > s.prefix ? lo : s.prefix;
+    Key const z = hi < top ? hi : top;
+    if (a > z) return;
+    Key const x = a ^ z;
+    int sh = 0;
+    while (sh < s.shift && (x >> sh) != 0) ++sh;
+    if (sh >= s.shift) return;
+    Key const keep = static_cast<Key>(~((Key(1) << sh) - 1));
+    s.prefix = a & keep;
+    s.mask = keep;
+    s.shift = sh;
+    s.resolved = sh == 0;
+  }
+
+  // The nonzero keys on the prefix within [lo, hi]: [a, a + span].
+  KOKKOS_INLINE_FUNCTION static void on_prefix(State const& s, Key lo, Key hi, Key& a,
+                                               Key& span) {
+    Key const top = s.prefix | static_cast<Key>(~s.mask);
+    a = lo > s.prefix ? lo : s.prefix;
+    if (a == key_not_visible) a = 1;
+    Key const z = hi < top ? hi : top;
+    span = z >= a ? static_cast<Key>(z - a) : Key(0);
+  }
+
+  // The threshold bin among hist[dlo, dhi], scanned from the top: the
+  // state takes its digit and `count` its keys; false when the bins hold
+  // fewer than rem keys.
+  KOKKOS_INLINE_FUNCTION static bool host_scan(Buffers const& b, int dlo, int dhi,
+                                               int shift, int bits, State& s,
+                                               std::uint64_t& count) {
+    std::uint64_t const want = s.rem;
+    std::uint64_t above = 0;
+    for (int d = dhi; d >= dlo; --d) {
+      std::uint64_t const c = b.hist(d);
+      if (above + c >= want) {
+        s.rem = want - above;
+        count = c;
+        advance(s, d, shift, bits, c);
+        return true;
+      }
+      above += c;
+    }
+    return false;
+  }
+
+  // The next digit (up to digit_bits) over the m keys key_of(j) in [lo,
+  // hi] (those on the prefix count), and its threshold bin.
+  template <class KeyOf>
+  KOKKOS_INLINE_FUNCTION static void host_digit(Buffers const& b, KeyOf const& key_of,
+                                                std::uint64_t m, State& s, Key lo, Key hi,
+                                                std::uint64_t& count,
+                                                int digit_bits = select_digit_bits) {
+    int const bits = s.shift < digit_bits ? s.shift : digit_bits;
+    int const shift = s.shift - bits;
+    Key const low = static_cast<Key>((Key(1) << bits) - 1);
+    Key a, span;
+    on_prefix(s, lo, hi, a, span);
+    int const dlo = static_cast<int>((a >> shift) & low);
+    int const dhi = static_cast<int>((static_cast<Key>(a + span) >> shift) & low);
+    std::uint32_t* h = b.hist.data();
+    for (int d = dlo; d <= dhi; ++d) h[d] = 0;
+    for (std::uint64_t j = 0; j < m; ++j) {
+      Key const key = key_of(j);
+      if (static_cast<Key>(key - a) <= span) ++h[static_cast<int>((key >> shift) & low)];
+    }
+    host_scan(b, dlo, dhi, shift, bits, s, count);
+  }
+
+  // Keeps the m candidates (ids id_of(j), keys key_of(j)) that are on the
+  // prefix or above it (chosen by choose_ties), in order, through put(c,
+  // id, key, keep) (c: those kept before; put may write whatever `keep`
+  // is, when c never passes j); the range of those on the prefix into lo,
+  // hi; returns how many are kept.
+  template <class IdOf, class KeyOf, class Put>
+  KOKKOS_INLINE_FUNCTION static int host_keep(IdOf const& id_of, KeyOf const& key_of,
+                                              Put const& put, int m, State const& s,
+                                              Key& lo, Key& hi) {
+    Key a, span;
+    on_prefix(s, lo, hi, a, span);
+    Key nlo = static_cast<Key>(~Key(0)), nhi = 0;
+    int c = 0;
+    for (int j = 0; j < m; ++j) {
+      Key const key = key_of(j);
+      bool const on = static_cast<Key>(key - a) <= span;
+      bool const keep = key >= a;
+      put(c, id_of(j), key, keep);
+      c += keep ? 1 : 0;
+      nlo = on && key < nlo ? key : nlo;
+      nhi = on && key > nhi ? key : nhi;
+    }
+    lo = nlo;
+    hi = nhi;
+    return c;
+  }
+
+  KOKKOS_INLINE_FUNCTION void host_select(member_type const& member, Buffers const& b,
+                                          std::uint64_t t, SelectRequest const& req,
+                                          std::uint64_t i, Key const* row, std::uint64_t n,
+                                          bool split) const {
+    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+    State s;
+    s.prefix = 0;
+    s.mask = 0;
+    s.rem = k;
+    s.shift = key_bits;
+    s.resolved = false;
+    bool all = n <= static_cast<std::uint64_t>(topk);
+    Key lo = 1, hi = static_cast<Key>(~Key(0));  // the nonzero keys' range
+    std::uint64_t count = 0;
+    std::uint32_t* h = b.hist.data();
+    // A split row's segment histograms: [segs][bins].
+    std::uint32_t* const big = split ? seg_hist + i * segs * bins : nullptr;
+    std::uint64_t const big_cap = split ? static_cast<std::uint64_t>(segs) * bins : 0;
+    if (!all) {
+      int const shift = key_bits - select_digit_bits;
+      int dhi = bins - 1;
+      if (split) {
+        std::uint64_t const used = (n + segment - 1) / segment;
+        for (int d = 0; d < bins; ++d) h[d] = big[d];
+        for (std::uint64_t g = 1; g < used; ++g) {
+          std::uint32_t const* src = big + g * bins;
+          for (int d = 0; d < bins; ++d) h[d] += src[d];
+        }
+      } else {
+        // Every key counted, key 0 too (in bin 0, taken out below when the
+        // scan gets there): the loop is a load and an increment a key.
+        for (int d = 0; d < bins; ++d) h[d] = 0;
+        for (std::uint64_t p = 0; p < n; ++p) ++h[static_cast<int>(row[p] >> shift)];
+        std::uint64_t above = 0;
+        for (int d = 1; d < bins; ++d) above += h[d];
+        for (dhi = bins - 1; dhi > 0 && h[dhi] == 0; --dhi) {
+        }
+        if (above < k) {
+          std::uint32_t zeros = 0;
+          for (std::uint64_t p = 0; p < n; ++p) zeros += row[p] == key_not_visible ? 1u : 0u;
+          h[0] -= zeros;
+        }
+      }
+      // No threshold: no more than k nonzero keys, all selected.
+      all = !host_scan(b, 0, dhi, shift, select_digit_bits, s, count);
+      // Row passes while the threshold bin does not fit a candidate
+      // buffer, after one pass for the range of the row's nonzero keys.
+      if (!all && !s.resolved && count > static_cast<std::uint64_t>(cap) &&
+          count > big_cap && !split) {
+        Key mx = 0, mn1 = static_cast<Key>(~Key(0));  // min(key - 1): 0 wraps
+        for (std::uint64_t p = 0; p < n; ++p) {
+          Key const key = row[p];
+          mx = key > mx ? key : mx;
+          Key const k1 = static_cast<Key>(key - 1);
+          mn1 = k1 < mn1 ? k1 : mn1;
+        }
+        lo = static_cast<Key>(mn1 + 1);
+        hi = mx;
+      }
+      if (!all) narrow(s, lo, hi);
+      while (!all && !s.resolved && count > static_cast<std::uint64_t>(cap) &&
+             count > big_cap) {
+        host_digit(b, [&](std::uint64_t p) { return row[p]; }, n, s, lo, hi, count);
+        narrow(s, lo, hi);
+      }
+    }
+
+    // Partition: sure ids above the prefix; the ids on it into the
+    // candidates (scratch, or the split row's buffer), or, resolved, the
+    // first rem into chosen. With `all`, every nonzero key is sure.
+    bool const to_big = !all && !s.resolved && count > static_cast<std::uint64_t>(cap);
+    Key const first = all ? Key(1) : (s.prefix > 1 ? s.prefix : Key(1));
+    Key const top = all ? Key(0) : static_cast<Key>(s.prefix | static_cast<Key>(~s.mask));
+    bool const resolved = !all && s.resolved;
+    std::uint64_t const rem = s.rem;
+    std::uint64_t ns = 0, nc = 0;
+    Key clo = static_cast<Key>(~Key(0)), chi = 0;
+    auto one = [&](std::uint64_t p) {
+      Key const key = row[p];
+      if (key < first) return;
+      std::int32_t const id = static_cast<std::int32_t>(p);
+      if (key > top) {
+        b.sure(static_cast<int>(ns++)) = id;
+      } else if (resolved) {
+        if (nc < rem) b.chosen(static_cast<int>(nc)) = id;
+        ++nc;
+      } else {
+        if (to_big) {
+          big[nc] = static_cast<std::uint32_t>(id);
+        } else {
+          b.cand_ids(static_cast<int>(nc)) = id;
+          b.cand_keys(static_cast<int>(nc)) = key;
+        }
+        ++nc;
+        clo = key < clo ? key : clo;
+        chi = key > chi ? key : chi;
+      }
+    };
+    // Candidates are compacted without a branch a key (every id written
+    // at the lists' ends, kept by the count) when no write can pass them:
+    // fewer than k keys are above the prefix, fewer than the buffer holds
+    // on it.
+    bool const flat = !all && !resolved &&
+                      count < (to_big ? big_cap : static_cast<std::uint64_t>(cap));
+    Key const span = static_cast<Key>(top - first);
+    std::int32_t* const sure = b.sure.data();
+    std::int32_t* const cand_ids =
+        to_big ? reinterpret_cast<std::int32_t*>(big) : b.cand_ids.data();
+    Key* const cand_keys = b.cand_keys.data();
+    std::uint64_t p = 0;
+    if (flat) {
+      // Two stores a key; the candidates' keys are read again after.
+      for (; p < n; ++p) {
+        Key const key = row[p];
+        std::int32_t const id = static_cast<std::int32_t>(p);
+        sure[ns] = id;
+        ns += key > top ? 1 : 0;
+        cand_ids[nc] = id;
+        nc += static_cast<Key>(key - first) <= span ? 1 : 0;
+      }
+    }
+    for (; p < n; ++p) one(p);
+    if (flat && !to_big)
+      for (std::uint64_t j = 0; j < nc; ++j) {
+        Key const key = row[cand_ids[j]];
+        cand_keys[j] = key;
+        clo = key < clo ? key : clo;
+        chi = key > chi ? key : chi;
+      }
+    if (flat && to_big) {
+      // The candidates' range is not tracked: the prefix's.
+      clo = first;
+      chi = top;
+    }
+
+    std::uint64_t n_chosen = 0;
+    if (resolved) {
+      n_chosen = nc < rem ? nc : rem;
+    } else if (!all) {
+      int m = static_cast<int>(nc);
+      lo = clo;
+      hi = chi;
+      narrow(s, lo, hi);
+      auto big_id = [&](int j) { return static_cast<std::int32_t>(big[j]); };
+      auto big_key = [&](std::uint64_t j) { return row[big[j]]; };
+      while (to_big && !s.resolved) {
+        host_digit(b, big_key, static_cast<std::uint64_t>(m), s, lo, hi, count);
+        m = host_keep(big_id, big_key,
+                      [&](int c, std::int32_t id, Key, bool) {
+                        big[c] = static_cast<std::uint32_t>(id);
+                      },
+                      m, s, lo, hi);
+        narrow(s, lo, hi);
+      }
+      if (to_big) {
+        // The tie rule over the buffer.
+        Key const thr = s.prefix;
+        std::uint64_t eq = 0;
+        for (int j = 0; j < m; ++j) {
+          Key const key = static_cast<Key>(big_key(j) & s.mask);
+          if (key > thr || (key == thr && eq++ < s.rem))
+            b.chosen(static_cast<int>(n_chosen++)) = big_id(j);
+        }
+      } else {
+        auto cand_id = [&](int j) { return b.cand_ids(j); };
+        auto cand_key = [&](std::uint64_t j) { return b.cand_keys(static_cast<int>(j)); };
+        while (!s.resolved) {
+          // At most cap candidates: 256 bins a digit.
+          host_digit(b, cand_key, static_cast<std::uint64_t>(m), s, lo, hi, count, 8);
+          m = host_keep(cand_id, cand_key,
+                        [&](int c, std::int32_t id, Key key, bool) {
+                          b.cand_ids(c) = id;
+                          b.cand_keys(c) = key;
+                        },
+                        m, s, lo, hi);
+          narrow(s, lo, hi);
+        }
+        n_chosen = choose_ties(member, b, m, s);
+      }
+    }
+    write(member, b, t, req, static_cast<int>(ns), static_cast<int>(n_chosen));
   }
 
   KOKKOS_INLINE_FUNCTION static void advance(State& s, int d, int shift, int bits,
