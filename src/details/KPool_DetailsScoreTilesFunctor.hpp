@@ -51,15 +51,21 @@ namespace Details {
 // Tile constants: pools a tile (TP), heads (RH) and pools (RP) a thread's
 // accumulators hold. Devices: 8 heads x 2 pools TP / RP apart. Hosts: 32
 // heads (the vector lanes) x 2 adjacent pools, 8 accumulator vectors of
-// AVX2 (4 of AVX-512), which leaves registers for the operands. (A loop of
-// at most 16 iterations is unrolled into scalars by GCC before it is
-// vectorized: the head loop must be longer.)
+// AVX2, which leaves registers for the operands; 4 pools with AVX-512 (8
+// accumulator vectors again, of its 32 registers). (A loop of at most 16
+// iterations is unrolled into scalars by GCC before it is vectorized: the
+// head loop must be longer.)
+#if defined(__AVX512F__)
+constexpr int tiles_host_pools = 4;
+#else
+constexpr int tiles_host_pools = 2;
+#endif
 template <class ExecutionSpace>
 struct TilesShape {
   static constexpr bool device = device_shapes<ExecutionSpace>::value;
   static constexpr int TP = 32;
   static constexpr int RH = device ? 8 : 32;
-  static constexpr int RP = 2;
+  static constexpr int RP = device ? 2 : tiles_host_pools;
   static constexpr int groups = TP / RP;  // pool groups a tile
 };
 
