@@ -13,17 +13,25 @@
 // on the device from the group's actual visible pools (at most `splits`,
 // at least `min_tiles` tiles a team; teams past it return at once).
 //
-// A tile of `TP` pools is dequantized transposed into scratch ([channel]
-// [pool]): a staging thread takes a 16-byte packet of one pool's row, and
-// consecutive threads take consecutive pools, so the stores of a warp go
-// to consecutive words. Each compute thread then holds RH heads x RP pools
-// of accumulators for one query row: on devices its pools are RP apart
-// by (TP / RP) (consecutive threads read consecutive words: no bank
-// conflicts; heads are broadcast); on hosts a thread's pools are adjacent
-// (the compiler's vector lanes). Per pool, the RH heads' w_h relu(s acc)
-// are summed in head order into a partial per head block; the partials
-// are summed in head-block order. Every pool goes through the same
-// operations wherever it sits in a tile, so identical pools score
+// A tile of `TP` pools is dequantized into scratch. On devices it is
+// transposed ([channel][pool]): a staging thread takes a 16-byte packet of
+// one pool's row, and consecutive threads take consecutive pools, so the
+// stores of a warp go to consecutive words. Each compute thread then holds
+// RH heads x RP pools of accumulators for one query row, its pools RP
+// apart by (TP / RP) (consecutive threads read consecutive words: no bank
+// conflicts; heads are broadcast). Per pool, the RH heads' w_h relu(s acc)
+// are summed in head order into a partial per head block.
+//
+// On hosts (one thread a team) the heads are the compiler's vector lanes:
+// the tile stays pool-major ([pool][channel], each row dequantized in one
+// contiguous, vectorized pass, no transposition), and a thread's RP
+// adjacent pools x RH heads of accumulators take, per channel, one load of
+// the block's RH heads (adjacent in the staged queries) and one broadcast
+// key value per pool. Per pool, the RH heads' w_h relu(s acc) are summed
+// pairwise (halves, then quarters, ...) into the block's partial.
+//
+// The partials are summed in head-block order. Every pool goes through the
+// same operations wherever it sits in a tile, so identical pools score
 // identically and exact ties reach the selection as ties.
 
 #include <KPool_Float8.hpp>
@@ -41,13 +49,23 @@ namespace KPool {
 namespace Details {
 
 // Tile constants: pools a tile (TP), heads (RH) and pools (RP) a thread's
-// accumulators hold.
+// accumulators hold. Devices: 8 heads x 2 pools TP / RP apart. Hosts: 32
+// heads (the vector lanes) x 2 adjacent pools, 8 accumulator vectors of
+// AVX2, which leaves registers for the operands; 4 pools with AVX-512 (8
+// accumulator vectors again, of its 32 registers). (A loop of at most 16
+// iterations is unrolled into scalars by GCC before it is vectorized: the
+// head loop must be longer.)
+#if defined(__AVX512F__)
+constexpr int tiles_host_pools = 4;
+#else
+constexpr int tiles_host_pools = 2;
+#endif
 template <class ExecutionSpace>
 struct TilesShape {
   static constexpr bool device = device_shapes<ExecutionSpace>::value;
   static constexpr int TP = 32;
-  static constexpr int RH = 8;
-  static constexpr int RP = device ? 2 : 32;
+  static constexpr int RH = device ? 8 : 32;
+  static constexpr int RP = device ? 2 : tiles_host_pools;
   static constexpr int groups = TP / RP;  // pool groups a tile
 };
 
@@ -83,7 +101,8 @@ struct ScoreTilesFunctor {
   bool packets;   // rows are 16-byte aligned and D a multiple of `packet`
 
   KOKKOS_INLINE_FUNCTION static int padded_heads(int heads) { return (heads + RH - 1) / RH * RH; }
-  // Queries [rows][D][HP], weights [rows][HP], key tile [D][TP], scales
+  // Queries [rows][D][HP], weights [rows][HP], key tile (D * TP: [D][TP]
+  // on devices, [TP][D] on hosts), scales
   // and usable flags [TP], partial scores [HP / RH][rows][TP], a row to
   // rotate in per (row, head) thread.
   KOKKOS_INLINE_FUNCTION static std::size_t scratch_size(int rows, int heads, int D) {
@@ -210,11 +229,32 @@ struct ScoreTilesFunctor {
     }
   }
 
-  // Pools [p0, p0 + TP) of request r transposed into kt; zeros past vis_hi
-  // and for bad blocks (read nowhere).
+  // Pools [p0, p0 + TP) of request r into kt (transposed on devices, a
+  // row a pool on hosts); zeros past vis_hi and for bad blocks (read
+  // nowhere).
   KOKKOS_INLINE_FUNCTION void stage_keys(member_type const& member, Layout const& L, int r,
                                          std::uint64_t p0, std::uint64_t vis_hi) const {
     int const D = cache.head_dim();
+    if constexpr (!device) {
+      // A pool a thread: its row in one contiguous pass.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TP), [&](int j) {
+        std::uint64_t const p = p0 + j;
+        CacheSlot const slot =
+            p < vis_hi ? cache.locate(r, static_cast<std::int64_t>(p)) : CacheSlot{-1, 0};
+        bool const usable = slot.block >= 0;
+        L.ok[j] = usable ? A(1) : A(0);
+        L.sc[j] = usable ? static_cast<A>(cache.scale_at(slot)) : A(0);
+        A* k = L.kt + static_cast<std::size_t>(j) * D;
+        if (!usable) {
+          for (int c = 0; c < D; ++c) k[c] = A(0);
+          return;
+        }
+        C const* v = cache.row(slot);
+        KPOOL_IMPL_IVDEP
+        for (int c = 0; c < D; ++c) k[c] = cache_value<A>(v[c]);
+      });
+      return;
+    }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TP), [&](int j) {
       std::uint64_t const p = p0 + j;
       CacheSlot const slot =
@@ -274,6 +314,15 @@ struct ScoreTilesFunctor {
 
   KPOOL_IMPL_NOINLINE KOKKOS_FUNCTION void block_product(Layout const& L, int i, int hb,
                                                          int g) const {
+    if constexpr (device)
+      block_product_pool_lanes(L, i, hb, g);
+    else
+      block_product_head_lanes(L, i, hb, g);
+  }
+
+  // Devices: acc[head][pool], the pools TP / RP apart in the [D][TP] tile.
+  KOKKOS_INLINE_FUNCTION void block_product_pool_lanes(Layout const& L, int i, int hb,
+                                                       int g) const {
     int const HP = padded_heads(heads);
     int const D = cache.head_dim();
     A acc[RH][RP];
@@ -310,6 +359,47 @@ struct ScoreTilesFunctor {
     }
     KPOOL_IMPL_UNROLL
     for (int e = 0; e < RP; ++e) part[pool_of(g, e)] = s[e];
+  }
+
+  // Hosts: acc[pool][head], the heads the vector lanes, the RP pools
+  // adjacent rows of the [TP][D] tile.
+  KOKKOS_INLINE_FUNCTION void block_product_head_lanes(Layout const& L, int i, int hb,
+                                                       int g) const {
+    int const HP = padded_heads(heads);
+    int const D = cache.head_dim();
+    A acc[RP][RH];
+    KPOOL_IMPL_UNROLL
+    for (int e = 0; e < RP; ++e) {
+      KPOOL_IMPL_IVDEP
+      for (int h = 0; h < RH; ++h) acc[e][h] = A(0);
+    }
+    A const* qi = L.qt + static_cast<std::size_t>(i) * D * HP + hb * RH;
+    A const* kg = L.kt + static_cast<std::size_t>(g) * RP * D;
+    for (int c = 0; c < D; ++c) {
+      A const* qc = qi + static_cast<std::size_t>(c) * HP;
+      KPOOL_IMPL_UNROLL
+      for (int e = 0; e < RP; ++e) {
+        A const kv = kg[e * D + c];
+        KPOOL_IMPL_IVDEP
+        for (int h = 0; h < RH; ++h) acc[e][h] = KokkosExt::fmadd(kv, qc[h], acc[e][h]);
+      }
+    }
+    A const* w = L.w + i * HP + hb * RH;
+    A* part = L.part + (static_cast<std::size_t>(hb) * rows_per_team + i) * TP + g * RP;
+    KPOOL_IMPL_UNROLL
+    for (int e = 0; e < RP; ++e) {
+      A const se = L.sc[g * RP + e];
+      A t[RH];
+      KPOOL_IMPL_IVDEP
+      for (int h = 0; h < RH; ++h) t[h] = w[h] * relu(se * acc[e][h]);
+      // Pairwise, the same tree for every pool.
+      KPOOL_IMPL_UNROLL
+      for (int n = RH / 2; n > 0; n /= 2) {
+        KPOOL_IMPL_IVDEP
+        for (int h = 0; h < n; ++h) t[h] += t[h + n];
+      }
+      part[e] = t[0];
+    }
   }
 
   // The head blocks' partials, in order, into one key per (row, pool).

@@ -57,16 +57,22 @@ KOKKOS_FORCEINLINE_FUNCTION A relu(A x) {
 
 // A cache element as the arithmetic type (no scale). fp8 is decoded without
 // branches so that staging loops vectorize; it is exact, as
-// KPool::float8_e4m3's own conversion.
+// KPool::float8_e4m3's own conversion. The choices are bit masks, not
+// conditional expressions: GCC turns those into branches, moves the
+// subnormal's conversion and product into one, and (floating point may
+// trap by default) then cannot make the loop branch-free again.
 template <class A>
 KOKKOS_FORCEINLINE_FUNCTION A cache_value(float8_e4m3 v) {
   std::uint32_t const b = v.bits;
   std::uint32_t const mag = b & 0x7Fu;
   // Normal: exponent e + 120 in f32, mantissa on top; subnormal: m * 2^-9.
-  float const normal = KokkosExt::bit_cast<float>((mag << 20) + (120u << 23));
-  float const sub = static_cast<float>(mag & 7u) * 0.001953125f;
-  float const m = mag < 8u ? sub : normal;
-  std::uint32_t const bits = mag == 0x7Fu ? 0x7FC00000u : KokkosExt::bit_cast<std::uint32_t>(m);
+  std::uint32_t const normal = (mag << 20) + (120u << 23);
+  std::uint32_t const sub =
+      KokkosExt::bit_cast<std::uint32_t>(static_cast<float>(mag & 7u) * 0.001953125f);
+  std::uint32_t const is_sub = 0u - static_cast<std::uint32_t>(mag < 8u);
+  std::uint32_t const is_nan = 0u - static_cast<std::uint32_t>(mag == 0x7Fu);
+  std::uint32_t const m = (sub & is_sub) | (normal & ~is_sub);
+  std::uint32_t const bits = (0x7FC00000u & is_nan) | (m & ~is_nan);
   return static_cast<A>(KokkosExt::bit_cast<float>(bits | ((b & 0x80u) << 24)));
 }
 template <class A, class C>
