@@ -226,6 +226,17 @@ struct SelectFunctor {
     std::uint64_t rem;
     int shift;  // bits below the digits resolved so far
     bool resolved;
+
+    // Before the first digit: the top k of the row are still to be found.
+    KOKKOS_INLINE_FUNCTION static State start(std::uint64_t k) {
+      State s;
+      s.prefix = 0;
+      s.mask = 0;
+      s.rem = k;
+      s.shift = key_bits;
+      s.resolved = false;
+      return s;
+    }
   };
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
@@ -258,12 +269,7 @@ struct SelectFunctor {
     bool in_scratch = false;  // the row has been copied into scratch
 
     std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
-    State s;
-    s.prefix = 0;
-    s.mask = 0;
-    s.rem = k;
-    s.shift = key_bits;
-    s.resolved = false;
+    State s = State::start(k);
     // all: every nonzero key is selected (no more than k of them).
     bool all = n <= static_cast<std::uint64_t>(topk);
     bool on_row = true;  // the prefix's keys are still only in the row
@@ -433,12 +439,7 @@ struct SelectFunctor {
                                           std::uint64_t i, Key const* row, std::uint64_t n,
                                           bool split) const {
     std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
-    State s;
-    s.prefix = 0;
-    s.mask = 0;
-    s.rem = k;
-    s.shift = key_bits;
-    s.resolved = false;
+    State s = State::start(k);
     bool all = n <= static_cast<std::uint64_t>(topk);
     Key lo = 1, hi = static_cast<Key>(~Key(0));  // the nonzero keys' range
     std::uint64_t count = 0;
