@@ -1584,6 +1584,7 @@ void run_topk(Runner& run, std::string const& scenario, int rows, std::uint32_t 
   batch.row_end = static_cast<std::uint64_t>(rows);
   D::SplitArgs split;
   split.seg_hist = ws.segment_histograms();
+  split.plans = ws.split_plans();
   split.segs = ws.split_segments();
   split.from = ws.split_from();
   split.segment = ws.split_segment();

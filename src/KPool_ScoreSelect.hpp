@@ -84,8 +84,8 @@ class SelectWorkspace {
         Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
                            "KPool::SelectWorkspace::keys"),
         max_tokens * max_visible);
-    // Rows longer than the split length select in two launches, through
-    // per-segment histograms.
+    // Rows longer than the split length select through per-segment
+    // counts and a plan a row (docs/indexer.md, "Top-k").
     Details::SelectSplit const split = Details::select_split_knob();
     split_from_ = split.from;
     split_segment_ = split.segment;
@@ -95,7 +95,11 @@ class SelectWorkspace {
       seg_hist_ = Kokkos::View<std::uint32_t*, MemorySpace>(
           Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
                              "KPool::SelectWorkspace::segment_histograms"),
-          max_tokens * segs * static_cast<std::size_t>(Details::select_bins));
+          max_tokens * Details::split_region_words(segs));
+      split_plans_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+          Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                             "KPool::SelectWorkspace::split_plans"),
+          max_tokens * Details::split_plan_words(segs));
     }
     if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
       chunks_ = Details::BlasChunks::for_shape(max_tokens, max_visible, num_heads);
@@ -126,6 +130,8 @@ class SelectWorkspace {
   Kokkos::View<key_type*, MemorySpace> const& keys() const { return keys_; }
   /// @return the long rows' per-segment histograms (null without them).
   std::uint32_t* segment_histograms() const { return seg_hist_.data(); }
+  /// @return the long rows' plans (null without them).
+  std::uint32_t* split_plans() const { return split_plans_.data(); }
   /// @return segments a long row splits into (0: no row is long).
   int split_segments() const { return split_segments_; }
   /// @return visible pools past which a row is long.
@@ -159,6 +165,7 @@ class SelectWorkspace {
   Details::BlasChunks chunks_;
   Kokkos::View<key_type*, MemorySpace> keys_;
   Kokkos::View<std::uint32_t*, MemorySpace> seg_hist_;
+  Kokkos::View<std::uint32_t*, MemorySpace> split_plans_;
   int split_segments_ = 0;
   std::uint64_t split_from_ = 0;
   std::uint64_t split_segment_ = 1;

@@ -72,10 +72,16 @@ struct TopkCase {
 
 // Runs the selection over the given rows (one request a row, K = 1) and
 // compares every row with the ranking; `what` names a row's kind.
+// The plan states of the split rows a check_rows call selected
+// (SplitPlan::fallback, threshold, all), counted.
+struct PlanStates {
+  int count[3] = {0, 0, 0};
+};
+
 template <class Key, class What>
 void check_rows(std::vector<std::vector<Key>> const& rows, int topk, int team_size,
                 std::size_t chunk_rows, KPool::Details::SelectSplit split,
-                What const& what) {
+                What const& what, PlanStates* states = nullptr) {
   using E = Kokkos::DefaultExecutionSpace;
   using M = E::memory_space;
   namespace D = KPool::Details;
@@ -102,10 +108,13 @@ void check_rows(std::vector<std::vector<Key>> const& rows, int topk, int team_si
   Kokkos::deep_copy(out, -7);
   std::size_t const segs =
       max_visible > split.from ? (max_visible + split.segment - 1) / split.segment : 0;
-  Kokkos::View<std::uint32_t*, M> hist("hist", chunk_rows * std::max<std::size_t>(segs, 1) *
-                                                   D::select_bins);
+  Kokkos::View<std::uint32_t*, M> hist(
+      "hist", chunk_rows * D::split_region_words(std::max<std::size_t>(segs, 1)));
+  Kokkos::View<std::uint32_t*, M> plans(
+      "plans", chunk_rows * D::split_plan_words(std::max<std::size_t>(segs, 1)));
   D::SplitArgs args;
   args.seg_hist = hist.data();
+  args.plans = plans.data();
   args.segs = static_cast<int>(segs);
   args.from = split.from;
   args.segment = split.segment;
@@ -130,6 +139,16 @@ void check_rows(std::vector<std::vector<Key>> const& rows, int topk, int team_si
     D::launch_select<false>(chk, space, batch, static_cast<Key const*>(keys.data()),
                             D::View2<std::int32_t, M>(out), c.topk, args, o);
     space.fence();
+    if (states && segs > 0) {
+      auto const hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), plans);
+      for (std::size_t t = b; t < e; ++t)
+        if (c.lengths[t] > split.from) {
+          std::uint32_t const st =
+              hp((t - b) * D::split_plan_words(segs) + D::SplitPlan::state);
+          ASSERT_LT(st, 3u) << "row " << t;
+          ++states->count[st];
+        }
+    }
   }
   auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
   for (int r = 0; r < R; ++r) {
@@ -247,7 +266,8 @@ std::vector<KPool::Details::score_key_t<Score>> make_score_row(std::mt19937_64& 
 
 template <class Score>
 void check_scores(int topk, std::vector<std::size_t> const& lengths,
-                  KPool::Details::SelectSplit split, std::uint64_t seed) {
+                  KPool::Details::SelectSplit split, std::uint64_t seed,
+                  PlanStates* states = nullptr) {
   using Key = KPool::Details::score_key_t<Score>;
   std::vector<int> teams = {0};
   if (!KPool::Details::KokkosExt::is_device_backend<Kokkos::DefaultExecutionSpace>::value)
@@ -262,7 +282,7 @@ void check_scores(int topk, std::vector<std::size_t> const& lengths,
     }
   for (int team : teams)
     check_rows(rows, topk, team, rows.size(), split,
-               [&](int r) { return std::string(score_kind_names[kinds[r]]); });
+               [&](int r) { return std::string(score_kind_names[kinds[r]]); }, states);
 }
 
 // Every kind around topk (shorter rows, topk the row length, one more),
@@ -278,7 +298,22 @@ void check_score_kinds(std::uint64_t seed) {
   check_scores<Score>(200, {1, 199, 200, 201, 3000, 20000}, no_split, seed);
   check_scores<Score>(200, {199, 200, 201, 3000, 20000}, split, seed + 1);
   check_scores<Score>(2048, {2047, 2048, 2049, 5000, 30000}, no_split, seed + 2);
-  check_scores<Score>(2048, {2048, 5000, 30000}, split, seed + 3);
+  PlanStates states;
+  check_scores<Score>(2048, {2048, 5000, 30000}, split, seed + 3, &states);
+  // Segments of 8192 pools: a region of 2 * 2048 words a segment holds the
+  // candidates of a bin with a few thousand keys, not of a row of one
+  // value, which the selection launch then takes whole (`fallback`).
+  KPool::Details::SelectSplit wide;
+  wide.from = 10000;
+  wide.segment = 8192;
+  check_scores<Score>(200, {20000, 30000}, wide, seed + 4, &states);
+  // Every plan a split row can have was taken: its segments partitioned
+  // it around a threshold, it had no more than k nonzero keys, or it was
+  // taken whole.
+  namespace P = KPool::Details::SplitPlan;
+  EXPECT_GT(states.count[P::threshold], 0);
+  EXPECT_GT(states.count[P::all], 0);
+  EXPECT_GT(states.count[P::fallback], 0);
 }
 
 TEST(SelectTopk, ScoreDistributionsWith32BitKeys) { check_score_kinds<float>(31); }

@@ -251,6 +251,22 @@ KOKKOS_FORCEINLINE_FUNCTION double fmadd(double a, double b, double c) {
 #endif
 }
 
+// The index of the lowest set bit of m, which is not 0.
+KOKKOS_FORCEINLINE_FUNCTION int lowest_set_bit(std::uint32_t m) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __ffs(static_cast<int>(m)) - 1;
+#elif defined(__GNUC__) || defined(__clang__)
+  return __builtin_ctz(m);
+#else
+  int i = 0;
+  while ((m & 1u) == 0) {
+    m >>= 1;
+    ++i;
+  }
+  return i;
+#endif
+}
+
 // Copies Bytes bytes between Bytes-aligned addresses in one wide access.
 // Host compilers turn the memcpy into one vector load or store; nvcc turns
 // it into byte accesses, so device code goes through CUDA's / HIP's 16- and

@@ -434,10 +434,11 @@ void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
     launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in);
 }
 
-// The long-row split of a workspace: per-segment histograms of rows of
-// more than `from` visible pools (segs 0: none).
+// The long-row split of a workspace: per-segment counts of rows of more
+// than `from` visible pools (segs 0: none), and their plans.
 struct SplitArgs {
-  std::uint32_t* seg_hist = nullptr;
+  std::uint32_t* seg_hist = nullptr;  // [rows][segs][select_bins]
+  std::uint32_t* plans = nullptr;     // [rows][split_plan_words(segs)]
   int segs = 0;
   std::uint64_t from = 0;
   std::uint64_t segment = 1;
@@ -507,8 +508,10 @@ void set_select_args(F& f, SelectBatch const& batch, Key const* keys, OutView co
 }
 
 // The selection of rows [row_begin, row_end) from their keys: with split
-// rows (and a kernel that reads them in segments), a launch of per-segment
-// histograms first; then one team a row, in the kernel select_plan picks.
+// rows (and a kernel that reads them in segments), three launches first:
+// per-segment counts (a team a segment), each split row's plan (a team a
+// row), each planned segment's partition (a team a segment); then one team
+// a row, in the kernel select_plan picks. No launch waits on the host.
 template <bool Expand, class ExecutionSpace, class Key, class OutView>
 void launch_select(Checker const& chk, ExecutionSpace const& space,
                    SelectBatch const& batch, Key const* keys, OutView const& out,
@@ -524,20 +527,37 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     return;
   }
   if (split.segs > 0) {
-    using H = SegmentHistFunctor<ExecutionSpace, Key>;
-    H h;
-    h.batch = batch;
+    auto split_args = [&](auto& f) {
+      f.batch = batch;
+      f.seg_hist = split.seg_hist;
+      f.split_from = split.from;
+      f.segment = split.segment;
+      f.segs = split.segs;
+    };
+    std::uint64_t const segments = rows * static_cast<std::uint64_t>(split.segs);
+    SegmentHistFunctor<ExecutionSpace, Key> h;
+    split_args(h);
     h.keys = keys;
-    h.seg_hist = split.seg_hist;
-    h.split_from = split.from;
-    h.segment = split.segment;
-    h.segs = split.segs;
     LaunchShape shape;
-    shape.league = league_for(chk, "q", rows * static_cast<std::uint64_t>(split.segs), 1);
+    shape.league = league_for(chk, "q", segments, 1);
     shape.team_size = team_size_for(space, h, 1, options.team_size);
-    shape.scratch_bytes = H::scratch_bytes();
+    shape.scratch_bytes = h.scratch_bytes();
     shape.scratch_level = 0;
     launch(space, chk.entry_point() + "::select_segments", shape, h);
+    SplitPlanFunctor<ExecutionSpace, Key> pl;
+    split_args(pl);
+    pl.plans = split.plans;
+    pl.topk = topk;
+    launch(space, chk.entry_point() + "::select_split_plans",
+           select_shape(space, pl, rows, pl.scratch_bytes(), options), pl);
+    SegmentPartitionFunctor<ExecutionSpace, Key> pa;
+    split_args(pa);
+    pa.keys = keys;
+    pa.plans = split.plans;
+    pa.topk = topk;
+    LaunchShape pshape = select_shape(space, pa, rows, 0, options);
+    pshape.league = shape.league;
+    launch(space, chk.entry_point() + "::select_split_partitions", pshape, pa);
   }
   auto run = [&](auto f) {
     set_select_args(f, batch, keys, out, topk);
@@ -546,6 +566,7 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     f.split_from = split.from;
     f.segment = split.segment;
     f.seg_hist = split.seg_hist;
+    f.plans = split.plans;
     launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
   };
   if (plan.kernel == SelectKernel::staged)
@@ -718,6 +739,7 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
   in.heads = H;
   SplitArgs split;
   split.seg_hist = workspace.segment_histograms();
+  split.plans = workspace.split_plans();
   split.segs = workspace.split_segments();
   split.from = workspace.split_from();
   split.segment = workspace.split_segment();

@@ -88,7 +88,70 @@ KOKKOS_INLINE_FUNCTION void check_select_team_size(Member const& member) {
   }
 }
 
-// The first digit's histogram (nonzero keys) of one segment of a long row.
+// A split row's plan (SplitPlanFunctor), split_plan_words(segs) words:
+// what the row takes, its first digit, what is left to take in that
+// digit's bin, the bin's keys, the sure ids, then each used segment's
+// offsets into the row's sure list and its candidate list (exclusive
+// sums, the totals after the last used segment).
+namespace SplitPlan {
+enum : std::uint32_t { fallback = 0, threshold = 1, all = 2 };
+constexpr int state = 0, digit = 1, rem = 2, count = 3, sure = 4, offsets = 8;
+}  // namespace SplitPlan
+KOKKOS_INLINE_FUNCTION constexpr std::size_t split_plan_words(std::size_t segs) {
+  return SplitPlan::offsets + 2 * (segs + 1);
+}
+
+// A split row's region of the segment buffer, in 32-bit words: its
+// segments' suffix counts (segs * bins), then room for as much again. Once
+// planned, it holds the row's sure ids at [0, sure), its candidates' ids
+// at [k, k + count) and their keys from split_keys_at(k, count) on.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t split_region_words(std::size_t segs) {
+  return 2 * segs * static_cast<std::size_t>(select_bins);
+}
+template <class Key>
+KOKKOS_INLINE_FUNCTION constexpr std::uint64_t split_keys_at(std::uint64_t k,
+                                                             std::uint64_t count) {
+  return (k + count + sizeof(Key) / 4 - 1) / (sizeof(Key) / 4) * (sizeof(Key) / 4);
+}
+template <class Key>
+KOKKOS_INLINE_FUNCTION constexpr bool split_lists_fit(std::uint64_t k, std::uint64_t count,
+                                                      std::size_t segs) {
+  return split_keys_at<Key>(k, count) + count * (sizeof(Key) / 4) <= split_region_words(segs);
+}
+
+// A host's count of the first digits of keys[p0, p1) into h[0, bins)
+// (key 0 in bin 0), through host_hist_copies histograms in turn (h holds
+// host_hist_copies * bins words), so that a run of keys in one bin does
+// not wait on its own increments. Returns how many keys are 0.
+constexpr int host_hist_copies = 4;
+template <class Key>
+KOKKOS_INLINE_FUNCTION std::uint32_t host_first_digit_counts(std::uint32_t* h,
+                                                             Key const* keys,
+                                                             std::uint64_t p0,
+                                                             std::uint64_t p1) {
+  constexpr int shift = 8 * static_cast<int>(sizeof(Key)) - select_digit_bits;
+  constexpr int copies = host_hist_copies;
+  for (int d = 0; d < copies * select_bins; ++d) h[d] = 0;
+  std::uint32_t zeros = 0;
+  std::uint64_t p = p0;
+  for (; p + copies <= p1; p += copies)
+    for (int c = 0; c < copies; ++c) {
+      Key const key = keys[p + c];
+      ++h[c * select_bins + static_cast<int>(key >> shift)];
+      zeros += key == key_not_visible ? 1u : 0u;
+    }
+  for (; p < p1; ++p) {
+    Key const key = keys[p];
+    ++h[static_cast<int>(key >> shift)];
+    zeros += key == key_not_visible ? 1u : 0u;
+  }
+  for (int c = 1; c < copies; ++c)
+    for (int d = 0; d < select_bins; ++d) h[d] += h[c * select_bins + d];
+  return zeros;
+}
+
+// The first digit's suffix counts (nonzero keys) of one segment of a long
+// row: out[d] is how many of its keys have a first digit of d or more.
 template <class ExecutionSpace, class Key>
 struct SegmentHistFunctor {
   using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
@@ -100,12 +163,14 @@ struct SegmentHistFunctor {
 
   SelectBatch batch;
   Key const* keys;           // [chunk rows * max_visible]
-  std::uint32_t* seg_hist;   // [chunk rows][segs][bins]
+  std::uint32_t* seg_hist;   // [chunk rows][split_region_words(segs)]
   std::uint64_t split_from;
   std::uint64_t segment;
   int segs;
 
-  static std::size_t scratch_bytes() { return Scratch::shmem_size(select_bins); }
+  // A host's one-thread team counts through host_hist_copies histograms.
+  static constexpr int copies = device_shapes<ExecutionSpace>::value ? 1 : host_hist_copies;
+  static std::size_t scratch_bytes() { return Scratch::shmem_size(copies * select_bins); }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     std::uint64_t const i = member.league_rank() / segs;
@@ -118,18 +183,16 @@ struct SegmentHistFunctor {
     if (n <= split_from || p0 >= n) return;
     std::uint64_t const p1 = p0 + segment < n ? p0 + segment : n;
     Key const* row = keys + i * batch.max_visible;
-    Scratch hist(member.team_scratch(0), select_bins);
-    std::uint32_t* out = seg_hist + (i * segs + seg) * select_bins;
+    Scratch hist(member.team_scratch(0), copies * select_bins);
+    std::uint32_t* out = seg_hist + i * split_region_words(segs) + seg * select_bins;
     if constexpr (!device_shapes<ExecutionSpace>::value) {
-      // A host's one-thread team: plain loops, key 0 counted as nothing.
+      // A host's one-thread team: plain loops, every key counted, then
+      // key 0 taken out of bin 0.
       if (member.team_size() == 1) {
         std::uint32_t* h = hist.data();
-        for (int d = 0; d < select_bins; ++d) h[d] = 0;
-        for (std::uint64_t p = p0; p < p1; ++p) {
-          Key const key = row[p];
-          h[static_cast<int>(key >> top_shift)] += key != key_not_visible ? 1u : 0u;
-        }
-        for (int d = 0; d < select_bins; ++d) out[d] = h[d];
+        h[0] -= host_first_digit_counts(h, row, p0, p1);
+        std::uint32_t above = 0;
+        for (int d = select_bins - 1; d >= 0; --d) out[d] = above += h[d];
         return;
       }
     }
@@ -148,8 +211,14 @@ struct SegmentHistFunctor {
                              Kokkos::atomic_add(&hist(d), 1u);
                          });
     member.team_barrier();
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, select_bins),
-                         [&](int d) { out[d] = hist(d); });
+    // Suffix counts: out[d] is the segment's keys in bins d and above.
+    Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, select_bins),
+                          [&](int j, std::uint32_t& above, bool final) {
+                            int const d = select_bins - 1 - j;
+                            std::uint32_t const c = hist(d);
+                            if (final) out[d] = above + c;
+                            above += c;
+                          });
   }
 };
 
@@ -177,9 +246,12 @@ struct SelectFunctor {
   int segs;  // segments a split row's histograms hold (0: no split rows)
   std::uint64_t split_from;
   std::uint64_t segment;  // pools a segment of a split row
-  // [chunk rows][segs][bins]; on a host, a split row's histograms are
-  // its candidate buffer once summed (host_select).
+  // [chunk rows][split_region_words(segs)], the segments' suffix counts;
+  // once planned, a split row's sure ids and candidates
+  // (SegmentPartitionFunctor), or on a host its candidate buffer once
+  // summed (host_select).
   std::uint32_t* seg_hist;
+  std::uint32_t const* plans;  // [chunk rows][split_plan_words(segs)]
 
   int cap;  // candidates the buffer holds
 
@@ -258,6 +330,12 @@ struct SelectFunctor {
     b.cand_keys = Scratch<Key>(member.team_scratch(0), cap);
     if (Staged)
       b.row = Scratch<Key>(member.team_scratch(0), split ? 0 : n);
+    // A split row whose ids its segments have partitioned (its plan says
+    // so) goes on from its candidates.
+    if (split && plans[i * split_plan_words(segs) + SplitPlan::state] != SplitPlan::fallback) {
+      split_finish(member, b, t, req, i, n);
+      return;
+    }
     if constexpr (!device_shapes<ExecutionSpace>::value) {
       // A host's one-thread teams take the sequential path below.
       if (member.team_size() == 1) {
@@ -317,6 +395,62 @@ struct SelectFunctor {
     }
     if (all) n_chosen = 0;
     write(member, b, t, req, static_cast<int>(n_sure), static_cast<int>(n_chosen));
+  }
+
+  // A planned split row: its sure ids, then (threshold) the remaining
+  // digits over its candidates' keys and the tie rule over them; merged
+  // and written as any row. It does not read the row.
+  KOKKOS_INLINE_FUNCTION void split_finish(member_type const& member, Buffers const& b,
+                                           std::uint64_t t, SelectRequest const& req,
+                                           std::uint64_t i, std::uint64_t n) const {
+    std::uint32_t const* plan = plans + i * split_plan_words(segs);
+    std::uint32_t* const list = seg_hist + i * split_region_words(segs);
+    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+    int const ns = static_cast<int>(plan[SplitPlan::sure]);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, ns), [&](int j) {
+      b.sure(j) = static_cast<std::int32_t>(list[j]);
+    });
+    std::uint64_t n_chosen = 0;
+    if (plan[SplitPlan::state] == SplitPlan::threshold) {
+      State s = State::start(k);
+      s.rem = plan[SplitPlan::rem];
+      std::uint64_t count = plan[SplitPlan::count];
+      int const first_shift = key_bits - select_digit_bits;
+      advance(s, static_cast<int>(plan[SplitPlan::digit]), first_shift, select_digit_bits,
+              count);
+      std::uint32_t* const ids = list + k;
+      Key* const ckeys = reinterpret_cast<Key*>(list + split_keys_at<Key>(k, count));
+      int const m = static_cast<int>(count);
+      if constexpr (!device_shapes<ExecutionSpace>::value) {
+        if (member.team_size() == 1) {
+          Key lo = s.prefix > 1 ? s.prefix : Key(1);
+          Key hi = static_cast<Key>(s.prefix | static_cast<Key>(~s.mask));
+          n_chosen = host_list_tail(
+              b, [&](int j) { return static_cast<std::int32_t>(ids[j]); },
+              [&](std::uint64_t j) { return ckeys[j]; },
+              [&](int c, std::int32_t id, Key key) {
+                ids[c] = static_cast<std::uint32_t>(id);
+                ckeys[c] = key;
+              },
+              m, s, lo, hi);
+          write(member, b, t, req, ns, static_cast<int>(n_chosen));
+          return;
+        }
+      }
+      auto key_at = [&](std::uint64_t j) { return ckeys[j]; };
+      while (!s.resolved) {
+        int const bits = s.shift < select_digit_bits ? s.shift : select_digit_bits;
+        int const shift = s.shift - bits;
+        hist_pass(member, b, key_at, m, s, shift, bits);
+        std::uint64_t total = 0;
+        int const d = find_digit(member, b, 1 << bits, s.rem, count, total);
+        advance(s, d, shift, bits, count);
+      }
+      n_chosen = choose_ties_at(member, b, m, s, key_at,
+                                [&](int j) { return static_cast<std::int32_t>(ids[j]); });
+    }
+    member.team_barrier();
+    write(member, b, t, req, ns, static_cast<int>(n_chosen));
   }
 
   // ---------------------------------------------------------------- host
@@ -445,23 +579,36 @@ struct SelectFunctor {
     std::uint64_t count = 0;
     std::uint32_t* h = b.hist.data();
     // A split row's segment histograms: [segs][bins].
-    std::uint32_t* const big = split ? seg_hist + i * segs * bins : nullptr;
+    std::uint32_t* const big = split ? seg_hist + i * split_region_words(segs) : nullptr;
     std::uint64_t const big_cap = split ? static_cast<std::uint64_t>(segs) * bins : 0;
     if (!all) {
       int const shift = key_bits - select_digit_bits;
       int dhi = bins - 1;
       if (split) {
+        // The segments' suffix counts, summed, then differenced.
         std::uint64_t const used = (n + segment - 1) / segment;
         for (int d = 0; d < bins; ++d) h[d] = big[d];
         for (std::uint64_t g = 1; g < used; ++g) {
           std::uint32_t const* src = big + g * bins;
           for (int d = 0; d < bins; ++d) h[d] += src[d];
         }
+        for (int d = 0; d + 1 < bins; ++d) h[d] -= h[d + 1];
       } else {
         // Every key counted, key 0 too (in bin 0, taken out below when the
         // scan gets there): the loop is a load and an increment a key.
         for (int d = 0; d < bins; ++d) h[d] = 0;
-        for (std::uint64_t p = 0; p < n; ++p) ++h[static_cast<int>(row[p] >> shift)];
+        std::uint64_t p = 0;
+        for (; p + 4 <= n; p += 4) {
+          int const d0 = static_cast<int>(row[p] >> shift);
+          int const d1 = static_cast<int>(row[p + 1] >> shift);
+          int const d2 = static_cast<int>(row[p + 2] >> shift);
+          int const d3 = static_cast<int>(row[p + 3] >> shift);
+          ++h[d0];
+          ++h[d1];
+          ++h[d2];
+          ++h[d3];
+        }
+        for (; p < n; ++p) ++h[static_cast<int>(row[p] >> shift)];
         std::uint64_t above = 0;
         for (int d = 1; d < bins; ++d) above += h[d];
         for (dhi = bins - 1; dhi > 0 && h[dhi] == 0; --dhi) {
@@ -540,15 +687,23 @@ struct SelectFunctor {
     Key* const cand_keys = b.cand_keys.data();
     std::uint64_t p = 0;
     if (flat) {
-      // Two stores a key; the candidates' keys are read again after.
-      for (; p < n; ++p) {
-        Key const key = row[p];
-        std::int32_t const id = static_cast<std::int32_t>(p);
+      // Two stores a key (four keys an iteration); the candidates' keys
+      // are read again after.
+      auto flat_key = [&](std::uint64_t q) {
+        Key const key = row[q];
+        std::int32_t const id = static_cast<std::int32_t>(q);
         sure[ns] = id;
         ns += key > top ? 1 : 0;
         cand_ids[nc] = id;
         nc += static_cast<Key>(key - first) <= span ? 1 : 0;
+      };
+      for (; p + 4 <= n; p += 4) {
+        flat_key(p);
+        flat_key(p + 1);
+        flat_key(p + 2);
+        flat_key(p + 3);
       }
+      for (; p < n; ++p) flat_key(p);
     }
     for (; p < n; ++p) one(p);
     if (flat && !to_big)
@@ -572,26 +727,12 @@ struct SelectFunctor {
       lo = clo;
       hi = chi;
       narrow(s, lo, hi);
-      auto big_id = [&](int j) { return static_cast<std::int32_t>(big[j]); };
-      auto big_key = [&](std::uint64_t j) { return row[big[j]]; };
-      while (to_big && !s.resolved) {
-        host_digit(b, big_key, static_cast<std::uint64_t>(m), s, lo, hi, count);
-        m = host_keep(big_id, big_key,
-                      [&](int c, std::int32_t id, Key, bool) {
-                        big[c] = static_cast<std::uint32_t>(id);
-                      },
-                      m, s, lo, hi);
-        narrow(s, lo, hi);
-      }
       if (to_big) {
-        // The tie rule over the buffer.
-        Key const thr = s.prefix;
-        std::uint64_t eq = 0;
-        for (int j = 0; j < m; ++j) {
-          Key const key = static_cast<Key>(big_key(j) & s.mask);
-          if (key > thr || (key == thr && eq++ < s.rem))
-            b.chosen(static_cast<int>(n_chosen++)) = big_id(j);
-        }
+        n_chosen = host_list_tail(
+            b, [&](int j) { return static_cast<std::int32_t>(big[j]); },
+            [&](std::uint64_t j) { return row[big[j]]; },
+            [&](int c, std::int32_t id, Key) { big[c] = static_cast<std::uint32_t>(id); }, m,
+            s, lo, hi);
       } else {
         auto cand_id = [&](int j) { return b.cand_ids(j); };
         auto cand_key = [&](std::uint64_t j) { return b.cand_keys(static_cast<int>(j)); };
@@ -610,6 +751,34 @@ struct SelectFunctor {
       }
     }
     write(member, b, t, req, static_cast<int>(ns), static_cast<int>(n_chosen));
+  }
+
+  // The remaining digits over the m candidates in global memory (ids
+  // id_at(j) ascending, keys key_at(j) in [lo, hi]), compacted through
+  // put(c, id, key) after each; then the tie rule over them into chosen.
+  // Returns how many are chosen.
+  template <class IdAt, class KeyAt, class Put>
+  KOKKOS_INLINE_FUNCTION static std::uint64_t host_list_tail(Buffers const& b,
+                                                             IdAt const& id_at,
+                                                             KeyAt const& key_at,
+                                                             Put const& put, int m, State& s,
+                                                             Key lo, Key hi) {
+    std::uint64_t count = 0;
+    while (!s.resolved) {
+      host_digit(b, key_at, static_cast<std::uint64_t>(m), s, lo, hi, count);
+      m = host_keep(id_at, key_at,
+                    [&](int c, std::int32_t id, Key key, bool) { put(c, id, key); }, m, s,
+                    lo, hi);
+      narrow(s, lo, hi);
+    }
+    Key const thr = s.prefix;
+    std::uint64_t eq = 0, n_chosen = 0;
+    for (int j = 0; j < m; ++j) {
+      Key const key = static_cast<Key>(key_at(j) & s.mask);
+      if (key > thr || (key == thr && eq++ < s.rem))
+        b.chosen(static_cast<int>(n_chosen++)) = id_at(j);
+    }
+    return n_chosen;
   }
 
   KOKKOS_INLINE_FUNCTION static void advance(State& s, int d, int shift, int bits,
@@ -657,19 +826,27 @@ struct SelectFunctor {
   KOKKOS_INLINE_FUNCTION void row_hist(member_type const& member, Buffers const& b,
                                        Key const* src, std::uint64_t n, State const& s,
                                        int shift, int bits) const {
+    hist_pass(member, b, [&](std::uint64_t p) { return src[p]; }, n, s, shift, bits);
+  }
+
+  // The same over the keys key_at(0 .. n - 1).
+  template <class KeyAt>
+  KOKKOS_INLINE_FUNCTION void hist_pass(member_type const& member, Buffers const& b,
+                                        KeyAt const& key_at, std::uint64_t n,
+                                        State const& s, int shift, int bits) const {
     int const nb = 1 << bits;
     zero_hist(member, b, nb);
     Key const low = static_cast<Key>(nb - 1);
     if (member.team_size() == 1) {
       std::uint32_t* h = b.hist.data();
       for (std::uint64_t p = 0; p < n; ++p) {
-        Key const key = src[p];
+        Key const key = key_at(p);
         if (matches(key, s)) ++h[static_cast<int>((key >> shift) & low)];
       }
     } else {
       Kokkos::parallel_for(KokkosExt::team_range(member, 0, n),
                            [&](std::int64_t p) {
-                             Key const key = src[p];
+                             Key const key = key_at(static_cast<std::uint64_t>(p));
                              if (matches(key, s))
                                Kokkos::atomic_add(&b.hist(static_cast<int>((key >> shift) & low)),
                                                   1u);
@@ -678,14 +855,30 @@ struct SelectFunctor {
     member.team_barrier();
   }
 
-  // A split row's first histogram: the sum of its segments'.
+  // A split row's first histogram: the sum of its segments' (each bin the
+  // difference of two suffix counts).
   KOKKOS_INLINE_FUNCTION void merge_segments(member_type const& member, Buffers const& b,
                                              std::uint64_t i, std::uint64_t n) const {
-    std::uint64_t const used = (n + segment - 1) / segment;
-    std::uint32_t const* h = seg_hist + i * segs * bins;
+    merge_suffix_counts(member, b, seg_hist + i * split_region_words(segs),
+                        (n + segment - 1) / segment);
+  }
+  KOKKOS_INLINE_FUNCTION static void merge_suffix_counts(member_type const& member,
+                                                         Buffers const& b,
+                                                         std::uint32_t const* cum,
+                                                         std::uint64_t used) {
+    if (member.team_size() == 1) {
+      // Segment by segment, in memory order.
+      std::uint32_t* const h = b.hist.data();
+      for (int d = 0; d < bins; ++d) h[d] = 0;
+      for (std::uint64_t g = 0; g < used; ++g)
+        for (int d = 0; d < bins; ++d) h[d] += cum[g * bins + d];
+      for (int d = 0; d + 1 < bins; ++d) h[d] -= h[d + 1];
+      return;
+    }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, bins), [&](int d) {
       std::uint32_t sum = 0;
-      for (std::uint64_t g = 0; g < used; ++g) sum += h[g * bins + d];
+      for (std::uint64_t g = 0; g < used; ++g)
+        sum += cum[g * bins + d] - (d + 1 < bins ? cum[g * bins + d + 1] : 0u);
       b.hist(d) = sum;
     });
     member.team_barrier();
@@ -695,9 +888,9 @@ struct SelectFunctor {
   // (keys in bins d and above), scanned from the top bin; rem becomes what
   // is left to take in bin d, `count` its keys, `total` all counted keys
   // (when total < rem, no bin is found and d is 0).
-  KOKKOS_INLINE_FUNCTION int find_digit(member_type const& member, Buffers const& b,
-                                        int nb, std::uint64_t& rem, std::uint64_t& count,
-                                        std::uint64_t& total) const {
+  KOKKOS_INLINE_FUNCTION static int find_digit(member_type const& member, Buffers const& b,
+                                               int nb, std::uint64_t& rem,
+                                               std::uint64_t& count, std::uint64_t& total) {
     std::uint64_t const want = rem;
     if (member.team_size() == 1) {
       std::uint64_t above = 0;
@@ -838,15 +1031,26 @@ struct SelectFunctor {
   KOKKOS_INLINE_FUNCTION std::uint64_t choose_ties(member_type const& member,
                                                    Buffers const& b, int m,
                                                    State const& s) const {
+    return choose_ties_at(
+        member, b, m, s, [&](std::uint64_t j) { return b.cand_keys(static_cast<int>(j)); },
+        [&](int j) { return b.cand_ids(j); });
+  }
+
+  // The same over candidates whose keys and ids are key_at(j), id_at(j).
+  template <class KeyAt, class IdAt>
+  KOKKOS_INLINE_FUNCTION std::uint64_t choose_ties_at(member_type const& member,
+                                                      Buffers const& b, int m,
+                                                      State const& s, KeyAt const& key_at,
+                                                      IdAt const& id_at) const {
     Key const thr = s.prefix;
     Key const mask = s.mask;
     std::uint64_t const rem = s.rem;
     if (member.team_size() == 1) {
       std::uint64_t nc = 0, eq = 0;
       for (int j = 0; j < m; ++j) {
-        Key const key = b.cand_keys(j) & mask;
+        Key const key = key_at(static_cast<std::uint64_t>(j)) & mask;
         bool const pick = key > thr || (key == thr && eq++ < rem);
-        if (pick) b.chosen(static_cast<int>(nc++)) = b.cand_ids(j);
+        if (pick) b.chosen(static_cast<int>(nc++)) = id_at(j);
       }
       return nc;
     }
@@ -854,12 +1058,12 @@ struct SelectFunctor {
     Kokkos::parallel_scan(
         Kokkos::TeamThreadRange(member, m),
         [&](int j, std::uint64_t& before, bool final) {
-          Key const key = b.cand_keys(j) & mask;
+          Key const key = key_at(static_cast<std::uint64_t>(j)) & mask;
           bool const above = key > thr;
           bool const equal = key == thr;
           std::uint64_t const eq_before = before >> 32;
           bool const pick = above || (equal && eq_before < rem);
-          if (final && pick) b.chosen(static_cast<int>(before & 0xFFFFFFFFull)) = b.cand_ids(j);
+          if (final && pick) b.chosen(static_cast<int>(before & 0xFFFFFFFFull)) = id_at(j);
           before += (pick ? 1ull : 0ull) + (equal ? (1ull << 32) : 0ull);
           if (final && j == m - 1) b.shared(4) = before;
         });
@@ -929,6 +1133,193 @@ struct SelectFunctor {
                                  expanded_column(selected + x, -1, positions, K, selected);
                            });
     }
+  }
+};
+
+// The plan of each split row (docs/indexer.md, "Top-k"), one team a row,
+// between the segments' counts and their partition: the row's first digit
+// from the sum of its segments' suffix counts; then, when its sure ids and
+// the ids and keys in its threshold bin fit its region (split_lists_fit),
+// each used segment's offsets into those lists,
+// one team scan over the segments (a segment's sure keys are its suffix
+// count above the digit, its candidates the count at it). Otherwise the
+// plan says `fallback` and the selection launch takes the row whole.
+template <class ExecutionSpace, class Key>
+struct SplitPlanFunctor {
+  using Select = SelectFunctor<ExecutionSpace, Key, false, false>;
+  using member_type = typename Select::member_type;
+  template <class V>
+  using Scratch = typename Select::template Scratch<V>;
+  static constexpr int bins = select_bins;
+
+  SelectBatch batch;
+  std::uint32_t const* seg_hist;  // [chunk rows][split_region_words(segs)]
+  std::uint32_t* plans;           // [chunk rows][split_plan_words(segs)]
+  std::uint64_t split_from;
+  std::uint64_t segment;
+  int segs;
+  int topk;
+
+  static std::size_t scratch_bytes() {
+    return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<std::uint64_t>::shmem_size(8);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    check_select_team_size<ExecutionSpace>(member);
+    std::uint64_t const i = member.league_rank();
+    std::uint64_t const t = batch.row_begin + i;
+    SelectRequest req;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
+    std::uint64_t const n = batch.visible(req, t);
+    if (n <= split_from) return;
+    std::uint64_t const used = (n + segment - 1) / segment;
+    std::uint32_t const* cum = seg_hist + i * split_region_words(segs);
+    std::uint32_t* const plan = plans + i * split_plan_words(segs);
+    typename Select::Buffers b;
+    b.hist = Scratch<std::uint32_t>(member.team_scratch(0), bins);
+    b.shared = Scratch<std::uint64_t>(member.team_scratch(0), 8);
+    Select::merge_suffix_counts(member, b, cum, used);
+    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+    std::uint64_t rem = k, count = 0, total = 0;
+    int const d = Select::find_digit(member, b, bins, rem, count, total);
+    bool const all = total <= k;
+    bool const fits = all || split_lists_fit<Key>(k, count, segs);
+    if (fits) {
+      // (sure ids before g) in the low half, (candidates before g) in the
+      // high half; the totals land at g = used.
+      std::uint32_t* const sure_at = plan + SplitPlan::offsets;
+      std::uint32_t* const cand_at = sure_at + segs + 1;
+      Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, static_cast<int>(used) + 1),
+                            [&](int g, std::uint64_t& before, bool final) {
+                              std::uint64_t up = 0, on = 0;
+                              if (static_cast<std::uint64_t>(g) < used) {
+                                std::uint32_t const* h = cum + static_cast<std::uint64_t>(g) * bins;
+                                up = all ? h[0] : d + 1 < bins ? h[d + 1] : 0u;
+                                on = all ? 0u : h[d] - up;
+                              }
+                              if (final) {
+                                sure_at[g] = static_cast<std::uint32_t>(before & 0xFFFFFFFFull);
+                                cand_at[g] = static_cast<std::uint32_t>(before >> 32);
+                              }
+                              before += up + (on << 32);
+                            });
+    }
+    Kokkos::single(Kokkos::PerTeam(member), [&]() {
+      plan[SplitPlan::state] =
+          !fits ? SplitPlan::fallback : all ? SplitPlan::all : SplitPlan::threshold;
+      plan[SplitPlan::digit] = static_cast<std::uint32_t>(d);
+      plan[SplitPlan::rem] = static_cast<std::uint32_t>(rem);
+      plan[SplitPlan::count] = static_cast<std::uint32_t>(count);
+      // Keys in bins above the digit: k - rem of them.
+      plan[SplitPlan::sure] = static_cast<std::uint32_t>(all ? total : k - rem);
+    });
+  }
+};
+
+// The partition of one segment of a planned split row, one team a
+// segment: its sure ids (keys above the first digit's threshold bin; with
+// `all`, every nonzero key) and its candidates (the keys in the bin and
+// their ids), in pool order, at its offsets into the row's lists, which
+// its region holds from now on (split_region_words). A team scan in pool
+// order; on a host's one-thread team, a loop without a branch a key.
+template <class ExecutionSpace, class Key>
+struct SegmentPartitionFunctor {
+  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
+  static constexpr int top_shift = key_bits - select_digit_bits;
+
+  SelectBatch batch;
+  Key const* keys;               // [chunk rows * max_visible]
+  std::uint32_t* seg_hist;       // [chunk rows][split_region_words(segs)]
+  std::uint32_t const* plans;    // [chunk rows][split_plan_words(segs)]
+  std::uint64_t split_from;
+  std::uint64_t segment;
+  int segs;
+  int topk;
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    check_select_team_size<ExecutionSpace>(member);
+    std::uint64_t const i = member.league_rank() / segs;
+    int const seg = member.league_rank() % segs;
+    std::uint64_t const t = batch.row_begin + i;
+    SelectRequest req;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
+    std::uint64_t const n = batch.visible(req, t);
+    std::uint64_t const p0 = seg * segment;
+    if (n <= split_from || p0 >= n) return;
+    std::uint32_t const* plan = plans + i * split_plan_words(segs);
+    std::uint32_t const state = plan[SplitPlan::state];
+    if (state == SplitPlan::fallback) return;
+    bool const all = state == SplitPlan::all;
+    std::uint64_t const p1 = p0 + segment < n ? p0 + segment : n;
+    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+    std::uint32_t const* sure_at = plan + SplitPlan::offsets + seg;
+    std::uint32_t const* cand_at = sure_at + segs + 1;
+    std::uint32_t* const list = seg_hist + i * split_region_words(segs);
+    std::uint32_t* const sure = list + sure_at[0];
+    std::uint32_t* const cand = list + k + cand_at[0];
+    Key* const cand_keys =
+        reinterpret_cast<Key*>(list + split_keys_at<Key>(k, plan[SplitPlan::count])) +
+        cand_at[0];
+    // Sure: above `top`; candidates: in [first, top] (none with `all`).
+    Key const d = static_cast<Key>(plan[SplitPlan::digit]);
+    Key const top = all ? Key(0) : static_cast<Key>(static_cast<Key>((d + 1) << top_shift) - 1);
+    Key const lowest = static_cast<Key>(d << top_shift);
+    Key const first = lowest > 1 ? lowest : Key(1);
+    Key const span = all ? Key(0) : static_cast<Key>(top - first);
+    Key const* row = keys + i * batch.max_visible;
+    if constexpr (!device_shapes<ExecutionSpace>::value) {
+      if (member.team_size() == 1) {
+        // Blocks of 32 keys: a mask of the block's sure keys and one of
+        // its candidates (loops the compiler vectorizes), then a store for
+        // each set bit only. (A store a key, kept or not by a count, costs
+        // several times a key's compare on a host.)
+        std::uint32_t const on_mask = all ? 0u : ~0u;
+        std::uint64_t ns = 0, nc = 0, p = p0;
+        for (; p + 32 <= p1; p += 32) {
+          Key const* const block = row + p;
+          std::uint32_t ms = 0, mc = 0;
+          for (int c = 0; c < 32; ++c) {
+            Key const key = block[c];
+            ms |= static_cast<std::uint32_t>(key > top) << c;
+            mc |= static_cast<std::uint32_t>(static_cast<Key>(key - first) <= span) << c;
+          }
+          mc &= on_mask;
+          for (; ms != 0; ms &= ms - 1)
+            sure[ns++] = static_cast<std::uint32_t>(p + KokkosExt::lowest_set_bit(ms));
+          for (; mc != 0; mc &= mc - 1) {
+            int const c = KokkosExt::lowest_set_bit(mc);
+            cand[nc] = static_cast<std::uint32_t>(p + c);
+            cand_keys[nc++] = block[c];
+          }
+        }
+        for (; p < p1; ++p) {
+          Key const key = row[p];
+          if (key > top) {
+            sure[ns++] = static_cast<std::uint32_t>(p);
+          } else if (!all && static_cast<Key>(key - first) <= span) {
+            cand[nc] = static_cast<std::uint32_t>(p);
+            cand_keys[nc++] = key;
+          }
+        }
+        return;
+      }
+    }
+    Kokkos::parallel_scan(KokkosExt::team_range(member, 0, p1 - p0),
+                          [&](std::int64_t j, std::uint64_t& before, bool final) {
+                            std::uint64_t const p = p0 + static_cast<std::uint64_t>(j);
+                            Key const key = row[p];
+                            bool const above = key > top;
+                            bool const on = !all && static_cast<Key>(key - first) <= span;
+                            if (final) {
+                              if (above) sure[before & 0xFFFFFFFFull] = static_cast<std::uint32_t>(p);
+                              if (on) {
+                                cand[before >> 32] = static_cast<std::uint32_t>(p);
+                                cand_keys[before >> 32] = key;
+                              }
+                            }
+                            before += (above ? 1ull : 0ull) + (on ? (1ull << 32) : 0ull);
+                          });
   }
 };
 
