@@ -128,7 +128,8 @@ class SelectWorkspace {
   /// @return the keys, max_tokens() rows of max_visible() (the selection
   /// stage's own use).
   Kokkos::View<key_type*, MemorySpace> const& keys() const { return keys_; }
-  /// @return the long rows' per-segment histograms (null without them).
+  /// @return the long rows' regions: per-segment counts, then their sure
+  /// ids and candidates (null without long rows).
   std::uint32_t* segment_histograms() const { return seg_hist_.data(); }
   /// @return the long rows' plans (null without them).
   std::uint32_t* split_plans() const { return split_plans_.data(); }

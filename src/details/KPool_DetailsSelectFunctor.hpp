@@ -27,9 +27,14 @@
 // to take. The row is read from global memory once per row pass and once
 // for the partition; a Staged kernel copies it into team scratch on the
 // first read, when the launch knows every row fits. Rows longer than the
-// workspace's split length take their first digit from per-segment
-// histograms built by SegmentHistFunctor, one team per segment, in the
-// launch before (no inter-team barrier). Counts are exact integers, so the
+// workspace's split length are split over teams in three launches before
+// (no inter-team barrier): per-segment counts of the first digit
+// (SegmentHistFunctor), a plan a row (SplitPlanFunctor: the threshold
+// digit and each segment's offsets into the row's lists), the partition of
+// each segment into those lists (SegmentPartitionFunctor); the selection
+// launch then goes on from the row's candidates (split_finish), or, when
+// they do not fit the row's region, reads the row whole from its summed
+// counts. Counts are exact integers, so the
 // selection is the same whatever the team size or backend, and it is the
 // set the sorted ranking gives. Expand (select_tokens) writes the expanded
 // token row instead (expanded_column).
@@ -43,7 +48,7 @@
 // launch_select rounds it, and a device-shapes build on a host checks it.
 // A host's one-thread teams (no device shapes) take host_select: the same
 // states, sequential, with ranges narrowing the digits, branchless
-// compaction, and a split row's candidate ids in its segment histograms.
+// compaction, and a split row's candidate ids in its region.
 
 #include <details/KPool_DetailsExpandTopkFunctor.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
@@ -62,8 +67,7 @@ constexpr int select_bins = 1 << select_digit_bits;
 constexpr int candidate_capacity = 1024;
 
 // Where long rows split (docs/indexer.md, "Selection"): rows of more than
-// `from` visible pools take their first digit from per-segment histograms
-// of `segment` pools each. Read when a SelectWorkspace is built (tests
+// `from` visible pools are split over teams, `segment` pools a team. Read when a SelectWorkspace is built (tests
 // lower it so that small rows take the split path).
 struct SelectSplit {
   std::uint64_t from = std::uint64_t(1) << 16;
@@ -464,9 +468,9 @@ struct SelectFunctor {
   // scans only the bins that range reaches. The partition compacts ids
   // without a branch a key where no write can pass the lists' ends; the
   // candidates are compacted after each of their digits. A split row
-  // whose threshold bin holds more keys than fit scratch compacts their
-  // ids into its own segment histograms (summed already, so free),
-  // instead of reading the row again.
+  // that its plan left whole (fallback) and whose threshold bin holds more
+  // keys than fit scratch compacts their ids into its own region (its
+  // counts summed already, so free), instead of reading the row again.
 
   // Extends the prefix by the bits that every key on it within [lo, hi]
   // shares (all of them: the prefix becomes a whole key, resolved).
@@ -578,7 +582,7 @@ struct SelectFunctor {
     Key lo = 1, hi = static_cast<Key>(~Key(0));  // the nonzero keys' range
     std::uint64_t count = 0;
     std::uint32_t* h = b.hist.data();
-    // A split row's segment histograms: [segs][bins].
+    // A split row's region: its segments' suffix counts, [segs][bins].
     std::uint32_t* const big = split ? seg_hist + i * split_region_words(segs) : nullptr;
     std::uint64_t const big_cap = split ? static_cast<std::uint64_t>(segs) * bins : 0;
     if (!all) {
