@@ -68,6 +68,8 @@ TOPK_CASE_FIELDS = {
 }
 
 OPTIONAL_CASE_FIELDS = {
+    "stream_read_seconds": (int, float),
+    "stream_ratio": (int, float),
     "runs": int,
     "launches": int,
     "copy_bytes": int,
@@ -202,6 +204,9 @@ def table(report, sort_key=None):
         if "overhead" in c:
             overhead = "%+.1f%% over %s" % (100.0 * c["overhead"],
                                             c.get("baseline_op", "?"))
+        if "stream_read_seconds" in c:
+            overhead = "streamed read %.4f ms, ratio %.2f" % (
+                1e3 * c["stream_read_seconds"], c.get("stream_ratio", 0.0))
         if "rule_ratio" in c:
             overhead += "; %s, rule %.3f %s" % (
                 c.get("cache_path", "?"), c["rule_ratio"],

@@ -466,7 +466,7 @@ struct SelectFunctor {
   // read once, and from then on the bits every key on the prefix shares
   // (narrow) are resolved without a pass, and every histogram zeroes and
   // scans only the bins that range reaches. The partition compacts ids
-  // without a branch a key where no write can pass the lists' ends; the
+  // from masks of 32 keys where no write can pass the lists' ends; the
   // candidates are compacted after each of their digits. A split row
   // that its plan left whole (fallback) and whose threshold bin holds more
   // keys than fit scratch compacts their ids into its own region (its
@@ -678,10 +678,9 @@ struct SelectFunctor {
         chi = key > chi ? key : chi;
       }
     };
-    // Candidates are compacted without a branch a key (every id written
-    // at the lists' ends, kept by the count) when no write can pass them:
-    // fewer than k keys are above the prefix, fewer than the buffer holds
-    // on it.
+    // Ids are compacted from masks, without a branch a key, when no write
+    // can pass the lists' ends: fewer than k keys are above the prefix,
+    // fewer than the buffer holds on it.
     bool const flat = !all && !resolved &&
                       count < (to_big ? big_cap : static_cast<std::uint64_t>(cap));
     Key const span = static_cast<Key>(top - first);
@@ -691,23 +690,22 @@ struct SelectFunctor {
     Key* const cand_keys = b.cand_keys.data();
     std::uint64_t p = 0;
     if (flat) {
-      // Two stores a key (four keys an iteration); the candidates' keys
-      // are read again after.
-      auto flat_key = [&](std::uint64_t q) {
-        Key const key = row[q];
-        std::int32_t const id = static_cast<std::int32_t>(q);
-        sure[ns] = id;
-        ns += key > top ? 1 : 0;
-        cand_ids[nc] = id;
-        nc += static_cast<Key>(key - first) <= span ? 1 : 0;
-      };
-      for (; p + 4 <= n; p += 4) {
-        flat_key(p);
-        flat_key(p + 1);
-        flat_key(p + 2);
-        flat_key(p + 3);
+      // Blocks of 32 keys: a mask of the sure keys and one of the
+      // candidates (loops the compiler vectorizes), then a store for each
+      // set bit only; the candidates' keys are read again after.
+      for (; p + 32 <= n; p += 32) {
+        Key const* const block = row + p;
+        std::uint32_t ms = 0, mc = 0;
+        for (int c = 0; c < 32; ++c) {
+          Key const key = block[c];
+          ms |= static_cast<std::uint32_t>(key > top) << c;
+          mc |= static_cast<std::uint32_t>(static_cast<Key>(key - first) <= span) << c;
+        }
+        for (; ms != 0; ms &= ms - 1)
+          sure[ns++] = static_cast<std::int32_t>(p + KokkosExt::lowest_set_bit(ms));
+        for (; mc != 0; mc &= mc - 1)
+          cand_ids[nc++] = static_cast<std::int32_t>(p + KokkosExt::lowest_set_bit(mc));
       }
-      for (; p < n; ++p) flat_key(p);
     }
     for (; p < n; ++p) one(p);
     if (flat && !to_big)
