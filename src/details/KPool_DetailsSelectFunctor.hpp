@@ -123,6 +123,45 @@ KOKKOS_INLINE_FUNCTION constexpr bool split_lists_fit(std::uint64_t k, std::uint
   return split_keys_at<Key>(k, count) + count * (sizeof(Key) / 4) <= split_region_words(segs);
 }
 
+// A host's partition masks of a block of host_block keys: bit c of
+// `above` when block[c] > top, of `on` when block[c] lies in [first,
+// first + span]; loops the compiler vectorizes, so that the partition then
+// stores only the selected ids (a store for every key, kept or not by a
+// count, costs several times a key's compare on a host).
+constexpr int host_block = 32;
+template <class Key>
+KOKKOS_INLINE_FUNCTION void host_block_masks(Key const* block, Key top, Key first, Key span,
+                                             std::uint32_t& above, std::uint32_t& on) {
+  above = 0;
+  on = 0;
+  for (int c = 0; c < host_block; ++c) {
+    Key const key = block[c];
+    above |= static_cast<std::uint32_t>(key > top) << c;
+    on |= static_cast<std::uint32_t>(static_cast<Key>(key - first) <= span) << c;
+  }
+}
+
+// The segment a segment team has (its league rank): chunk row i, segment
+// seg of its n visible pools, pools [p0, p1). find is false when the row
+// is not split or the segment lies past its pools.
+struct SplitSegment {
+  std::uint64_t i, n, p0, p1;
+  int seg;
+  KOKKOS_INLINE_FUNCTION bool find(SelectBatch const& batch, std::uint64_t split_from,
+                                   std::uint64_t segment, int segs, int rank) {
+    i = static_cast<std::uint64_t>(rank / segs);
+    seg = rank % segs;
+    std::uint64_t const t = batch.row_begin + i;
+    SelectRequest req;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return false;
+    n = batch.visible(req, t);
+    p0 = static_cast<std::uint64_t>(seg) * segment;
+    if (n <= split_from || p0 >= n) return false;
+    p1 = p0 + segment < n ? p0 + segment : n;
+    return true;
+  }
+};
+
 // A host's count of the first digits of keys[p0, p1) into h[0, bins)
 // (key 0 in bin 0), through host_hist_copies histograms in turn (h holds
 // host_hist_copies * bins words), so that a run of keys in one bin does
@@ -177,15 +216,10 @@ struct SegmentHistFunctor {
   static std::size_t scratch_bytes() { return Scratch::shmem_size(copies * select_bins); }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    std::uint64_t const i = member.league_rank() / segs;
-    int const seg = member.league_rank() % segs;
-    std::uint64_t const t = batch.row_begin + i;
-    SelectRequest req;
-    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
-    std::uint64_t const n = batch.visible(req, t);
-    std::uint64_t const p0 = seg * segment;
-    if (n <= split_from || p0 >= n) return;
-    std::uint64_t const p1 = p0 + segment < n ? p0 + segment : n;
+    SplitSegment g;
+    if (!g.find(batch, split_from, segment, segs, member.league_rank())) return;
+    std::uint64_t const i = g.i, p0 = g.p0, p1 = g.p1;
+    int const seg = g.seg;
     Key const* row = keys + i * batch.max_visible;
     Scratch hist(member.team_scratch(0), copies * select_bins);
     std::uint32_t* out = seg_hist + i * split_region_words(segs) + seg * select_bins;
@@ -690,17 +724,12 @@ struct SelectFunctor {
     Key* const cand_keys = b.cand_keys.data();
     std::uint64_t p = 0;
     if (flat) {
-      // Blocks of 32 keys: a mask of the sure keys and one of the
-      // candidates (loops the compiler vectorizes), then a store for each
-      // set bit only; the candidates' keys are read again after.
-      for (; p + 32 <= n; p += 32) {
-        Key const* const block = row + p;
-        std::uint32_t ms = 0, mc = 0;
-        for (int c = 0; c < 32; ++c) {
-          Key const key = block[c];
-          ms |= static_cast<std::uint32_t>(key > top) << c;
-          mc |= static_cast<std::uint32_t>(static_cast<Key>(key - first) <= span) << c;
-        }
+      // Blocks of keys: the masks of the sure keys and of the candidates,
+      // then a store for each set bit only; the candidates' keys are read
+      // again after.
+      for (; p + host_block <= n; p += host_block) {
+        std::uint32_t ms, mc;
+        host_block_masks(row + p, top, first, span, ms, mc);
         for (; ms != 0; ms &= ms - 1)
           sure[ns++] = static_cast<std::int32_t>(p + KokkosExt::lowest_set_bit(ms));
         for (; mc != 0; mc &= mc - 1)
@@ -1241,19 +1270,14 @@ struct SegmentPartitionFunctor {
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     check_select_team_size<ExecutionSpace>(member);
-    std::uint64_t const i = member.league_rank() / segs;
-    int const seg = member.league_rank() % segs;
-    std::uint64_t const t = batch.row_begin + i;
-    SelectRequest req;
-    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
-    std::uint64_t const n = batch.visible(req, t);
-    std::uint64_t const p0 = seg * segment;
-    if (n <= split_from || p0 >= n) return;
+    SplitSegment g;
+    if (!g.find(batch, split_from, segment, segs, member.league_rank())) return;
+    std::uint64_t const i = g.i, n = g.n, p0 = g.p0, p1 = g.p1;
+    int const seg = g.seg;
     std::uint32_t const* plan = plans + i * split_plan_words(segs);
     std::uint32_t const state = plan[SplitPlan::state];
     if (state == SplitPlan::fallback) return;
     bool const all = state == SplitPlan::all;
-    std::uint64_t const p1 = p0 + segment < n ? p0 + segment : n;
     std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
     std::uint32_t const* sure_at = plan + SplitPlan::offsets + seg;
     std::uint32_t const* cand_at = sure_at + segs + 1;
@@ -1272,20 +1296,14 @@ struct SegmentPartitionFunctor {
     Key const* row = keys + i * batch.max_visible;
     if constexpr (!device_shapes<ExecutionSpace>::value) {
       if (member.team_size() == 1) {
-        // Blocks of 32 keys: a mask of the block's sure keys and one of
-        // its candidates (loops the compiler vectorizes), then a store for
-        // each set bit only. (A store a key, kept or not by a count, costs
-        // several times a key's compare on a host.)
+        // Blocks of keys: the masks of the sure keys and of the
+        // candidates, then a store for each set bit only.
         std::uint32_t const on_mask = all ? 0u : ~0u;
         std::uint64_t ns = 0, nc = 0, p = p0;
-        for (; p + 32 <= p1; p += 32) {
+        for (; p + host_block <= p1; p += host_block) {
           Key const* const block = row + p;
-          std::uint32_t ms = 0, mc = 0;
-          for (int c = 0; c < 32; ++c) {
-            Key const key = block[c];
-            ms |= static_cast<std::uint32_t>(key > top) << c;
-            mc |= static_cast<std::uint32_t>(static_cast<Key>(key - first) <= span) << c;
-          }
+          std::uint32_t ms, mc;
+          host_block_masks(block, top, first, span, ms, mc);
           mc &= on_mask;
           for (; ms != 0; ms &= ms - 1)
             sure[ns++] = static_cast<std::uint32_t>(p + KokkosExt::lowest_set_bit(ms));
