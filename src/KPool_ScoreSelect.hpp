@@ -50,7 +50,10 @@ class SelectWorkspace {
   SelectWorkspace() = default;
 
   /// Allocates the buffers on `space` (labelled
-  /// KPool::SelectWorkspace::keys and the BLAS staging buffers).
+  /// KPool::SelectWorkspace::keys; for max_visible above 65536 the long
+  /// rows' ...::segment_histograms and ...::split_plans, a quarter as many
+  /// 4-byte words as keys in all; on host memory spaces the BLAS staging
+  /// buffers).
   /// @param space the execution space instance the allocation is queued on.
   /// @param max_tokens the most query rows (rows of q) a call will have.
   /// @param max_visible the most pools a query row will see.
