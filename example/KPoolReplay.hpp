@@ -503,16 +503,25 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
   std::size_t index = 0;
   for (auto const& b : t.blocks) {
     line = b.line;
-    switch (b.kind) {
-      case KPoolTrace::BlockKind::decode:
-        run_decode<T>(space, ring, ape, t, b, out, cache, options);
-        break;
-      case KPoolTrace::BlockKind::step:
-        run_step<T>(space, ring, ape, t, b, out, cache, options);
-        break;
-      case KPoolTrace::BlockKind::select:
-        selector.run(space, t, b, index++, cache, options, result);
-        continue;
+    try {
+      switch (b.kind) {
+        case KPoolTrace::BlockKind::decode:
+          run_decode<T>(space, ring, ape, t, b, out, cache, options);
+          break;
+        case KPoolTrace::BlockKind::step:
+          run_step<T>(space, ring, ape, t, b, out, cache, options);
+          break;
+        case KPoolTrace::BlockKind::select:
+          selector.run(space, t, b, index++, cache, options, result);
+          continue;
+      }
+    } catch (KPool::InvalidArgument const& e) {
+      // KPool names the batch row: the trace's row of the same index (the
+      // ring's depth rule, which KPool checks and the reader leaves to it).
+      if (b.kind != KPoolTrace::BlockKind::select && e.row() >= 0 &&
+          static_cast<std::size_t>(e.row()) < b.rows.size())
+        line = b.rows[static_cast<std::size_t>(e.row())].line;
+      throw;
     }
     collect<T>(space, out, b, D, result.emitted);
   }

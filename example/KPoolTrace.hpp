@@ -687,7 +687,6 @@ class Parser {
                                std::to_string(s.fed) +
                                " (a row may rewind, never skip ahead)");
     }
-    if (r.n_new > 0 || !decode) check_depth(ln, seq, s, r.cache_len);
     std::uint64_t const end = r.cache_len + r.n_new;
     if (end > 0x7FFFFFFFull)
       throw TraceError(ln, "sequence " + seq +
@@ -725,23 +724,6 @@ class Parser {
     t_.total_tokens = total;
     if (!decode) block_.tokens = tokens;
     block_.rows.push_back(std::move(r));
-  }
-
-  // docs/trace.md, "Rewinds": restarting at c needs H - floor(c / K) * K <= R,
-  // so the members of the pool pending at c are still in the ring.
-  void check_depth(int ln, std::string const& seq, Sequence const& s,
-                   std::uint64_t c) const {
-    std::uint64_t const K = static_cast<std::uint64_t>(t_.kpool);
-    std::uint64_t const base = c / K * K;
-    std::uint64_t const depth = s.high > base ? s.high - base : 0;
-    if (depth > static_cast<std::uint64_t>(t_.ring))
-      throw TraceError(
-          ln, "sequence " + seq + ": restarting at " + std::to_string(c) +
-                  " is deeper than the ring allows: H - floor(c/K)*K = " +
-                  std::to_string(s.high) + " - " + std::to_string(base) +
-                  " = " + std::to_string(depth) + " > ring " +
-                  std::to_string(t_.ring) +
-                  " (H: one past the highest position fed)");
   }
 
   void once_in_block(int ln, std::uint32_t seq) {

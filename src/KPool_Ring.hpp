@@ -5,6 +5,7 @@
 #include <KPool_Types.hpp>
 #include <details/KPool_DetailsKokkosExt.hpp>
 
+#include <cstdint>
 #include <string>
 
 namespace KPool {
@@ -23,14 +24,20 @@ namespace KPool {
 ///     H - floor(c / K) * K <= R,
 ///
 /// H being one past the highest position ever sent for that sequence, so
-/// that the members of the pool pending at c are still in the ring. KPool
-/// sees no sequence's history and cannot check this: it is the caller's
-/// contract. A serving engine sending the next token plus S drafts a step
-/// and re-sending from the first rejected one needs R >= K + S;
+/// that the members of the pool pending at c are still in the ring. The
+/// ring remembers H for each slot (high(), updated on the device by the
+/// steps' own launches): with Options::validate, KPool::step and
+/// KPool::decode_step refuse a rewind that breaks the rule, naming the
+/// slot, c, H and R, before anything is written. A call with
+/// cache_length 0 (a decode row whose first real position is 0) starts a
+/// new sequence and resets its slot's H; a sequence that takes a slot and
+/// starts past 0 (a prefix already cached elsewhere) calls reset() first.
+/// A serving engine sending the next token plus S drafts a step and
+/// re-sending from the first rejected one needs R >= K + S;
 /// serving_length(K, S) gives the size engines use.
 ///
 /// KPool::step and KPool::decode_step take the ring itself; the individual
-/// writers take its view, tail().
+/// writers take its view, tail(), and neither read nor update H.
 ///
 /// @tparam T the storage type (float, double, bfloat16, float16), that of
 /// the keys and gates the steps take.
@@ -50,6 +57,8 @@ class Ring {
   using memory_space = MemorySpace;
   /// The ring's view: [max_slots, 2, R, D], LayoutRight.
   using tail_type = Kokkos::View<T****, Kokkos::LayoutRight, MemorySpace>;
+  /// The view of each slot's H (high()): [max_slots], uint32.
+  using high_type = Kokkos::View<std::uint32_t*, MemorySpace>;
 
   /// The ring length for S draft tokens a step:
   /// K * next_pow2(ceil((K + S) / K)), the smallest power-of-two number of
@@ -83,7 +92,7 @@ class Ring {
   /// Allocates [max_slots, 2, kpool, head_dim] (R = kpool), zero-filled on
   /// `space`, asynchronously like any work queued there; the allocation is
   /// labelled "KPool::Ring::tail". max_slots * 2 * R * head_dim *
-  /// sizeof(T) bytes.
+  /// sizeof(T) bytes, and 4 bytes a slot for H ("KPool::Ring::high", zero).
   /// @tparam ExecutionSpace a Kokkos execution space whose memory space is
   /// MemorySpace.
   /// @param space the instance the zero fill is queued on.
@@ -128,6 +137,34 @@ class Ring {
               " kpool = " + std::to_string(kpool) + ")");
     tail_ = tail_type(Kokkos::view_alloc(space, "KPool::Ring::tail"),
                       max_slots, 2, ring_length, head_dim);
+    high_ = high_type(Kokkos::view_alloc(space, "KPool::Ring::high"), max_slots);
+  }
+
+  /// Forgets the history of one slot (H = 0), for a sequence that takes
+  /// the slot and starts at a cache_length above 0. A sequence starting at
+  /// 0 needs no reset: its first call resets H. Queued on `space`; nothing
+  /// waits for the host.
+  /// @param space the instance the steps run on.
+  /// @param slot the slot, below max_slots().
+  /// @throws KPool::InvalidArgument when slot is out of range (nothing
+  /// written).
+  template <class ExecutionSpace>
+  void reset(ExecutionSpace const& space, int slot) {
+    if (slot < 0 || slot >= max_slots())
+      throw InvalidArgument("KPool::Ring::reset", "slot", "", -1,
+                            std::to_string(slot),
+                            "is not a slot of a ring of max_slots = " +
+                                std::to_string(max_slots()));
+    Kokkos::deep_copy(space, Kokkos::subview(high_, static_cast<std::size_t>(slot)),
+                      std::uint32_t(0));
+  }
+
+  /// Forgets the history of every slot (H = 0 everywhere), queued on
+  /// `space`.
+  /// @param space the instance the steps run on.
+  template <class ExecutionSpace>
+  void reset(ExecutionSpace const& space) {
+    Kokkos::deep_copy(space, high_, std::uint32_t(0));
   }
 
   /// The raw view, for the individual writers (ring_close, seed_tail,
@@ -143,8 +180,15 @@ class Ring {
   /// @return D, channels of a key.
   int head_dim() const { return static_cast<int>(tail_.extent(3)); }
 
+  /// The view of H, one past the highest position sent to each slot since
+  /// its sequence started (cache_length 0) or reset(): the steps' launches
+  /// write it, their validation reads it (docs/ring.md, "The depth rule").
+  /// @return [max_slots], uint32.
+  high_type const& high() const { return high_; }
+
  private:
   tail_type tail_;
+  high_type high_;
   int kpool_ = 0;
 };
 

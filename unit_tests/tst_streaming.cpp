@@ -635,30 +635,34 @@ class DraftScenario {
  public:
   enum class Path { decode, fused, unfused };
 
-  DraftScenario(int D, int R, Path path)
-      : D_(D), path_(path), ape_(random_ape(rng_, K, D)), ring_(E(), 1, K, D, R),
-        out_(E(), 16, 1, D) {}
+  DraftScenario(int D, int R, Path path, int slots = 1)
+      : D_(D), path_(path), ape_(random_ape(rng_, K, D)), ring_(E(), slots, K, D, R),
+        out_(E(), 64, 1, D) {}
 
-  // Sends positions [c, c + n), the r-th sending of each with revision r.
-  void send(int c, int n) {
+  KPool::Ring<T, Mem>& ring() { return ring_; }
+
+  // Sends positions [c, c + n) to `slot`, the r-th sending of each with
+  // revision r; the bookkeeping moves only when the call returns.
+  void send(int c, int n, bool validate = true, std::uint32_t slot_id = 0) {
     Matrix key(n, D_), gate(n, D_);
     for (int i = 0; i < n; ++i) {
-      int const rev = sends_[c + i]++;
+      int const rev = sends_.count(c + i) ? sends_.at(c + i) : 0;
       for (int ch = 0; ch < D_; ++ch) {
         key.at(i, ch) = input(5, c + i, ch, 0, C::dtype, rev);
         gate.at(i, ch) = input(5, c + i, ch, 1, C::dtype, rev);
       }
     }
     E space;
-    auto const slot = to_index_view<U32>(std::vector<std::uint32_t>{0}, "slot_idx");
+    auto const slot = to_index_view<U32>(std::vector<std::uint32_t>{slot_id}, "slot_idx");
+    KPool::Options o = test_options<E>();
+    o.validate = validate;
     if (path_ == Path::decode) {
       std::vector<std::int32_t> pos(n);
       for (int i = 0; i < n; ++i) pos[i] = c + i;
       KPool::decode_step(space, ring_, to_view3<T, Mem>(key, n, "key"),
                          to_view3<T, Mem>(gate, n, "gate"), ape_view<Mem>(ape_),
-                         positions_view<Mem>(pos, n), slot, 1, out_, test_options<E>());
+                         positions_view<Mem>(pos, n), slot, 1, out_, o);
     } else {
-      KPool::Options o = test_options<E>();
       o.fused = path_ == Path::fused;
       KPool::step(space, ring_, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
                   ape_view<Mem>(ape_),
@@ -674,7 +678,19 @@ class DraftScenario {
       v.resize(D_);
       for (int ch = 0; ch < D_; ++ch) v[ch] = pooled(o, ch);
     }
+    for (int i = 0; i < n; ++i) ++sends_[c + i];
     length_ = c + n;
+  }
+
+  // The ring's bytes and H, to show a refused call wrote nothing.
+  std::vector<unsigned char> ring_state() const {
+    auto const t = on_host(ring_.tail());
+    auto const h = on_host(ring_.high());
+    auto const* tb = reinterpret_cast<unsigned char const*>(t.data());
+    auto const* hb = reinterpret_cast<unsigned char const*>(h.data());
+    std::vector<unsigned char> v(tb, tb + t.size() * sizeof(T));
+    v.insert(v.end(), hb, hb + h.size() * sizeof(std::uint32_t));
+    return v;
   }
 
   // Whether every pool within the length, as last emitted, is bit for bit
@@ -736,13 +752,96 @@ TYPED_TEST(Streaming, Vllm58454DraftsPastAPoolBoundaryNeedTheServingRing) {
         for (int pos = 0; pos < 6; ++pos) run.send(pos, 1);
         run.send(6, 4);  // the next token 6 and drafts 7, 8, 9
         EXPECT_TRUE(run.matches_one_shot()) << "before any rewind";
-        run.send(7, 4);  // 7 rejected: re-send from it, plus new drafts
-        if (R == K)
+        if (R == K) {
+          // 7 rejected: the re-send from it needs pool 1's members 4 to 6,
+          // which the drafts 8 and 9 overwrote. The ring knows (H = 10):
+          // refused, nothing written.
+          std::vector<unsigned char> const before = run.ring_state();
+          try {
+            run.send(7, 4);
+            ADD_FAILURE() << "a rewind past the ring's depth was accepted";
+          } catch (KPool::InvalidArgument const& e) {
+            EXPECT_EQ(e.argument(), path == S::Path::decode ? "positions" : "cache_lengths");
+            EXPECT_EQ(e.row(), 0);
+            EXPECT_EQ(e.value(), "7");
+            EXPECT_NE(std::string(e.what()).find(
+                          "slot 0 deeper than the ring holds: H - floor(c/K)*K = 10 - 4 = 6 > R = 4"),
+                      std::string::npos)
+                << e.what();
+          }
+          EXPECT_EQ(run.ring_state(), before);
+          EXPECT_TRUE(run.matches_one_shot()) << "after the refusal";
+          // Unchecked, the rewind goes through within the caller's buffers
+          // and the re-emitted pool 1 mixes in the drafts' keys.
+          run.send(7, 4, /*validate=*/false);
           EXPECT_FALSE(run.matches_one_shot())
               << "a K-entry ring should have lost pool 1's members to the drafts";
-        else
+        } else {
+          run.send(7, 4);  // 7 rejected: re-send from it, plus new drafts
           EXPECT_TRUE(run.matches_one_shot());
+        }
       }
+}
+
+// The depth rule at its boundary (docs/ring.md): with K = 4 and R = 8, a
+// restart at c reaches back to floor(c/K)*K; H - floor(c/K)*K = R is
+// allowed, R + 1 refused; the case of the issue that found the rule
+// unchecked (position 70 re-sent from 61 on R = 8) refused.
+TYPED_TEST(Streaming, TheRingRefusesRewindsPastItsDepth) {
+  using S = DraftScenario<TypeParam>;
+  for (auto path : {S::Path::decode, S::Path::fused, S::Path::unfused}) {
+    SCOPED_TRACE("path " + std::to_string(static_cast<int>(path)));
+    {
+      S run(8, 8, path);
+      run.send(0, 12);  // H = 12
+      run.send(5, 3);   // 12 - 4 = 8 = R: allowed
+      EXPECT_TRUE(run.matches_one_shot());
+      run.send(8, 5);  // H = 13
+      std::vector<unsigned char> const before = run.ring_state();
+      EXPECT_THROW(run.send(7, 2), KPool::InvalidArgument);  // 13 - 4 = 9 > R
+      EXPECT_EQ(run.ring_state(), before);
+      run.send(9, 4);  // 13 - 8 = 5: allowed
+      EXPECT_TRUE(run.matches_one_shot());
+    }
+    {
+      S run(8, 8, path);
+      run.send(0, 64);
+      for (int pos = 64; pos < 70; ++pos) run.send(pos, 1);  // H = 70
+      EXPECT_THROW(run.send(61, 3), KPool::InvalidArgument);   // 70 - 60 = 10 > 8
+      EXPECT_THROW(run.send(63, 3), KPool::InvalidArgument);   // the same pool 15
+      run.send(64, 8);  // 70 - 64 = 6: allowed
+      EXPECT_TRUE(run.matches_one_shot());
+    }
+  }
+}
+
+// A slot's H belongs to the sequence in it: a new sequence starting at 0
+// resets it by its first call; one that starts past 0 (a prefix cached
+// elsewhere) needs Ring::reset, without which its start reads as a rewind
+// of the former sequence.
+TYPED_TEST(Streaming, ASlotsDepthMarkResetsWithANewSequence) {
+  using S = DraftScenario<TypeParam>;
+  using E = typename TypeParam::execution_space;
+  for (auto path : {S::Path::decode, S::Path::fused, S::Path::unfused}) {
+    SCOPED_TRACE("path " + std::to_string(static_cast<int>(path)));
+    S run(8, 8, path, /*slots=*/2);
+    run.send(0, 40, true, 1);  // a former sequence in slot 1: H = 40
+    EXPECT_EQ(on_host(run.ring().high())(1), 40u);
+    EXPECT_EQ(on_host(run.ring().high())(0), 0u);
+    run.send(0, 3, true, 1);  // a new one from 0: H = 3
+    EXPECT_EQ(on_host(run.ring().high())(1), 3u);
+    run.send(3, 37, true, 1);  // H = 40 again
+    // A sequence taking slot 1 at position 16 (its pools 0 to 3 cached):
+    // 40 - 16 > R without a reset.
+    EXPECT_THROW(run.send(16, 2, true, 1), KPool::InvalidArgument);
+    E space;
+    run.ring().reset(space, 1);
+    EXPECT_EQ(on_host(run.ring().high())(1), 0u);
+    run.send(16, 2, true, 1);
+    EXPECT_EQ(on_host(run.ring().high())(1), 18u);
+    EXPECT_THROW(run.ring().reset(space, 2), KPool::InvalidArgument);
+    EXPECT_THROW(run.ring().reset(space, -1), KPool::InvalidArgument);
+  }
 }
 
 }  // namespace

@@ -240,13 +240,18 @@ struct World {
                            index_view<U32>(dslots, "slot_idx"), dnum,
                            tu_pooled, tu_closed, o);
         break;
+      // Each call is a batch of its own, not the next call of the same
+      // sequences: the ring forgets the slots' history (H) first, so the
+      // depth rule (tested in tst_streaming) sees fresh slots.
       case Entry::step_fused:
       case Entry::step_unfused:
         o.fused = e == Entry::step_fused;
+        ring.reset(space);
         KPool::step(space, ring, key, gate, ape, ro, cl, si, num_requests,
                     step_out, o);
         break;
       case Entry::decode_step:
+        ring.reset(space);
         KPool::decode_step(space, ring, key3, gate3, ape, positions_view(),
                            index_view<U32>(dslots, "slot_idx"), dnum,
                            decode_out, o);

@@ -65,6 +65,26 @@ KOKKOS_INLINE_FUNCTION RequestGeometry request_geometry(std::uint64_t c,
   return g;
 }
 
+// The ring's depth rule (docs/ring.md, "Rewinds"). A slot keeps H, one
+// past the highest position sent since its sequence started: a call that
+// (re)starts the sequence at c and ends at end leaves H = end when c is 0
+// (a new sequence) and max(H, end) otherwise. The steps' launches update
+// it (next_high) and their validation checks each restart against it
+// (rewind_depth <= R): H - floor(c / K) * K, the positions the ring must
+// still hold, from the pending pool's first member on; 0 for a new
+// sequence, which needs nothing from the ring.
+KOKKOS_INLINE_FUNCTION std::uint32_t next_high(std::uint32_t high, std::uint64_t c,
+                                               std::uint64_t end) {
+  return static_cast<std::uint32_t>(c == 0 || end > high ? end : high);
+}
+
+KOKKOS_INLINE_FUNCTION std::uint64_t rewind_depth(std::uint64_t high, std::uint64_t c,
+                                                  int kpool) {
+  std::uint64_t const base = c / static_cast<std::uint64_t>(kpool) *
+                             static_cast<std::uint64_t>(kpool);
+  return c == 0 || high <= base ? 0 : high - base;
+}
+
 // Pools that close when a decode row stashes `pos`: one when it is the last
 // member of its pool.
 KOKKOS_INLINE_FUNCTION bool closes_pool(std::int64_t pos, int kpool) {

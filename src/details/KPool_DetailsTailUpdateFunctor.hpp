@@ -62,6 +62,10 @@ struct TailUpdateFunctor {
   int items_per_team = 1;
   Cache cache{};
   int cache_slots = 1;  // scratch slots a row, with a cache
+  // The ring's H a slot (Ring::high), moved past each row's last real
+  // position; null for the tail_update writer, which takes the ring's view
+  // only.
+  std::uint32_t* ring_high = nullptr;
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     int const begin = member.league_rank() * items_per_team;
@@ -82,9 +86,12 @@ struct TailUpdateFunctor {
       PoolSource<T> src;
       src.row_key = src.row_gate = nullptr;
       src.key_r = src.key_c = src.gate_r = src.gate_c = 0;
+      std::int32_t first = -1, last = -1;
       for (int i = 0; i < next_n; ++i) {
         std::int32_t const pos = positions(r, i);
         if (pos < 0) continue;
+        if (first < 0) first = pos;
+        last = pos;
         int const idx = ring_index(static_cast<std::uint64_t>(pos), ring_length);
         thread_vector_copy<ExecutionSpace, P>(
             member, head_dim, &key(r, i, 0), key.stride(2),
@@ -118,6 +125,11 @@ struct TailUpdateFunctor {
         }
         ++closed;
       }
+      if (ring_high != nullptr && first >= 0)
+        KokkosExt::single_per_thread(member, [&]() {
+          ring_high[slot] = next_high(ring_high[slot], static_cast<std::uint64_t>(first),
+                                      static_cast<std::uint64_t>(last) + 1);
+        });
     }
     if constexpr (!StepMode) {
       KokkosExt::single_per_thread(member, [&]() {

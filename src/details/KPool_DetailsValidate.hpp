@@ -258,13 +258,23 @@ struct HostBatch {
   std::vector<RequestGeometry> geometry;     // [num_requests], R = K
   std::uint64_t full_pools = 0;              // sum of compress pools
   std::uint64_t closing = 0;                 // requests ring_close closes
+  std::vector<std::uint32_t> slots;          // [num_requests] when checked
+};
+
+// A live row's (re)start of its slot's sequence: it sends positions
+// [start, end) (the ring's depth rule, check_ring_depth).
+struct RingRestart {
+  std::uint32_t slot;
+  std::uint64_t start, end;
 };
 
 // Live slots below max_slots and distinct (docs/ring.md, "Slots").
+// Returns the live slots.
 template <class ExecutionSpace, class Slots>
-void check_slots(Checker const& chk, ExecutionSpace const& space,
-                 Slots const& slot_idx, std::size_t n, int max_slots) {
-  std::vector<std::uint32_t> const slots = host_copy(space, slot_idx, n);
+std::vector<std::uint32_t> check_slots(Checker const& chk, ExecutionSpace const& space,
+                                       Slots const& slot_idx, std::size_t n,
+                                       int max_slots) {
+  std::vector<std::uint32_t> slots = host_copy(space, slot_idx, n);
   std::unordered_map<std::uint32_t, std::size_t> owner;
   for (std::size_t r = 0; r < n; ++r) {
     if (slots[r] >= static_cast<std::uint32_t>(max_slots))
@@ -276,6 +286,7 @@ void check_slots(Checker const& chk, ExecutionSpace const& space,
                    "is already the slot of row " +
                        std::to_string(ins.first->second));
   }
+  return slots;
 }
 
 // The data rules of a ragged batch whose shapes are already checked
@@ -324,28 +335,30 @@ HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
     hb.full_pools += hb.geometry[r].full;
     hb.closing += hb.geometry[r].closes ? 1 : 0;
   }
-  if (slot_idx) check_slots(chk, space, *slot_idx, n, max_slots);
+  if (slot_idx) hb.slots = check_slots(chk, space, *slot_idx, n, max_slots);
   return hb;
 }
 
 // The data rules of decode rows whose shapes are already checked: live
 // slots below max_slots and distinct; real positions (>= 0) of a row
 // consecutive, since a gap would close a pool from stale ring entries.
-// A row's first real position may rewind below the sequence's length; the
-// depth rule that makes that safe needs the sequence's history, which KPool
-// never sees, so it stays the caller's (docs/ring.md, "Rewinds").
+// A row's first real position may rewind below the sequence's length (the
+// ring's depth rule, check_ring_depth, from `restarts`).
 // Returns the pools each live row closes; `pools`, when given, receives
 // each live row's closed pool ids as a range [first, end) (consecutive
-// positions close consecutive pools; empty when none).
+// positions close consecutive pools; empty when none); `restarts`, when
+// given, each live row with a real position: its slot and the positions
+// it sends.
 template <class ExecutionSpace, class Positions, class Slots>
 std::vector<int> check_decode_batch(
     Checker const& chk, ExecutionSpace const& space,
     Positions const& positions, Slots const& slot_idx, int num_requests,
     int kpool, int max_slots,
-    std::vector<std::pair<std::int64_t, std::int64_t>>* pools = nullptr) {
+    std::vector<std::pair<std::int64_t, std::int64_t>>* pools = nullptr,
+    std::vector<RingRestart>* restarts = nullptr) {
   std::size_t const next_n = positions.extent(1);
   std::size_t const n = static_cast<std::size_t>(num_requests);
-  check_slots(chk, space, slot_idx, n, max_slots);
+  std::vector<std::uint32_t> const slots = check_slots(chk, space, slot_idx, n, max_slots);
   auto const h = host_readable(
       space, Kokkos::subview(positions, std::make_pair(std::size_t(0), n),
                              Kokkos::ALL));
@@ -364,6 +377,19 @@ std::vector<int> check_decode_batch(
                      "consecutive)");
       prev = pos;
       closes[r] += closes_pool(pos, kpool) ? 1 : 0;
+    }
+  }
+  if (restarts) {
+    restarts->clear();
+    for (std::size_t r = 0; r < n; ++r) {
+      std::int64_t first = -1, last = -1;
+      for (std::size_t i = 0; i < next_n; ++i)
+        if (h(r, i) >= 0) {
+          if (first < 0) first = h(r, i);
+          last = h(r, i);
+        }
+      restarts->push_back({slots[r], static_cast<std::uint64_t>(first < 0 ? 0 : first),
+                           static_cast<std::uint64_t>(last + 1)});
     }
   }
   if (pools) {
