@@ -2,7 +2,7 @@
 // f32), each next to a plain Kokkos copy moving the same number of bytes on
 // the same execution space instance.
 //
-//   kpool_perf [--quick] [--filter SUBSTRING] [--out PATH] [--min-time S]
+//   kpool_perf [--quick] [--filter SUBSTRING[,SUBSTRING...]] [--out PATH] [--min-time S]
 //
 // Every timed entry is one (scenario, dtype, op): for example
 // "prefill_b8_16k/bf16/compress". Per entry: one untimed call with
@@ -602,8 +602,18 @@ class Runner {
  public:
   Runner(Space const& space, Settings const& s) : space_(space), s_(s), copy_(space) {}
 
+  // --filter A,B: entries whose name contains A or B.
   bool selected(std::string const& name) const {
-    return s_.filter.empty() || name.find(s_.filter) != std::string::npos;
+    if (s_.filter.empty()) return true;
+    std::size_t begin = 0;
+    while (begin <= s_.filter.size()) {
+      std::size_t const comma = s_.filter.find(',', begin);
+      std::size_t const end = comma == std::string::npos ? s_.filter.size() : comma;
+      if (end > begin && name.find(s_.filter.substr(begin, end - begin)) != std::string::npos)
+        return true;
+      begin = end + 1;
+    }
+    return false;
   }
 
   using Call = std::function<void(KPool::Options const&)>;
@@ -1791,7 +1801,8 @@ void usage(char const* argv0) {
       "[--min-time SECONDS]\n"
       "  --quick        fewer, smaller cases (smoke test)\n"
       "  --filter S     only entries whose name contains S (names are\n"
-      "                 scenario/dtype/op, e.g. prefill_b8_16k/bf16/compress)\n"
+      "                 scenario/dtype/op, e.g. prefill_b8_16k/bf16/compress);\n"
+      "                 S1,S2,... any of them\n"
       "  --out PATH     report path (default perf_report.json)\n"
       "  --min-time S   seconds of timed runs per entry (default 0.2; quick\n"
       "                 0.02); at least 5 runs, at most 200\n",

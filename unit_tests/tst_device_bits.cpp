@@ -139,10 +139,25 @@ struct HardwareProbe {
   }
 };
 
+// Mismatches between the hardware and the contract's conversion over
+// floats given by a mapping of the index: all 2^32 bit patterns, or a view
+// of chosen ones.
+struct AllFloats {
+  KOKKOS_INLINE_FUNCTION std::uint32_t operator()(std::int64_t i) const {
+    return static_cast<std::uint32_t>(i);
+  }
+};
+struct ChosenFloats {
+  Kokkos::View<const std::uint32_t*, E::memory_space> bits;
+  KOKKOS_INLINE_FUNCTION std::uint32_t operator()(std::int64_t i) const { return bits(i); }
+};
+
+template <class Floats>
 struct HardwareMismatches {
+  Floats floats;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::uint64_t& count,
                                          std::int64_t& first) const {
-    auto const u = static_cast<std::uint32_t>(i);
+    std::uint32_t const u = floats(i);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return;  // NaN
     float const f = bit_cast<float>(u);
     if (KPool::Details::hardware_e4m3_bits(f) != KPool::Details::software_e4m3_bits(f)) {
@@ -152,14 +167,13 @@ struct HardwareMismatches {
   }
 };
 
-TEST(DeviceBits, HardwareE4M3ConversionGivesTheContractsBytes) {
+// Whether the default execution space converts in hardware; the format's
+// own values and the NaN codes are checked on the way.
+bool hardware_e4m3() {
   Kokkos::View<int*, E::memory_space> probe("probe", 9);
   Kokkos::parallel_for("probe", Kokkos::RangePolicy<E>(0, 9), HardwareProbe{probe});
   auto const p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), probe);
-  if (p(0) < 0)
-    GTEST_SKIP() << "no hardware E4M3 conversion on " << E::name()
-                 << " (CUDA compute capability 8.9 and newer only): "
-                    "perf_tests/gpu/run_device.sh runs this on the H200";
+  if (p(0) < 0) return false;
   // The format's own values first (KPoolCacheReference's decoder).
   EXPECT_EQ(p(0), 0x38) << "1.0";
   EXPECT_EQ(p(1), 0x7E) << "448";
@@ -170,13 +184,87 @@ TEST(DeviceBits, HardwareE4M3ConversionGivesTheContractsBytes) {
   EXPECT_EQ(p(6), 0x01) << "2^-9, the least subnormal";
   std::cout << "hardware E4M3 of NaN: 0x" << std::hex << p(7) << ", of -NaN: 0x"
             << p(8) << std::dec << " (KPool stores S.1111.111 in software)\n";
+  return true;
+}
+
+#define KPOOL_SKIP_WITHOUT_HARDWARE_E4M3()                                      \
+  if (!hardware_e4m3())                                                        \
+  GTEST_SKIP() << "no hardware E4M3 conversion on " << E::name()               \
+               << " (CUDA compute capability 8.9 and newer only): "            \
+                  "perf_tests/gpu/run_device.sh runs this on the H200"
+
+// The floats every rounding decision of an E4M3 conversion turns on, for
+// each of the 256 exponents and both signs: around every bit position of
+// the mantissa (the rounding point moves with the exponent in E4M3's
+// subnormal range), the halfway points of the 3-bit mantissa above each
+// of E4M3's 8 codes an exponent, and their neighbours, so the saturation
+// edge (448, 464, 480) and the subnormal edges (2^-9, 2^-10) are among
+// them; about 60,000 floats.
+std::vector<std::uint32_t> e4m3_edge_floats() {
+  std::set<std::uint32_t> mantissas = {0, 1, 2, 0x7FFFFF, 0x7FFFFE};
+  for (int b = 0; b < 23; ++b)
+    for (std::int64_t d : {-1, 0, 1}) {
+      std::int64_t const m = (std::int64_t(1) << b) + d;
+      if (m >= 0 && m <= 0x7FFFFF) mantissas.insert(static_cast<std::uint32_t>(m));
+    }
+  for (std::uint32_t j = 0; j < 8; ++j)
+    for (std::uint32_t half : {0u, 1u << 19})
+      for (std::int64_t d : {-1, 0, 1}) {
+        std::int64_t const m = static_cast<std::int64_t>((j << 20) | half) + d;
+        if (m >= 0 && m <= 0x7FFFFF) mantissas.insert(static_cast<std::uint32_t>(m));
+      }
+  std::vector<std::uint32_t> v;
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t e = 0; e < 256; ++e)
+      for (std::uint32_t m : mantissas) v.push_back(sign | (e << 23) | m);
+  return v;
+}
+
+std::uint64_t hardware_mismatches_on(std::vector<std::uint32_t> const& floats,
+                                     std::int64_t& first_index) {
+  Kokkos::View<std::uint32_t*, E::memory_space> bits("floats", floats.size());
+  auto const h = Kokkos::create_mirror_view(bits);
+  for (std::size_t i = 0; i < floats.size(); ++i) h(i) = floats[i];
+  Kokkos::deep_copy(bits, h);
+  std::uint64_t count = 0;
+  first_index = static_cast<std::int64_t>(floats.size());
+  Kokkos::parallel_reduce(
+      "edge floats",
+      Kokkos::RangePolicy<E, Kokkos::IndexType<std::int64_t>>(
+          0, static_cast<std::int64_t>(floats.size())),
+      HardwareMismatches<ChosenFloats>{ChosenFloats{bits}}, count,
+      Kokkos::Min<std::int64_t>(first_index));
+  return count;
+}
+
+// The sample the device run's first tier takes (a fraction of a second).
+TEST(DeviceBits, HardwareE4M3ConversionOnEveryExponentsEdges) {
+  std::vector<std::uint32_t> const floats = e4m3_edge_floats();
+  // The sample holds the edges it is for, whatever the hardware.
+  for (float f : {448.0f, 464.0f, 480.0f, 0x1.0p-9f, 0x1.0p-10f, 0x1.8p-10f})
+    EXPECT_NE(std::find(floats.begin(), floats.end(), bits_of(f)), floats.end()) << f;
+  KPOOL_SKIP_WITHOUT_HARDWARE_E4M3();
+  std::int64_t first = 0;
+  std::uint64_t const count = hardware_mismatches_on(floats, first);
+  EXPECT_EQ(count, 0u) << "first differing float: 0x" << std::hex
+                       << (count ? floats[static_cast<std::size_t>(first)] : 0u);
+  std::cout << "measured: hardware E4M3 conversion on " << floats.size()
+            << " edge floats, " << count << " differ from the contract\n";
+}
+
+// Every float (the device run's second tier): its verdict decides whether
+// KPool_ENABLE_HW_E4M3 may be turned on.
+TEST(DeviceBits, HardwareE4M3ConversionOnAllFloats) {
+  KPOOL_SKIP_WITHOUT_HARDWARE_E4M3();
   std::uint64_t count = 0;
   std::int64_t first = std::int64_t(1) << 32;
   Kokkos::parallel_reduce(
       "all floats",
       Kokkos::RangePolicy<E, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(1) << 32),
-      HardwareMismatches{}, count, Kokkos::Min<std::int64_t>(first));
+      HardwareMismatches<AllFloats>{AllFloats{}}, count, Kokkos::Min<std::int64_t>(first));
   EXPECT_EQ(count, 0u) << "first differing float: 0x" << std::hex << first;
+  std::cout << "measured: hardware E4M3 conversion on all 2^32 floats, " << count
+            << " differ from the contract\n";
 }
 
 // The cache write's padded scratch rows (KPool_DetailsCacheWrite.hpp,

@@ -79,6 +79,62 @@ TEST(LaunchShapes, DeviceShapesFollowTheTestOption) {
   EXPECT_EQ(KPool::Details::vector_lanes<H>(100), host_device_shapes ? 32 : 1);
 }
 
+#if defined(KPOOL_IMPL_CHECK_WIDE_COPIES)
+// A device-shapes build checks every 16- and 8-byte copy's alignment as a
+// GPU would fault on it, and the abort names the kernel KPool launched.
+struct WideCopies {
+  unsigned char* bytes;
+  int offset;
+  int width;
+  KOKKOS_INLINE_FUNCTION void operator()(
+      KPool::Details::KokkosExt::TeamPolicy<E>::member_type const&) const {
+    alignas(16) unsigned char v[16];
+    if (width == 16)
+      KPool::Details::KokkosExt::copy_aligned_bytes<16>(v, bytes + offset);
+    else
+      KPool::Details::KokkosExt::copy_aligned_bytes<8>(bytes + offset, v);
+  }
+};
+
+void launch_copies(unsigned char* bytes, int offset, int width) {
+  KPool::Details::LaunchShape shape;
+  shape.league = 1;
+  KPool::Details::launch(E(), "KPool::test::wide_copy", shape, WideCopies{bytes, offset, width});
+  E().fence();
+}
+
+TEST(DeviceShapes, AMisalignedWideCopyAbortsNamingItsKernel) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Kokkos::View<unsigned char*, M> buf("buf", 64);
+  unsigned char* const p = buf.data();
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(p) % 16, 0u);
+  launch_copies(p, 16, 16);  // aligned: fine
+  launch_copies(p, 8, 8);
+  EXPECT_DEATH(launch_copies(p, 4, 16),
+               "misaligned 16-byte copy in kernel KPool::test::wide_copy");
+  EXPECT_DEATH(launch_copies(p, 8, 16), "misaligned 16-byte copy");
+  EXPECT_DEATH(launch_copies(p, 12, 8),
+               "misaligned 8-byte copy in kernel KPool::test::wide_copy");
+}
+#endif
+
+#if KPOOL_HAS_KOKKOSKERNELS
+// The tensor-core engine's kernels are compiled only where they can run: a
+// host (the 32-lane emulation) and CUDA with the instruction; never on an
+// AMD GPU, where the engine is refused before any launch.
+TEST(LaunchShapes, TheTensorCoreKernelsAreCompiledOnlyWhereTheyRun) {
+  using KPool::Details::MmaKind;
+  using KPool::Details::mma_kernel_runs;
+  static_assert(mma_kernel_runs<Kokkos::DefaultHostExecutionSpace, MmaKind::e4m3>(), "host");
+  static_assert(mma_kernel_runs<Kokkos::DefaultHostExecutionSpace, MmaKind::bf16>(), "host");
+  static_assert(!mma_kernel_runs<WavefrontGpu, MmaKind::bf16>(), "HIP");
+  static_assert(!mma_kernel_runs<WavefrontGpu, MmaKind::e4m3>(), "HIP");
+  EXPECT_FALSE((KPool::Details::mma_plan<WavefrontGpu, KPool::bfloat16, KPool::float8_e4m3>(
+                    true, false)
+                    .usable));
+}
+#endif
+
 // Vector lanes stop at the backend's lock-step group: a CUDA warp, an AMD
 // wavefront; host backends under device shapes mimic CUDA.
 TEST(LaunchShapes, VectorLanesStopAtTheBackendsLockStepGroup) {
@@ -490,14 +546,22 @@ TEST_F(HostSync, ValidationFencesOnlyTheCallersInstance) {
   for (auto const& f : global.fences)
     ASSERT_NE(f.second, instance) << "a global fence is indistinguishable here";
 #endif
+  // Each call sends the same batch again, not its sequences' next tokens:
+  // the ring forgets the slots' history (H) before each, outside the record,
+  // so the depth rule sees fresh slots.
+  auto const fresh = [&](auto const& call) {
+    s.ring.reset(s.space);
+    s.space.fence();
+    return record(call);
+  };
   std::vector<std::pair<std::string, Recorder>> runs;
-  runs.emplace_back("fused step", record([&] { s.step(true, true); }));
-  runs.emplace_back("three-launch step", record([&] { s.step(false, true); }));
-  runs.emplace_back("decode_step", record([&] { s.decode(true); }));
-  runs.emplace_back("fused step with a pool cache", record([&] { s.step(true, true, true); }));
+  runs.emplace_back("fused step", fresh([&] { s.step(true, true); }));
+  runs.emplace_back("three-launch step", fresh([&] { s.step(false, true); }));
+  runs.emplace_back("decode_step", fresh([&] { s.decode(true); }));
+  runs.emplace_back("fused step with a pool cache", fresh([&] { s.step(true, true, true); }));
   runs.emplace_back("three-launch step with a pool cache",
-                    record([&] { s.step(false, true, true); }));
-  runs.emplace_back("decode_step with a pool cache", record([&] { s.decode(true, true); }));
+                    fresh([&] { s.step(false, true, true); }));
+  runs.emplace_back("decode_step with a pool cache", fresh([&] { s.decode(true, true); }));
   for (auto const& [what, r] : runs) {
     EXPECT_FALSE(r.fences.empty()) << what << " validated without fencing";
     for (auto const& f : r.fences)

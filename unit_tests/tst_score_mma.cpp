@@ -10,7 +10,9 @@
 #include <KPoolTestUtils.hpp>
 #include <KPool_ScoreSelect.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -274,6 +276,31 @@ TEST(MmaNumerics, ServingQueryCodes) {
   }
 }
 
+// ------------------------------------------------ the engine's scratch
+
+// The team's scratch fits the level-0 scratch a GPU reports (40,936 bytes
+// with Kokkos 4.6 on an H200, what device-shapes builds check against):
+// the rotation rows share the key tiles' bytes (they live only while the
+// queries are staged), and the warps come off one at a time, so a rotated
+// fp8 decode call of the exact profile (H = 32, D = 128, three bf16 query
+// terms, one row) runs 3-warp teams there rather than 2.
+TEST(MmaEngine, ARotatedFp8DecodeCallTakesThreeWarpsInAnH200sScratch) {
+  using F = KPool::Details::ScoreMmaFunctor<Kokkos::DefaultHostExecutionSpace, KPool::bfloat16,
+                                            KPool::float8_e4m3, MmaKind::bf16>;
+  std::size_t const h200 = 40936;
+  EXPECT_EQ(KPool::Details::modeled_device_scratch0, h200);
+  EXPECT_LE(F::scratch_bytes(1, 3, 32, 128, 3), h200);
+  EXPECT_GT(F::scratch_bytes(1, 3, 32, 128, 4), h200);
+  for (int warps : {1, 2, 4}) {
+    auto const l = F::layout(1, 3, 32, 128, warps);
+    EXPECT_EQ(l.rot, l.k) << warps << " warps";
+    // The shared region holds the larger of the two.
+    EXPECT_GE(l.meta - l.k, std::max<std::size_t>(F::rotate_rows * 128 * 4,
+                                                  static_cast<std::size_t>(warps) * 16 *
+                                                      F::row_words(128) * 4));
+  }
+}
+
 // ------------------------------------------------ the hardware MMA
 
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -334,6 +361,125 @@ void expect_device_mma(std::pair<int, int> (*ta)(int, int), std::pair<int, int> 
 TEST(MmaDevice, Bf16MatchesTheEmulation) { expect_device_mma<MmaKind::bf16>(ptx_a16, ptx_b16); }
 TEST(MmaDevice, F16MatchesTheEmulation) { expect_device_mma<MmaKind::f16>(ptx_a16, ptx_b16); }
 TEST(MmaDevice, E4m3MatchesTheEmulation) { expect_device_mma<MmaKind::e4m3>(ptx_a8, ptx_b8); }
+
+// Each warp (team) chains `steps` MMAs of its tile's registers.
+template <MmaKind Kind>
+struct ChainedMma {
+  Kokkos::View<std::uint32_t*, Kokkos::CudaSpace> in;
+  Kokkos::View<float*, Kokkos::CudaSpace> out;
+  int steps;
+  KOKKOS_INLINE_FUNCTION void operator()(
+      Kokkos::TeamPolicy<Kokkos::Cuda>::member_type const& m) const {
+    int const t = m.league_rank(), l = m.team_rank();
+    float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    for (int st = 0; st < steps; ++st) {
+      std::size_t const r = ((static_cast<std::size_t>(t) * steps + st) * 32 + l) * 6;
+      std::uint32_t const a[1][4] = {{in(r), in(r + 1), in(r + 2), in(r + 3)}};
+      std::uint32_t const b[1][2] = {{in(r + 4), in(r + 5)}};
+      KPool::Details::mma_warp<Kind, 1>(d, a, b);
+    }
+    for (int i = 0; i < 4; ++i) out((static_cast<std::size_t>(t) * 32 + l) * 4 + i) = d[0][i];
+  }
+};
+
+// Hopper's FP8 MMA is reported to accumulate with fewer bits than f32,
+// which the small integers above cannot show. Serving-shaped data: rotated
+// keys (16 pools) and queries (8 heads) of 128 channels, each row scaled by
+// its UE8M0 power of two and coded in E4M3 as the serving profile does;
+// each (pool, head) score is four chained m16n8k32 MMAs. The hardware's
+// scores are compared with KPool's f32 emulation and with the exact sum,
+// relative to S = sum_c |q_c k_c|, and must stay within half the serving
+// profile's selection tolerance of 1e-5 S (docs/indexer.md, "Tolerance": two
+// scores' errors may add). The measured bound is printed either way, so
+// that the tolerance can be set from it.
+TEST(MmaDevice, E4m3AccumulationOnServingShapedData) {
+  constexpr MmaKind Kind = MmaKind::e4m3;
+  if (!KPool::Details::mma_device_supported<Kind>::value) GTEST_SKIP() << "arch";
+  using S = MmaShape<Kind>;
+  constexpr int D = 128, steps = D / S::k, tiles = 256;
+  Rng rng(2027);
+  // A row as the serving profile stores it: Gaussian-like values, rotated,
+  // divided by the UE8M0 scale of its amax, coded in E4M3.
+  auto serving_row = [&](std::vector<std::uint8_t>& codes, std::vector<double>& values) {
+    std::vector<double> x(D);
+    for (double& v : x) v = rng.uniform(-1, 1) + rng.uniform(-1, 1) + rng.uniform(-1, 1);
+    KPoolSelectRef::wht(x);
+    double amax = 1e-4;
+    for (double v : x) amax = std::max(amax, std::fabs(v));
+    double const scale = std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(amax / 448.0))));
+    codes.resize(D);
+    values.resize(D);
+    for (int c = 0; c < D; ++c) {
+      codes[c] = KPoolSelectRef::fp8_encode(x[c] / scale);
+      values[c] = KPoolSelectRef::fp8_decode(codes[c]);
+    }
+  };
+  // Registers: [tile][step][lane][4 words of A, 2 of B].
+  std::vector<std::uint32_t> regs(static_cast<std::size_t>(tiles) * steps * 32 * 6, 0);
+  std::vector<double> exact(static_cast<std::size_t>(tiles) * S::m * S::n, 0.0);
+  std::vector<double> mag(exact.size(), 0.0);
+  std::vector<float> emulated(exact.size(), 0.0f);
+  for (int t = 0; t < tiles; ++t) {
+    std::vector<std::vector<std::uint8_t>> kc(S::m), qc(S::n);
+    std::vector<std::vector<double>> kv(S::m), qv(S::n);
+    for (int p = 0; p < S::m; ++p) serving_row(kc[p], kv[p]);
+    for (int h = 0; h < S::n; ++h) serving_row(qc[h], qv[h]);
+    float acc[32][4] = {};
+    for (int st = 0; st < steps; ++st) {
+      std::uint32_t a[32][4] = {}, b[32][2] = {};
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int i = 0; i < S::a_elems; ++i) {
+          auto const rc = ptx_a8(lane, i);
+          a[lane][i / 4] |= std::uint32_t(kc[rc.first][st * S::k + rc.second]) << ((i % 4) * 8);
+        }
+        for (int i = 0; i < S::b_elems; ++i) {
+          auto const rc = ptx_b8(lane, i);
+          b[lane][i / 4] |= std::uint32_t(qc[rc.second][st * S::k + rc.first]) << ((i % 4) * 8);
+        }
+        std::uint32_t* r = &regs[((static_cast<std::size_t>(t) * steps + st) * 32 + lane) * 6];
+        for (int w = 0; w < 4; ++w) r[w] = a[lane][w];
+        for (int w = 0; w < 2; ++w) r[4 + w] = b[lane][w];
+      }
+      KPool::Details::mma_emulate<Kind>(acc, a, b, acc);
+    }
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        auto const rc = ptx_c(lane, i);
+        std::size_t const o = (static_cast<std::size_t>(t) * S::m + rc.first) * S::n + rc.second;
+        emulated[o] = acc[lane][i];
+        for (int c = 0; c < D; ++c) {
+          exact[o] += kv[rc.first][c] * qv[rc.second][c];
+          mag[o] += std::fabs(kv[rc.first][c] * qv[rc.second][c]);
+        }
+      }
+  }
+  Kokkos::View<std::uint32_t*, Kokkos::CudaSpace> in("in", regs.size());
+  Kokkos::View<float*, Kokkos::CudaSpace> out("out", static_cast<std::size_t>(tiles) * 32 * 4);
+  Kokkos::deep_copy(in, Kokkos::View<std::uint32_t*, Kokkos::HostSpace,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>(regs.data(),
+                                                                              regs.size()));
+  Kokkos::parallel_for("mma_accumulation_check",
+                       Kokkos::TeamPolicy<Kokkos::Cuda>(tiles, 32),
+                       ChainedMma<Kind>{in, out, steps});
+  auto const hw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  double worst_exact = 0, worst_emulated = 0, emulation_exact = 0;
+  for (int t = 0; t < tiles; ++t)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        auto const rc = ptx_c(lane, i);
+        std::size_t const o = (static_cast<std::size_t>(t) * S::m + rc.first) * S::n + rc.second;
+        double const h = hw((static_cast<std::size_t>(t) * 32 + lane) * 4 + i);
+        worst_exact = std::max(worst_exact, std::fabs(h - exact[o]) / mag[o]);
+        worst_emulated = std::max(worst_emulated, std::fabs(h - emulated[o]) / mag[o]);
+        emulation_exact = std::max(emulation_exact, std::fabs(emulated[o] - exact[o]) / mag[o]);
+      }
+  std::printf(
+      "measured: E4M3 MMA accumulation over %d serving-shaped scores of %d channels: "
+      "max |hardware - exact| = %.3g S, max |hardware - f32 emulation| = %.3g S "
+      "(f32 emulation - exact: %.3g S); the serving tolerance allows 5e-06 S a score\n",
+      tiles * S::m * S::n, D, worst_exact, worst_emulated, emulation_exact);
+  EXPECT_LE(worst_exact, 5e-6) << "the hardware MMA's accumulation needs a wider tolerance";
+}
 #endif
 
 }  // namespace

@@ -404,6 +404,29 @@ TYPED_TEST(Select, ConformsToTheReferenceOnTheGrid) {
   }
 }
 
+// The fused layout's blocks are block_pools * (D + 4) bytes apart, 16-byte
+// aligned only when block_pools is a multiple of 4: every engine reads
+// every entry of blocks of any pool count (the tiles engine's 16-byte key
+// loads took only the base's alignment into account: in a device-shapes
+// build that aborted, as the GPU would fault, at block_pools 3).
+TYPED_TEST(Select, FusedBlocksOfAnyPoolCountOnEveryEngine) {
+  using E = typename TypeParam::execution_space;
+  using T = typename TypeParam::value_type;
+  if (TypeParam::dtype == DType::f64)
+    GTEST_SKIP() << "the fused layout is the serving profile's, an fp8 cache, which f64 "
+                    "pools do not take";
+  std::uint64_t seed = 300;
+  for (int block_pools : {1, 2, 3, 5, 6, 7})
+    for (int D : {64, 128}) {
+      Shape const s{4, 8, D, 16, true, true, block_pools, true, true};
+      Scenario const sc = make_scenario(s, TypeParam::dtype, mixed_batch(), 6, 2, ++seed);
+      for (KPool::ScoreEngine engine : engines<E>()) {
+        SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine));
+        EXPECT_TRUE(conforms(sc, run<E, T>(sc, options_for<E>(engine))));
+      }
+    }
+}
+
 TYPED_TEST(Select, SelectTokensIsTheExpansionOfTheSelection) {
   using E = typename TypeParam::execution_space;
   using T = typename TypeParam::value_type;

@@ -174,6 +174,15 @@ struct CacheTarget {
     return values + static_cast<std::int64_t>(w.block) * values_block_stride +
            static_cast<std::int64_t>(w.entry) * dim;
   }
+  /// Whether every entry's values start on a `bytes` boundary: the base,
+  /// the block stride (the fused layout's is block_pools * (D + 4) bytes,
+  /// a multiple of 4 only) and the entry stride. A wide load of an entry
+  /// is safe only then (a GPU faults on a misaligned one).
+  bool rows_aligned(std::size_t bytes) const {
+    return reinterpret_cast<std::uintptr_t>(values) % bytes == 0 &&
+           static_cast<std::size_t>(values_block_stride) * sizeof(C) % bytes == 0 &&
+           static_cast<std::size_t>(dim) * sizeof(C) % bytes == 0;
+  }
   KOKKOS_INLINE_FUNCTION float& scale_at(CacheSlot w) const {
     return scales[static_cast<std::int64_t>(w.block) * scales_block_stride + w.entry];
   }

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -267,21 +269,51 @@ KOKKOS_FORCEINLINE_FUNCTION int lowest_set_bit(std::uint32_t m) {
 #endif
 }
 
-// Copies Bytes bytes between Bytes-aligned addresses in one wide access.
-// Host compilers turn the memcpy into one vector load or store; nvcc turns
-// it into byte accesses, so device code goes through CUDA's / HIP's 16- and
-// 8-byte vector types, the documented idiom for one wide load.
+#if defined(KPOOL_TEST_DEVICE_SHAPES) && !defined(__CUDACC__) && !defined(__HIPCC__)
+// Device-shapes builds (host backends taking a GPU's launch shapes) check
+// every wide copy's alignment, as a GPU would fault on it; launch() names
+// the kernel it runs here, so that the abort says which one.
+#define KPOOL_IMPL_CHECK_WIDE_COPIES 1
+inline std::string& running_kernel() {
+  static std::string name = "(outside any KPool launch)";
+  return name;
+}
+
+[[noreturn]] inline void misaligned_wide_copy(std::size_t bytes, void const* dst,
+                                              void const* src) {
+  std::fprintf(stderr,
+               "KPool: misaligned %zu-byte copy in kernel %s: from %p to %p "
+               "(a GPU would fault here)\n",
+               bytes, running_kernel().c_str(), src, dst);
+  std::fflush(stderr);
+  Kokkos::abort("KPool: misaligned wide copy (a GPU would fault here)");
+  std::abort();
+}
+#endif
+
+// Copies Bytes bytes between addresses aligned to the wide access (8 bytes
+// for Bytes 8, 16 for multiples of 16) in one wide access. Host compilers
+// turn the memcpy into one vector load or store; nvcc turns it into byte
+// accesses, so device code goes through CUDA's / HIP's 16- and 8-byte
+// vector types, the documented idiom for one wide load.
 template <std::size_t Bytes>
 KOKKOS_FORCEINLINE_FUNCTION void copy_aligned_bytes(void* dst, void const* src) {
+  static_assert(Bytes == 8 || Bytes % 16 == 0,
+                "wide copies are 8 or a multiple of 16 bytes");
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
   if constexpr (Bytes % 16 == 0) {
     for (std::size_t i = 0; i < Bytes / 16; ++i)
       static_cast<uint4*>(dst)[i] = static_cast<uint4 const*>(src)[i];
   } else {
-    static_assert(Bytes == 8, "wide copies are 8 or a multiple of 16 bytes");
     *static_cast<uint2*>(dst) = *static_cast<uint2 const*>(src);
   }
 #else
+#if defined(KPOOL_IMPL_CHECK_WIDE_COPIES)
+  constexpr std::uintptr_t align = Bytes % 16 == 0 ? 16 : 8;
+  if (reinterpret_cast<std::uintptr_t>(dst) % align != 0 ||
+      reinterpret_cast<std::uintptr_t>(src) % align != 0)
+    misaligned_wide_copy(Bytes, dst, src);
+#endif
   std::memcpy(dst, src, Bytes);
 #endif
 }

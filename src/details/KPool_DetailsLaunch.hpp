@@ -118,13 +118,15 @@ std::size_t scratch_max(int level) {
 }
 
 // The level-0 (fast) team scratch a device-shaped launch must fit: the
-// backend's own on a device. Level 1 is never taken there: on CUDA it
-// allocates device memory and fences, which also breaks graph capture. A
-// host under device shapes (KPool_TEST_DEVICE_SHAPES) checks against 40 KB,
-// Kokkos 3.4's level-0 limit for CUDA and HIP (later releases allow
-// more), so that it refuses what a GPU would; its own level 0 is smaller,
-// but a host's level 1 is the same memory and costs nothing.
-constexpr std::size_t modeled_device_scratch0 = 40 * 1024;
+// backend's own on a device (TeamPolicy::scratch_size_max(0)). Level 1 is
+// never taken there: on CUDA it allocates device memory and fences, which
+// also breaks graph capture. A host under device shapes
+// (KPool_TEST_DEVICE_SHAPES) checks against 40,936 bytes, the least a GPU
+// reports among the Kokkos releases KPool supports (Kokkos 4.6 on an H200;
+// Kokkos 3.4 reports 40,960 for CUDA and HIP), so that it refuses and
+// shrinks what a GPU would; its own level 0 is smaller, but a host's level
+// 1 is the same memory and costs nothing.
+constexpr std::size_t modeled_device_scratch0 = 40936;
 
 template <class ExecutionSpace>
 std::size_t device_scratch0() {
@@ -200,7 +202,14 @@ void launch(ExecutionSpace const& space, std::string const& label,
   if (shape.scratch_bytes > 0)
     policy.set_scratch_size(shape.scratch_level,
                             Kokkos::PerTeam(shape.scratch_bytes));
+#if defined(KPOOL_IMPL_CHECK_WIDE_COPIES)
+  // Host backends run the kernel before parallel_for returns.
+  KokkosExt::running_kernel() = label;
   Kokkos::parallel_for(label, policy, f);
+  KokkosExt::running_kernel() = "(outside any KPool launch)";
+#else
+  Kokkos::parallel_for(label, policy, f);
+#endif
 }
 
 // A flat launch, `n` work items of one index each, for the host-only

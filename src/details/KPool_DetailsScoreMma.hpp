@@ -85,8 +85,9 @@ MmaPlan mma_plan(bool rotated, bool serving = false) {
     bool const arch = p.kind == MmaKind::e4m3 ? mma_device_supported<MmaKind::e4m3>::value
                                               : mma_device_supported<MmaKind::bf16>::value;
     if (!arch) {
-      p.why = p.kind == MmaKind::e4m3 ? "the build's CUDA architecture is below sm_89"
-                                      : "the build's CUDA architecture is below sm_80";
+      p.why = p.kind == MmaKind::e4m3
+                  ? "the build's CUDA architecture is below sm_89, or its CUDA below 12.4"
+                  : "the build's CUDA architecture is below sm_80";
       return p;
     }
     p.on_device = true;

@@ -159,14 +159,36 @@ KOKKOS_INLINE_FUNCTION void mma_emulate(float (&d)[32][4], std::uint32_t const (
     }
 }
 
+// The E4M3 mma.sync (m16n8k32 with e4m3 operands) needs PTX ISA 8.4 for
+// sm_89 and sm_90, which nvcc emits from CUDA 12.4 on; older ptxas rejects
+// the kernel even when the engine never runs. Below 12.4 (or with another
+// CUDA compiler) the instruction is not compiled, mma_device_supported
+// says false for E4M3 and the serving profile scores with tiles.
+// KPOOL_CUDA_COMPILER_VERSION (major * 1000 + minor * 10, as CUDART_VERSION
+// counts) is nvcc's own; a test build may define it lower to compile the
+// guard's other side with this nvcc.
+#if !defined(KPOOL_CUDA_COMPILER_VERSION)
+#if defined(__NVCC__) && defined(__CUDACC_VER_MAJOR__)
+#define KPOOL_CUDA_COMPILER_VERSION (__CUDACC_VER_MAJOR__ * 1000 + __CUDACC_VER_MINOR__ * 10)
+#else
+#define KPOOL_CUDA_COMPILER_VERSION 0
+#endif
+#endif
+#if KPOOL_CUDA_COMPILER_VERSION >= 12040
+#define KPOOL_IMPL_E4M3_MMA 1
+#else
+#define KPOOL_IMPL_E4M3_MMA 0
+#endif
+
 // The architectures whose instructions mma_warp emits: bf16 and f16 from
-// sm_80, E4M3 from sm_89. On the host side of a CUDA build the arch macros
-// of Kokkos' configuration tell (the engine's automatic choice uses them).
+// sm_80, E4M3 from sm_89 (with CUDA 12.4 or newer, above). On the host side
+// of a CUDA build the arch macros of Kokkos' configuration tell (the
+// engine's automatic choice uses them).
 template <MmaKind Kind>
 struct mma_device_supported {
 #if defined(KOKKOS_ARCH_ADA89) || defined(KOKKOS_ARCH_HOPPER90) || \
     defined(KOKKOS_ARCH_BLACKWELL100) || defined(KOKKOS_ARCH_BLACKWELL120)
-  static constexpr bool value = true;
+  static constexpr bool value = Kind != MmaKind::e4m3 || KPOOL_IMPL_E4M3_MMA;
 #elif defined(KOKKOS_ARCH_AMPERE80) || defined(KOKKOS_ARCH_AMPERE86) || \
     defined(KOKKOS_ARCH_AMPERE87)
   static constexpr bool value = Kind != MmaKind::e4m3;
@@ -193,7 +215,7 @@ KOKKOS_FORCEINLINE_FUNCTION void mma_lane(float (&d)[4], std::uint32_t const (&a
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   } else {
-#if __CUDA_ARCH__ >= 890
+#if __CUDA_ARCH__ >= 890 && KPOOL_IMPL_E4M3_MMA
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -201,7 +223,7 @@ KOKKOS_FORCEINLINE_FUNCTION void mma_lane(float (&d)[4], std::uint32_t const (&a
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
     (void)d, (void)a, (void)b;
-    Kokkos::abort("KPool: the E4M3 tensor-core MMA needs sm_89 or newer");
+    Kokkos::abort("KPool: the E4M3 tensor-core MMA needs sm_89 or newer and CUDA 12.4 or newer");
 #endif
   }
 #else

@@ -127,10 +127,12 @@ struct ScoreMmaFunctor {
     o += align16(query_words(rows, terms, H, D) * 4);
     l.w = o;
     o += align16(static_cast<std::size_t>(rows) * padded_heads(H) * 4);
-    l.rot = o;
-    o += align16(static_cast<std::size_t>(rotate_rows) * D * 4);
-    l.k = o;
-    o += align16(static_cast<std::size_t>(warps) * TM * row_words(D) * 4);
+    // The rotation rows live only while the queries are staged (between
+    // barriers, before any key tile): they share the key tiles' bytes.
+    l.rot = l.k = o;
+    std::size_t const rot = static_cast<std::size_t>(rotate_rows) * D * 4;
+    std::size_t const k = static_cast<std::size_t>(warps) * TM * row_words(D) * 4;
+    o += align16(rot > k ? rot : k);
     l.meta = o;
     o += align16(static_cast<std::size_t>(warps) * 2 * TM * 4);
     l.total = o;
@@ -165,7 +167,7 @@ struct ScoreMmaFunctor {
   struct Tiles {
     std::uint32_t* q;      // [rows][terms][HP][RW]
     float* w;              // [rows][HP]: effective weights, 0 past H
-    float* rot;            // [rotate_rows][D]
+    float* rot;            // [rotate_rows][D], in the bytes of k
     std::uint32_t* k;      // [warps][TM][RW]
     float* meta;           // [warps][2][TM]: scale, usable (1 or 0)
     std::int64_t* entry;   // [warps][TM]: offset of each pool's values in the cache

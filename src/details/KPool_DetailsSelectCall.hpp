@@ -263,8 +263,7 @@ void launch_score_tiles_level(Checker const& chk, ExecutionSpace const& space,
   set_score_inputs(f, in);
   f.rows_per_team = rows;
   int const D = in.cache.head_dim();
-  f.packets = D % F::packet == 0 &&
-              reinterpret_cast<std::uintptr_t>(in.cache.values) % 16 == 0;
+  f.packets = D % F::packet == 0 && in.cache.rows_aligned(16);
   std::size_t const groups = row_groups(in.batch, rows);
   f.splits = tile_splits(space, groups, in.batch.max_visible, F::TP);
   // A team takes at least a few tiles, so that staging its queries pays.
@@ -337,13 +336,15 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   std::size_t const max0 = scratch_max<ExecutionSpace>(0);
   std::size_t const budget =
       device_shapes<ExecutionSpace>::value ? device_scratch0<ExecutionSpace>() : max0;
-  // Fewer rows a team, then fewer warps (each stages its own key tile),
-  // until the team's scratch fits.
+  // Fewer rows a team, then fewer warps, one at a time (each stages its
+  // own key tile), until the team's scratch fits the level-0 scratch the
+  // backend reports (40,936 bytes on an H200 with Kokkos 4.6: a rotated
+  // fp8 decode call, H = 32, D = 128, takes 3 warps).
   while (f.rows_per_team > 1 &&
          F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
     f.rows_per_team /= 2;
   while (f.warps > 1 && F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
-    f.warps /= 2;
+    --f.warps;
   std::size_t const bytes = F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps);
   if (device_shapes<ExecutionSpace>::value && bytes > budget)
     fail_device_scratch<ExecutionSpace>(chk, "tensor_cores", "one query row and a warp's tiles",
@@ -364,6 +365,18 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   launch(space, chk.entry_point() + "::score_tensor_cores", shape, f);
 }
 
+// Whether the engine's kernel of Kind can run on ExecutionSpace, so that it
+// is compiled only there: on hosts (the 32-lane emulation) and on CUDA
+// where the build's architecture and compiler have the instruction; never
+// on HIP or another device backend, where no kernel of it would launch.
+template <class ExecutionSpace, MmaKind Kind>
+constexpr bool mma_kernel_runs() {
+  if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value)
+    return mma_lanes<ExecutionSpace>::value == 1 && mma_device_supported<Kind>::value;
+  else
+    return true;
+}
+
 template <class ExecutionSpace, class T, class C>
 void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
                       ScoreInputs<ExecutionSpace, T, C> const& in, Options const& options) {
@@ -372,15 +385,19 @@ void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
     if (!plan.usable)
       chk.fail("options", "score_engine", -1, "tensor_cores",
                std::string("does not take this call (") + plan.why + ")");
+    // mma_plan refuses what mma_kernel_runs leaves out.
     if (plan.kind == MmaKind::e4m3) {
-      if constexpr (std::is_same<C, float8_e4m3>::value)
+      if constexpr (std::is_same<C, float8_e4m3>::value &&
+                    mma_kernel_runs<ExecutionSpace, MmaKind::e4m3>())
         launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::e4m3>(chk, space, in, options, 1);
     } else if (plan.kind == MmaKind::f16) {
-      if constexpr (std::is_same<C, float16>::value)
+      if constexpr (std::is_same<C, float16>::value &&
+                    mma_kernel_runs<ExecutionSpace, MmaKind::f16>())
         launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::f16>(chk, space, in, options,
                                                                   plan.terms);
     } else {
-      if constexpr (!std::is_same<C, float16>::value)
+      if constexpr (!std::is_same<C, float16>::value &&
+                    mma_kernel_runs<ExecutionSpace, MmaKind::bf16>())
         launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::bf16>(chk, space, in, options,
                                                                    plan.terms);
     }
