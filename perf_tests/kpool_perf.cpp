@@ -1797,7 +1797,7 @@ bool write_report(std::string const& path, std::vector<Result> const& results) {
 
 void usage(char const* argv0) {
   std::printf(
-      "usage: %s [--quick] [--filter SUBSTRING] [--out PATH] "
+      "usage: %s [--quick] [--filter SUBSTRING[,SUBSTRING...]] [--out PATH] "
       "[--min-time SECONDS]\n"
       "  --quick        fewer, smaller cases (smoke test)\n"
       "  --filter S     only entries whose name contains S (names are\n"

@@ -59,7 +59,8 @@ class InvalidArgument : public std::invalid_argument {
                              std::string const& problem) {
     std::string s = entry + ": argument '" + argument + "'";
     if (!where.empty()) s += ", " + where;
-    return s + ": value " + value + " " + problem;
+    // A state rather than a value (e.g. no step has run) has none.
+    return s + (value.empty() ? ": " : ": value " + value + " ") + problem;
   }
 
   std::string entry_point_;

@@ -267,6 +267,10 @@ class Layer {
                           SlotView const& slot_idx, int num_requests,
                           BlockTableView const& block_table,
                           Options const& options = Options()) {
+    if constexpr (Kokkos::is_view<KeyView>::value && Kokkos::is_view<RowOffsetsView>::value)
+      check_config_fits("KPool::Layer::step", "key", "extent 0", key.extent(0),
+                        "token rows", "row_offsets",
+                        row_offsets.extent(0) == 0 ? 0 : row_offsets.extent(0) - 1);
     KPool::step(space, ring_, key, gate, ape_, row_offsets, cache_lengths, slot_idx,
                 num_requests, out_, cache_, block_table, options);
     // (After a compile-time error in KPool::step, nothing else is compiled.)
@@ -304,6 +308,11 @@ class Layer {
                                  SlotView const& slot_idx, int num_requests,
                                  BlockTableView const& block_table,
                                  Options const& options = Options()) {
+    if constexpr (Kokkos::is_view<PositionsView>::value && PositionsView::rank == 2)
+      check_config_fits("KPool::Layer::decode_step", "positions", "",
+                        positions.extent(0) * positions.extent(1),
+                        "entries (B * next_n, the query rows of its selection)", "positions",
+                        positions.extent(0));
     KPool::decode_step(space, ring_, key, gate, ape_, positions, slot_idx, num_requests,
                        out_, cache_, block_table, options);
     if constexpr (Details::view_ok<PositionsView, std::int32_t, 2, ExecutionSpace>() &&
@@ -373,14 +382,32 @@ class Layer {
  private:
   enum class Last { none, step, decode };
 
+  // A call within the sizes the layer was built for, refused in the
+  // config's words: its rows within LayerConfig::max_tokens, its batch
+  // within LayerConfig::max_batch.
+  void check_config_fits(char const* entry, char const* rows_argument, char const* rows_where,
+                         std::size_t rows, char const* rows_what,
+                         char const* batch_argument, std::size_t batch) const {
+    Details::Checker const chk(entry);
+    if (batch > static_cast<std::size_t>(config_.max_batch))
+      chk.fail(batch_argument, "extent 0", -1, std::to_string(batch),
+               "is a batch of more rows than LayerConfig::max_batch = " +
+                   std::to_string(config_.max_batch) + " (the layer's size)");
+    if (rows > config_.max_tokens)
+      chk.fail(rows_argument, rows_where, -1, std::to_string(rows),
+               std::string("is more ") + rows_what + " than LayerConfig::max_tokens = " +
+                   std::to_string(config_.max_tokens) + " (the layer's size)");
+  }
+
 #if KPOOL_HAS_KOKKOSKERNELS
   template <class ExecutionSpace, class F>
   void with_batch(ExecutionSpace const& space, char const* what,
                   Options const& options, F const& f) {
     Details::Checker const chk(std::string("KPool::Layer::") + what);
     if (last_ == Last::none)
-      chk.fail("layer", "", -1, "no step",
-               "has run no step: a selection follows step() or decode_step()");
+      chk.fail("layer", "", -1, "",
+               "has run no step yet: a selection follows step() or decode_step(), "
+               "whose batch it selects for");
     if (last_ == Last::step) {
       f(row_offsets_, cache_lengths_);
       return;

@@ -10,6 +10,7 @@
 #include <KPoolTestUtils.hpp>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -235,6 +236,78 @@ TEST(Layer, ConfigIsChecked) {
   }
 }
 
+// A call past the sizes the layer was built for is refused in the config's
+// words (the field and its value), naming the caller's argument, before
+// anything is written; not as an error about the layer's private output.
+TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
+  E space;
+  KPool::LayerConfig cfg;
+  cfg.kpool = 2;
+  cfg.head_dim = 8;
+  cfg.num_heads = 2;
+  cfg.max_slots = 4;
+  cfg.max_batch = 2;
+  cfg.max_tokens = 6;
+  cfg.num_blocks = 8;
+  cfg.block_pools = 2;
+  Kokkos::View<float**, M> ape("ape", 2, 8);
+  KPool::Layer<float, float, M> layer(space, cfg, ape);
+  I2 const table = positions_view<M>({0, 1, 2, 3, 4, 5}, 2);
+  U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{0, 1, 2}, "slot_idx");
+  U32 const lengths = to_index_view<U32>(std::vector<std::uint32_t>{0, 0, 0}, "cache_lengths");
+  auto const ring_before = bytes_of(layer.ring().tail());
+  auto const expect = [&](auto const& call, char const* entry, char const* argument,
+                          char const* value, char const* words) {
+    try {
+      call();
+      ADD_FAILURE() << entry << " accepted a call past the layer's sizes";
+    } catch (KPool::InvalidArgument const& e) {
+      EXPECT_EQ(e.entry_point(), entry);
+      EXPECT_EQ(e.argument(), argument);
+      EXPECT_EQ(e.value(), value);
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(bytes_of(layer.ring().tail()), ring_before) << entry << " wrote the ring";
+  };
+  // 8 token rows, 6 at most.
+  Kokkos::View<float**, M> key8("key", 8, 8), gate8("gate", 8, 8);
+  expect([&] {
+    layer.step(space, key8, gate8,
+               to_index_view<U32>(std::vector<std::uint32_t>{0, 4, 8}, "row_offsets"),
+               to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cache_lengths"),
+               to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx"), 2, table);
+  }, "KPool::Layer::step", "key", "8",
+         "is more token rows than LayerConfig::max_tokens = 6");
+  // A batch of 3 rows, 2 at most.
+  Kokkos::View<float**, M> key3("key", 3, 8), gate3("gate", 3, 8);
+  expect([&] {
+    layer.step(space, key3, gate3,
+               to_index_view<U32>(std::vector<std::uint32_t>{0, 1, 2, 3}, "row_offsets"),
+               lengths, slots, 3, table);
+  }, "KPool::Layer::step", "row_offsets", "3",
+         "is a batch of more rows than LayerConfig::max_batch = 2");
+  // A decode batch of 2 x 4 entries (8 query rows, 6 at most), then of 3 rows.
+  Kokkos::View<float***, M> dk("key", 2, 4, 8), dg("gate", 2, 4, 8);
+  expect([&] {
+    layer.decode_step(space, dk, dg, positions_view<M>({0, 1, 2, 3, 0, 1, 2, 3}, 4), slots,
+                      2, table);
+  }, "KPool::Layer::decode_step", "positions", "8",
+         "is more entries (B * next_n, the query rows of its selection) than "
+         "LayerConfig::max_tokens = 6");
+  Kokkos::View<float***, M> dk3("key", 3, 1, 8), dg3("gate", 3, 1, 8);
+  expect([&] {
+    layer.decode_step(space, dk3, dg3, positions_view<M>({0, 0, 0}, 1), slots, 3, table);
+  }, "KPool::Layer::decode_step", "positions", "3",
+         "is a batch of more rows than LayerConfig::max_batch = 2");
+  // Within the sizes: accepted.
+  Kokkos::View<float**, M> key6("key", 6, 8), gate6("gate", 6, 8);
+  EXPECT_NO_THROW(layer.step(
+      space, key6, gate6,
+      to_index_view<U32>(std::vector<std::uint32_t>{0, 3, 6}, "row_offsets"),
+      to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cache_lengths"),
+      to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx"), 2, table));
+}
+
 #if KPOOL_HAS_KOKKOSKERNELS
 TEST(Layer, SelectionNeedsAStepFirst) {
   E space;
@@ -257,6 +330,11 @@ TEST(Layer, SelectionNeedsAStepFirst) {
     ADD_FAILURE() << "selected before any step";
   } catch (KPool::InvalidArgument const& e) {
     EXPECT_EQ(e.entry_point(), "KPool::Layer::select_tokens");
+    EXPECT_EQ(e.argument(), "layer");
+    EXPECT_EQ(e.value(), "");
+    EXPECT_STREQ(e.what(),
+                 "KPool::Layer::select_tokens: argument 'layer': has run no step yet: a "
+                 "selection follows step() or decode_step(), whose batch it selects for");
   }
 }
 

@@ -59,14 +59,29 @@ summary=$out/summary_tier$tier.txt
 } >"$out/env.txt"
 
 no_gpu=""
-if ! gpus=$(nvidia-smi -L 2>&1) || [ -z "$gpus" ]; then
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  no_gpu="no CUDA device (no nvidia-smi)"
+elif ! gpus=$(nvidia-smi -L 2>&1) || [ -z "$gpus" ]; then
   no_gpu="no CUDA device (nvidia-smi -L: $(printf '%s' "$gpus" | head -n 1))"
+fi
+if [ -n "$no_gpu" ]; then
   # Without a driver the programs load against CUDA's stub library (staged
   # beside them), so that they reach their own device check.
   [ -d "$bin/nogpu" ] && export LD_LIBRARY_PATH="$bin/nogpu:$LD_LIBRARY_PATH"
 fi
 
 note() { echo "$*" | tee -a "$summary"; sync; }
+
+# run_limited SECONDS LOG PROGRAM ARGS...: rc = its exit status (124 when
+# it ran out of time); the shell's note of a program killed by a signal
+# goes to LOG with the program's own output.
+run_limited() {
+  local limit=$1 log=$2
+  shift 2
+  ( timeout "$limit" "$@" </dev/null; echo "$?" >"$log.rc" ) >"$log" 2>&1
+  rc=$(cat "$log.rc")
+  rm -f "$log.rc"
+}
 
 # part NAME SECONDS PROGRAM ARGS...: runs PROGRAM (from the staged folder)
 # with a time limit, its output in OUT/NAME.log, one summary line.
@@ -81,13 +96,14 @@ part() {
   local t0=$SECONDS rc=0
   if [ -n "$no_gpu" ]; then
     # Started all the same, briefly: it must load and refuse cleanly.
-    timeout 20 "$exe" "$@" >"$log" 2>&1 || rc=$?
+    run_limited 20 "$log" "$exe" "$@"
     local why
-    why=$(grep -m 1 -i -E 'cuda|device|gpu|error|abort' "$log" | cut -c 1-160)
+    why=$(grep -m 1 -E 'what\(\)' "$log" | sed 's/^ *//' | cut -c 1-200)
+    [ -n "$why" ] || why=$(grep -m 1 -i -E 'cuda|device|gpu|error' "$log" | cut -c 1-200)
     note "$name: skipped: $no_gpu; $prog started and exited $rc: ${why:-$(head -n 1 "$log" | cut -c 1-160)}"
     return 0
   fi
-  timeout "$limit" "$exe" "$@" >"$log" 2>&1 || rc=$?
+  run_limited "$limit" "$log" "$exe" "$@"
   local status=ok
   [ "$rc" -eq 124 ] && status="TIMED OUT after ${limit} s"
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && status="FAILED (exit $rc)"
