@@ -55,14 +55,51 @@ struct LayerConfig {
   /// Pools a cache block holds (>= 1).
   int block_pools = 0;
   /// The fp8 cache's scale mode; none (the default) gives amax for an fp8
-  /// cache, and is the only mode of a native one.
+  /// cache of the exact profile, pow2 for the serving profile, and is the
+  /// only mode of a native cache.
   CacheScale scale = CacheScale::none;
   /// Whether the cache stores pools rotated (head_dim a power of two).
   bool rotate = false;
-  /// The most pools a query row sees (the selection workspace's rows);
-  /// 0: num_blocks * block_pools, the whole cache. Long prefills may want
-  /// less, selected in chunks (docs/indexer.md).
+  /// The cache's profile (docs/indexer.md, "The serving profile"): exact
+  /// (the default), or serving (an fp8 cache with pow2 scales, byte for
+  /// byte what the engines store).
+  CacheProfile profile = CacheProfile::exact;
+  /// The cache's byte layout: split (the default: values and scales
+  /// views), or fused (the serving profile's engines' layout: one byte
+  /// buffer, each block's entries then its scales).
+  CacheLayout layout = CacheLayout::split;
+  /// The longest sequence, in tokens, the layer serves: its query rows see
+  /// at most ceil(max_context / kpool) pools, which sizes the selection
+  /// workspace when max_visible is 0. With Kokkos Kernels one of the two
+  /// must be given.
+  std::size_t max_context = 0;
+  /// The most pools a query row sees (the selection workspace's row
+  /// length); 0: ceil(max_context / kpool).
   std::size_t max_visible = 0;
+  /// Query rows the layer's own selection workspace holds (0: max_tokens);
+  /// a selection of more rows runs in chunks of this many, with the same
+  /// result.
+  std::size_t select_rows = 0;
+};
+
+/// Buffers a Layer adopts instead of allocating its own (each one left
+/// empty is allocated by the layer): an engine-owned pool cache, in either
+/// layout (for example PoolCache's fused-layout constructor over an
+/// unmanaged View of the engine's bytes), and a selection workspace shared
+/// by several layers. A Layer holds a View copy of each (the same memory);
+/// the calls on one execution space instance run in order, so layers that
+/// share a workspace and select on one instance never overlap.
+/// @tparam T, C, MemorySpace as the Layer's.
+template <class T, class C = T,
+          class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
+struct LayerBuffers {
+  /// The layer's pool cache; empty: the layer allocates one from its config.
+  PoolCache<C, MemorySpace> cache;
+#if KPOOL_HAS_KOKKOSKERNELS
+  /// The selection workspace; empty: the layer allocates one, select_rows
+  /// rows of max_visible pools.
+  SelectWorkspace<T, MemorySpace> workspace;
+#endif
 };
 
 namespace Details {
@@ -159,66 +196,126 @@ class Layer {
   /// @param ape [K, D] float in MemorySpace, any layout: the position
   /// embedding within a pool. The layer keeps a reference (a View copy).
   /// @throws KPool::InvalidArgument (entry point "KPool::Layer") for a size
-  /// below 1, ape not [K, D], and whatever Ring, PoolCache and
-  /// SelectWorkspace refuse.
+  /// below 1, ape not [K, D], no max_visible nor max_context (with Kokkos
+  /// Kernels), the fused layout without the serving profile, and whatever
+  /// Ring, PoolCache and SelectWorkspace refuse.
   template <class ExecutionSpace, class ApeView>
   Layer(ExecutionSpace const& space, LayerConfig const& config, ApeView const& ape)
+      : Layer(space, config, ape, LayerBuffers<T, C, MemorySpace>()) {}
+
+  /// As above, adopting the buffers `buffers` holds (LayerBuffers): an
+  /// engine-owned cache, a workspace shared with other layers. An adopted
+  /// cache must be what the config describes (head_dim, kpool, profile,
+  /// layout, scale, rotation; num_blocks and block_pools 0 in the config
+  /// take the cache's); an adopted workspace must have the config's heads
+  /// and head_dim and rows of at least its max_visible pools.
+  /// @throws KPool::InvalidArgument (entry point "KPool::Layer") as above,
+  /// or naming the buffer (argument "cache" or "workspace") and the field
+  /// that disagrees.
+  template <class ExecutionSpace, class ApeView>
+  Layer(ExecutionSpace const& space, LayerConfig const& config, ApeView const& ape,
+        LayerBuffers<T, C, MemorySpace> const& buffers)
       : config_(config) {
     static_assert(std::is_same<typename ExecutionSpace::memory_space, MemorySpace>::value,
                   "KPool::Layer: MemorySpace must be the execution space's");
     KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
     Details::Checker const chk("KPool::Layer");
+    cache_type const& adopted = buffers.cache;
+    if (adopted.is_allocated()) {
+      if (config_.num_blocks == 0) config_.num_blocks = adopted.num_blocks();
+      if (config_.block_pools == 0) config_.block_pools = adopted.block_pools();
+    }
+    LayerConfig const& c = config_;
     auto const at_least_1 = [&](char const* name, long long v) {
       if (v < 1) chk.fail("config", name, -1, std::to_string(v), "is not at least 1");
     };
-    at_least_1("kpool", config.kpool);
-    at_least_1("head_dim", config.head_dim);
-    at_least_1("max_slots", config.max_slots);
-    at_least_1("max_batch", config.max_batch);
-    at_least_1("max_tokens", static_cast<long long>(config.max_tokens));
-    at_least_1("num_blocks", config.num_blocks);
-    at_least_1("block_pools", config.block_pools);
+    at_least_1("kpool", c.kpool);
+    at_least_1("head_dim", c.head_dim);
+    at_least_1("max_slots", c.max_slots);
+    at_least_1("max_batch", c.max_batch);
+    at_least_1("max_tokens", static_cast<long long>(c.max_tokens));
+    at_least_1("num_blocks", c.num_blocks);
+    at_least_1("block_pools", c.block_pools);
 #if KPOOL_HAS_KOKKOSKERNELS
-    at_least_1("num_heads", config.num_heads);
+    at_least_1("num_heads", c.num_heads);
 #endif
-    if (config.drafts < 0)
-      chk.fail("config", "drafts", -1, std::to_string(config.drafts), "is negative");
-    chk.extent_is("ape", 0, ape.extent(0), static_cast<std::size_t>(config.kpool),
+    if (c.drafts < 0)
+      chk.fail("config", "drafts", -1, std::to_string(c.drafts), "is negative");
+    chk.extent_is("ape", 0, ape.extent(0), static_cast<std::size_t>(c.kpool),
                   "config.kpool");
-    chk.extent_is("ape", 1, ape.extent(1), static_cast<std::size_t>(config.head_dim),
+    chk.extent_is("ape", 1, ape.extent(1), static_cast<std::size_t>(c.head_dim),
                   "config.head_dim");
-    int const R = config.ring_length > 0
-                      ? config.ring_length
-                      : ring_type::serving_length(config.kpool, config.drafts);
+    if (c.layout == CacheLayout::fused && c.profile != CacheProfile::serving)
+      chk.fail("config", "layout", -1, "fused",
+               "is the serving profile's layout (set config.profile = serving)");
+    int const R = c.ring_length > 0 ? c.ring_length
+                                    : ring_type::serving_length(c.kpool, c.drafts);
     config_.ring_length = R;
-    CacheScale const scale = config.scale == CacheScale::none && cache_type::is_fp8
-                                 ? CacheScale::amax
-                                 : config.scale;
-    config_.scale = scale;
-    if (config_.max_visible == 0)
-      config_.max_visible = static_cast<std::size_t>(config.num_blocks) *
-                            static_cast<std::size_t>(config.block_pools);
+    if (c.scale == CacheScale::none && cache_type::is_fp8)
+      config_.scale = c.profile == CacheProfile::serving ? CacheScale::pow2 : CacheScale::amax;
+    if (c.max_visible == 0 && c.max_context > 0)
+      config_.max_visible = (c.max_context + static_cast<std::size_t>(c.kpool) - 1) /
+                            static_cast<std::size_t>(c.kpool);
+#if KPOOL_HAS_KOKKOSKERNELS
+    if (c.max_visible == 0)
+      chk.fail("config", "max_visible", -1, "0",
+               "and max_context 0 leave the selection workspace unsized: give the "
+               "longest context (max_context, in tokens) or the most pools a query "
+               "row sees (max_visible)");
+#endif
+    if (c.select_rows == 0) config_.select_rows = c.max_tokens;
+    if (adopted.is_allocated()) {
+      check_adopted_cache(chk, adopted);
+      cache_ = adopted;
+    } else if (c.layout == CacheLayout::fused) {
+      using bytes_type = typename cache_type::bytes_type;
+      bytes_type const bytes(Kokkos::view_alloc(space, "KPool::Layer::cache_bytes"),
+                             static_cast<std::size_t>(c.num_blocks),
+                             static_cast<std::size_t>(c.block_pools) *
+                                 (static_cast<std::size_t>(c.head_dim) + 4));
+      cache_ = cache_type(bytes, c.block_pools, c.head_dim, c.rotate, c.kpool);
+    } else {
+      cache_ = cache_type(space, c.num_blocks, c.block_pools, c.head_dim, c.kpool, c.scale,
+                          c.rotate, c.profile);
+    }
     ape_ = ape;
-    ring_ = ring_type(space, config.max_slots, config.kpool, config.head_dim, R);
-    cache_ = cache_type(space, config.num_blocks, config.block_pools, config.head_dim,
-                        config.kpool, scale, config.rotate);
-    out_ = output_type(space,
-                       output_type::capacity_for(config.max_tokens, config.max_batch,
-                                                 config.kpool),
-                       config.max_batch, config.head_dim);
+    ring_ = ring_type(space, c.max_slots, c.kpool, c.head_dim, R);
+    out_ = output_type(space, output_type::capacity_for(c.max_tokens, c.max_batch, c.kpool),
+                       c.max_batch, c.head_dim);
     decode_row_offsets_ = Kokkos::View<std::uint32_t*, MemorySpace>(
         Kokkos::view_alloc(space, "KPool::Layer::decode_row_offsets"),
-        static_cast<std::size_t>(config.max_batch) + 1);
+        static_cast<std::size_t>(c.max_batch) + 1);
     decode_cache_lengths_ = Kokkos::View<std::uint32_t*, MemorySpace>(
         Kokkos::view_alloc(space, "KPool::Layer::decode_cache_lengths"),
-        static_cast<std::size_t>(config.max_batch));
+        static_cast<std::size_t>(c.max_batch));
 #if KPOOL_HAS_KOKKOSKERNELS
-    workspace_ = workspace_type(space, config.max_tokens, config_.max_visible,
-                                config.num_heads, config.head_dim);
+    if (buffers.workspace.is_allocated()) {
+      workspace_type const& w = buffers.workspace;
+      auto const differs = [&](char const* field, std::size_t got, std::string const& want) {
+        chk.fail("workspace", field, -1, std::to_string(got), want);
+      };
+      if (w.num_heads() != c.num_heads)
+        differs("num_heads", static_cast<std::size_t>(w.num_heads()),
+                "does not match config.num_heads = " + std::to_string(c.num_heads));
+      if (w.head_dim() != c.head_dim)
+        differs("head_dim", static_cast<std::size_t>(w.head_dim()),
+                "does not match config.head_dim = " + std::to_string(c.head_dim));
+      if (w.max_visible() < c.max_visible)
+        differs("max_visible", w.max_visible(),
+                "is less than the pools a query row of this layer sees (" +
+                    std::to_string(c.max_visible) + ")");
+      workspace_ = w;
+    } else {
+      workspace_ = workspace_type(space, c.select_rows, c.max_visible, c.num_heads, c.head_dim);
+    }
+#else
+    (void)buffers;
 #endif
   }
 
-  /// @return the sizes, defaults filled in (ring_length, scale, max_visible).
+  /// @return the sizes, defaults filled in (ring_length, scale,
+  /// max_visible, select_rows; num_blocks and block_pools of an adopted
+  /// cache).
   LayerConfig const& config() const { return config_; }
   /// @return K.
   int kpool() const { return config_.kpool; }
@@ -239,7 +336,8 @@ class Layer {
   /// @return ape, [K, D].
   ape_type const& ape() const { return ape_; }
 #if KPOOL_HAS_KOKKOSKERNELS
-  /// @return the selection workspace (max_tokens rows of max_visible pools).
+  /// @return the selection workspace (its own, select_rows rows of
+  /// max_visible pools, or the one it shares).
   workspace_type& workspace() { return workspace_; }
 #endif
 
@@ -381,6 +479,30 @@ class Layer {
 
  private:
   enum class Last { none, step, decode };
+
+  // An adopted cache is what the config says the layer's cache is.
+  void check_adopted_cache(Details::Checker const& chk, cache_type const& a) const {
+    LayerConfig const& c = config_;
+    auto const differs = [&](char const* field, std::string const& got, std::string const& want) {
+      chk.fail("cache", field, -1, got, "does not match config." + std::string(field) + " = " + want);
+    };
+    if (a.head_dim() != c.head_dim)
+      differs("head_dim", std::to_string(a.head_dim()), std::to_string(c.head_dim));
+    if (a.kpool() != c.kpool)
+      differs("kpool", std::to_string(a.kpool()), std::to_string(c.kpool));
+    if (a.num_blocks() != c.num_blocks)
+      differs("num_blocks", std::to_string(a.num_blocks()), std::to_string(c.num_blocks));
+    if (a.block_pools() != c.block_pools)
+      differs("block_pools", std::to_string(a.block_pools()), std::to_string(c.block_pools));
+    if (a.profile() != c.profile)
+      differs("profile", cache_profile_name(a.profile()), cache_profile_name(c.profile));
+    if (a.layout() != c.layout)
+      differs("layout", cache_layout_name(a.layout()), cache_layout_name(c.layout));
+    if (a.scale() != c.scale)
+      differs("scale", cache_scale_name(a.scale()), cache_scale_name(c.scale));
+    if (a.rotated() != c.rotate)
+      differs("rotate", a.rotated() ? "true" : "false", c.rotate ? "true" : "false");
+  }
 
   // A call within the sizes the layer was built for, refused in the
   // config's words: its rows within LayerConfig::max_tokens, its batch

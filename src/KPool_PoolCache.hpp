@@ -97,7 +97,8 @@ class PoolCache {
   /// with a scale other than none, rotation with a head_dim that is not a
   /// power of two, or the serving profile on a native cache or with a
   /// scale other than pow2.
-  template <class ExecutionSpace>
+  template <class ExecutionSpace,
+            class = std::enable_if_t<Kokkos::is_execution_space<ExecutionSpace>::value>>
   PoolCache(ExecutionSpace const& space, int num_blocks, int block_pools,
             int head_dim, int kpool,
             CacheScale scale = is_fp8 ? CacheScale::amax : CacheScale::none,
@@ -112,7 +113,8 @@ class PoolCache {
   /// selections therefore cannot check against theirs. Prefer the
   /// constructor above, which takes K after head_dim.
   /// @throws KPool::InvalidArgument as the constructor above.
-  template <class ExecutionSpace>
+  template <class ExecutionSpace,
+            class = std::enable_if_t<Kokkos::is_execution_space<ExecutionSpace>::value>>
   PoolCache(ExecutionSpace const& space, int num_blocks, int block_pools,
             int head_dim, CacheScale scale = is_fp8 ? CacheScale::amax : CacheScale::none,
             bool rotate = false, CacheProfile profile = CacheProfile::exact)
@@ -177,6 +179,45 @@ class PoolCache {
         bytes.data() + static_cast<std::size_t>(block_pools) * head_dim);
     values_block_stride_ = static_cast<std::int64_t>(stride);
     scales_block_stride_ = static_cast<std::int64_t>(stride / 4);
+  }
+
+  /// A cache over a caller's two buffers in the split layout (an engine's
+  /// own allocation, e.g. unmanaged Views of its device pointers): `values`
+  /// [num_blocks, block_pools, D] and `scales` [num_blocks, block_pools],
+  /// both LayoutRight. Nothing is allocated or filled; the cache reads and
+  /// writes them in place, with the settings given as the allocating
+  /// constructor takes them.
+  /// @throws KPool::InvalidArgument (entry point "KPool::PoolCache") as the
+  /// allocating constructor, and when scales is not [num_blocks,
+  /// block_pools] of values.
+  PoolCache(values_type const& values, scales_type const& scales, int kpool,
+            CacheScale scale = is_fp8 ? CacheScale::amax : CacheScale::none,
+            bool rotate = false, CacheProfile profile = CacheProfile::exact)
+      : values_(values),
+        scales_(scales),
+        scale_(scale),
+        profile_(profile),
+        rotate_(rotate),
+        kpool_(kpool) {
+    auto const extent = [](std::size_t e) {
+      return static_cast<int>(std::min<std::size_t>(e, 0x7FFFFFFF));
+    };
+    int const num_blocks = extent(values.extent(0));
+    int const block_pools = extent(values.extent(1));
+    int const head_dim = extent(values.extent(2));
+    check(num_blocks, block_pools, head_dim, true, kpool, scale, rotate, profile);
+    if (scales.extent(0) != values.extent(0) || scales.extent(1) != values.extent(1))
+      throw InvalidArgument("KPool::PoolCache", "scales", "", -1,
+                            "[" + std::to_string(scales.extent(0)) + ", " +
+                                std::to_string(scales.extent(1)) + "]",
+                            "is not [num_blocks, block_pools] of values = [" +
+                                std::to_string(num_blocks) + ", " +
+                                std::to_string(block_pools) + "]");
+    set_sizes(num_blocks, block_pools, head_dim);
+    values_data_ = values_.data();
+    scales_data_ = scales_.data();
+    values_block_stride_ = static_cast<std::int64_t>(block_pools) * head_dim;
+    scales_block_stride_ = block_pools;
   }
 
   /// [num_blocks, block_pools, D]: the cached (quantized, maybe rotated)

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -54,11 +55,31 @@ template <class T>
   return ::testing::AssertionSuccess();
 }
 
+// What a Layer is built with, beyond its sizes.
+struct Variant {
+  bool rotate = false;
+  bool serving = false;      // CacheProfile::serving (fp8 only)
+  bool fused = false;        // CacheLayout::fused (serving only)
+  bool adopt_cache = false;  // an engine-owned cache, over unmanaged Views
+  bool share_workspace = false;  // a workspace shared with a second layer
+  std::size_t select_rows = 0;   // the layer's own workspace rows (0: max_tokens)
+};
+
+// A cache's bytes, whatever its layout.
+template <class C>
+std::vector<unsigned char> cache_bytes(KPool::PoolCache<C, M> const& c) {
+  if (c.layout() == KPool::CacheLayout::fused) return bytes_of(c.bytes());
+  std::vector<unsigned char> v = bytes_of(c.values());
+  std::vector<unsigned char> const s = bytes_of(c.scales());
+  v.insert(v.end(), s.begin(), s.end());
+  return v;
+}
+
 // The whole path of one layer, through a Layer and through the low-level
 // entry points, compared after every call.
 template <class T, class C>
-void layer_matches_low_level(bool rotate) {
-  Rng rng(7 + (rotate ? 1 : 0));
+void layer_matches_low_level(Variant const& v) {
+  Rng rng(7 + (v.rotate ? 1 : 0) + (v.serving ? 2 : 0));
   E space;
   KPool::LayerConfig cfg;
   cfg.kpool = 4;
@@ -70,26 +91,87 @@ void layer_matches_low_level(bool rotate) {
   cfg.max_tokens = 40;
   cfg.num_blocks = 12;
   cfg.block_pools = 4;
-  cfg.rotate = rotate;
+  cfg.rotate = v.rotate;
+  cfg.max_context = 192;  // 48 pools a query row at most
+  cfg.select_rows = v.select_rows;
+  if (v.serving) cfg.profile = KPool::CacheProfile::serving;
+  if (v.fused) cfg.layout = KPool::CacheLayout::fused;
   int const K = cfg.kpool, D = cfg.head_dim, H = cfg.num_heads;
   (void)H;  // the selection's heads (with Kokkos Kernels)
   Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", K, D);
   fill(rng, ape, -1, 1);
-  KPool::Layer<T, C, M> layer(space, cfg, ape);
+  KPool::CacheScale const scale = !std::is_same<C, KPool::float8_e4m3>::value
+                                      ? KPool::CacheScale::none
+                                  : v.serving ? KPool::CacheScale::pow2
+                                              : KPool::CacheScale::amax;
+  KPool::CacheProfile const profile = cfg.profile;
+
+  // The engine's own buffers, when the layer adopts them: plain
+  // allocations the layer sees through unmanaged Views.
+  using Bytes = Kokkos::View<std::uint8_t**, Kokkos::LayoutRight, M>;
+  using Values = Kokkos::View<C***, Kokkos::LayoutRight, M>;
+  using Scales = Kokkos::View<float**, Kokkos::LayoutRight, M>;
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  std::size_t const block_bytes = static_cast<std::size_t>(cfg.block_pools) * (D + 4);
+  Bytes engine_bytes("engine_bytes", cfg.num_blocks, block_bytes);
+  Values engine_values("engine_values", cfg.num_blocks, cfg.block_pools, D);
+  Scales engine_scales("engine_scales", cfg.num_blocks, cfg.block_pools);
+  KPool::LayerBuffers<T, C, M> buffers;
+  if (v.adopt_cache) {
+    if (v.fused)
+      buffers.cache = KPool::PoolCache<C, M>(
+          Kokkos::View<std::uint8_t**, Kokkos::LayoutRight, M, Unmanaged>(
+              engine_bytes.data(), cfg.num_blocks, block_bytes),
+          cfg.block_pools, D, v.rotate, K);
+    else
+      buffers.cache = KPool::PoolCache<C, M>(
+          Kokkos::View<C***, Kokkos::LayoutRight, M, Unmanaged>(
+              engine_values.data(), cfg.num_blocks, cfg.block_pools, D),
+          Kokkos::View<float**, Kokkos::LayoutRight, M, Unmanaged>(
+              engine_scales.data(), cfg.num_blocks, cfg.block_pools),
+          K, scale, v.rotate, profile);
+  }
+#if KPOOL_HAS_KOKKOSKERNELS
+  std::size_t const visible = 48;
+  KPool::SelectWorkspace<T, M> ws(space, cfg.max_tokens, visible, H, D);
+  // A second layer of the same shape sharing the first one's workspace
+  // (selecting in turns on one instance).
+  if (v.share_workspace) buffers.workspace = KPool::SelectWorkspace<T, M>(space, 7, visible, H, D);
+#endif
+  KPool::Layer<T, C, M> layer(space, cfg, ape, buffers);
+  KPool::LayerBuffers<T, C, M> others;
+#if KPOOL_HAS_KOKKOSKERNELS
+  others.workspace = buffers.workspace;
+#endif
+  KPool::Layer<T, C, M> other(space, cfg, ape, others);
 
   // The same objects, by hand.
   int const R = KPool::Ring<T, M>::serving_length(K, cfg.drafts);
   EXPECT_EQ(layer.ring().ring_length(), R);
   EXPECT_EQ(layer.cache().kpool(), K);
+  EXPECT_EQ(layer.cache().scale(), scale);
+  EXPECT_EQ(layer.cache().profile(), profile);
+  EXPECT_EQ(layer.cache().layout(), cfg.layout);
+  EXPECT_EQ(layer.config().max_visible, 48u);
+  if (v.adopt_cache) {
+    EXPECT_EQ(layer.cache().values_data(),
+              v.fused ? reinterpret_cast<C*>(engine_bytes.data()) : engine_values.data())
+        << "the layer adopts the engine's buffer, in place";
+  }
   KPool::Ring<T, M> ring(space, cfg.max_slots, K, D, R);
-  KPool::PoolCache<C, M> cache(space, cfg.num_blocks, cfg.block_pools, D, K,
-                               layer.cache().scale(), rotate);
+  Bytes ref_bytes("ref_bytes", cfg.num_blocks, block_bytes);
+  KPool::PoolCache<C, M> cache =
+      v.fused ? KPool::PoolCache<C, M>(ref_bytes, cfg.block_pools, D, v.rotate, K)
+              : KPool::PoolCache<C, M>(space, cfg.num_blocks, cfg.block_pools, D, K, scale,
+                                       v.rotate, profile);
   KPool::StepOutput<T, M> out(
       space, KPool::StepOutput<T, M>::capacity_for(cfg.max_tokens, cfg.max_batch, K),
       cfg.max_batch, D);
 #if KPOOL_HAS_KOKKOSKERNELS
-  std::size_t const visible = static_cast<std::size_t>(cfg.num_blocks) * cfg.block_pools;
-  KPool::SelectWorkspace<T, M> ws(space, cfg.max_tokens, visible, H, D);
+  if (v.share_workspace) {
+    EXPECT_EQ(layer.workspace().keys().data(), buffers.workspace.keys().data());
+    EXPECT_EQ(other.workspace().keys().data(), buffers.workspace.keys().data());
+  }
   int const topk = 3;
   int const width = KPool::select_tokens_width(topk, K);
 #endif
@@ -107,8 +189,7 @@ void layer_matches_low_level(bool rotate) {
   auto const compare = [&](char const* when) {
     SCOPED_TRACE(when);
     EXPECT_EQ(bytes_of(layer.ring().tail()), bytes_of(ring.tail())) << "ring";
-    EXPECT_EQ(bytes_of(layer.cache().values()), bytes_of(cache.values())) << "cache values";
-    EXPECT_EQ(bytes_of(layer.cache().scales()), bytes_of(cache.scales())) << "cache scales";
+    EXPECT_EQ(cache_bytes(layer.cache()), cache_bytes(cache)) << "cache";
     EXPECT_TRUE(same_output(layer.output().to_host(space, KPool::StepOutputParts::ids_and_pooled),
                             out.to_host(space, KPool::StepOutputParts::ids_and_pooled)));
   };
@@ -125,6 +206,11 @@ void layer_matches_low_level(bool rotate) {
     I2 a("tokens_layer", rows, width), b("tokens", rows, width);
     Kokkos::deep_copy(a, -9);
     Kokkos::deep_copy(b, -9);
+    if (v.share_workspace) {
+      // The other layer selects first, through the same workspace.
+      I2 c("tokens_other", rows, width);
+      other.select_tokens(space, q, w, topk, c, opts);
+    }
     layer.select_tokens(space, q, w, topk, a, opts);
     KPool::select_tokens(space, ro, cl, table, live, K, q, w, cache, topk, b, ws, opts);
     EXPECT_EQ(bytes_of(a), bytes_of(b)) << "tokens";
@@ -153,6 +239,7 @@ void layer_matches_low_level(bool rotate) {
     fill(rng, key, -2, 2);
     fill(rng, gate, -3, 3);
     layer.step(space, key, gate, ro, cl, slots, 2, table, opts);
+    other.step(space, key, gate, ro, cl, slots, 2, table, opts);
     KPool::step(space, ring, key, gate, ape, ro, cl, slots, 2, out, cache, table, opts);
     compare("prefill chunk");
 #if KPOOL_HAS_KOKKOSKERNELS
@@ -176,6 +263,7 @@ void layer_matches_low_level(bool rotate) {
     fill(rng, key, -2, 2);
     fill(rng, gate, -3, 3);
     layer.decode_step(space, key, gate, positions, slots, 2, table, opts);
+    other.decode_step(space, key, gate, positions, slots, 2, table, opts);
     KPool::decode_step(space, ring, key, gate, ape, positions, slots, 2, out, cache, table,
                        opts);
     compare("decode round");
@@ -197,11 +285,101 @@ void layer_matches_low_level(bool rotate) {
 }
 
 TEST(Layer, NativeCacheMatchesTheLowLevelCallsBitForBit) {
-  layer_matches_low_level<float, float>(false);
+  layer_matches_low_level<float, float>(Variant{});
 }
 
 TEST(Layer, Fp8RotatedCacheMatchesTheLowLevelCallsBitForBit) {
-  layer_matches_low_level<KPool::bfloat16, KPool::float8_e4m3>(true);
+  Variant v;
+  v.rotate = true;
+  layer_matches_low_level<KPool::bfloat16, KPool::float8_e4m3>(v);
+}
+
+// LayerConfig says the serving profile and the fused layout: the layer
+// builds that cache itself, and selects in chunks of 5 query rows.
+TEST(Layer, ServingProfileInTheFusedLayoutMatchesTheLowLevelCalls) {
+  Variant v;
+  v.rotate = v.serving = v.fused = true;
+  v.select_rows = 5;
+  layer_matches_low_level<KPool::bfloat16, KPool::float8_e4m3>(v);
+}
+
+// Engine-owned caches (unmanaged Views of the engine's allocations), in
+// both layouts, adopted in place; two layers sharing one workspace.
+TEST(Layer, AdoptsAnEngineOwnedCacheAndSharesAWorkspace) {
+  Variant v;
+  v.rotate = v.serving = v.fused = v.adopt_cache = v.share_workspace = true;
+  layer_matches_low_level<KPool::bfloat16, KPool::float8_e4m3>(v);
+  Variant split;
+  split.rotate = split.serving = split.adopt_cache = split.share_workspace = true;
+  layer_matches_low_level<KPool::bfloat16, KPool::float8_e4m3>(split);
+  Variant native;
+  native.adopt_cache = native.share_workspace = true;
+  layer_matches_low_level<float, float>(native);
+}
+
+// What the layer adopts must be what its config says, and a workspace
+// must be sized at all: each refused by name.
+TEST(Layer, AdoptedBuffersMustMatchTheConfig) {
+  E space;
+  KPool::LayerConfig cfg;
+  cfg.kpool = 4;
+  cfg.head_dim = 32;
+  cfg.num_heads = 4;
+  cfg.max_slots = 2;
+  cfg.max_batch = 2;
+  cfg.max_tokens = 8;
+  cfg.num_blocks = 4;
+  cfg.block_pools = 4;
+  cfg.max_context = 64;
+  cfg.profile = KPool::CacheProfile::serving;
+  Kokkos::View<float**, M> ape("ape", 4, 32);
+  using L = KPool::Layer<KPool::bfloat16, KPool::float8_e4m3, M>;
+  auto const refused = [&](KPool::LayerConfig const& c,
+                           KPool::LayerBuffers<KPool::bfloat16, KPool::float8_e4m3, M> const& b,
+                           char const* argument, char const* value, char const* words) {
+    try {
+      L const bad(space, c, ape, b);
+      ADD_FAILURE() << "accepted: " << words;
+    } catch (KPool::InvalidArgument const& e) {
+      EXPECT_EQ(e.entry_point(), "KPool::Layer");
+      EXPECT_EQ(e.argument(), argument);
+      EXPECT_EQ(e.value(), value);
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  KPool::LayerBuffers<KPool::bfloat16, KPool::float8_e4m3, M> b;
+  // An exact-profile cache for a serving layer.
+  b.cache = KPool::PoolCache<KPool::float8_e4m3, M>(space, 4, 4, 32, 4);
+  refused(cfg, b, "cache", "exact", "does not match config.profile = serving");
+  // A cache of another K.
+  b.cache = KPool::PoolCache<KPool::float8_e4m3, M>(space, 4, 4, 32, 2, KPool::CacheScale::pow2,
+                                                    false, KPool::CacheProfile::serving);
+  refused(cfg, b, "cache", "2", "does not match config.kpool = 4");
+  // num_blocks 0 takes the cache's; a different one is refused.
+  b.cache = KPool::PoolCache<KPool::float8_e4m3, M>(space, 6, 4, 32, 4, KPool::CacheScale::pow2,
+                                                    false, KPool::CacheProfile::serving);
+  refused(cfg, b, "cache", "6", "does not match config.num_blocks = 4");
+  KPool::LayerConfig c0 = cfg;
+  c0.num_blocks = 0;
+  L const adopted(space, c0, ape, b);
+  EXPECT_EQ(adopted.config().num_blocks, 6);
+  // The fused layout is the serving profile's.
+  KPool::LayerConfig exact = cfg;
+  exact.profile = KPool::CacheProfile::exact;
+  exact.layout = KPool::CacheLayout::fused;
+  refused(exact, {}, "config", "fused", "is the serving profile's layout");
+#if KPOOL_HAS_KOKKOSKERNELS
+  // Neither max_visible nor max_context.
+  KPool::LayerConfig unsized = cfg;
+  unsized.max_context = 0;
+  refused(unsized, {}, "config", "0", "give the longest context (max_context");
+  // A shared workspace with shorter rows than the layer's queries see.
+  KPool::LayerBuffers<KPool::bfloat16, KPool::float8_e4m3, M> w;
+  w.workspace = KPool::SelectWorkspace<KPool::bfloat16, M>(space, 8, 15, 4, 32);
+  refused(cfg, w, "workspace", "15", "is less than the pools a query row of this layer sees (16)");
+  w.workspace = KPool::SelectWorkspace<KPool::bfloat16, M>(space, 8, 16, 2, 32);
+  refused(cfg, w, "workspace", "2", "does not match config.num_heads = 4");
+#endif
 }
 
 TEST(Layer, ConfigIsChecked) {
@@ -215,10 +393,12 @@ TEST(Layer, ConfigIsChecked) {
   cfg.max_tokens = 8;
   cfg.num_blocks = 2;
   cfg.block_pools = 2;
+  cfg.max_context = 13;
   Kokkos::View<float**, M> ape("ape", 4, 8), wrong("ape", 2, 8);
   KPool::Layer<float, float, M> const ok(space, cfg, ape);
   EXPECT_EQ(ok.ring().ring_length(), 4);  // serving_length(4, 0)
-  EXPECT_EQ(ok.config().max_visible, 4u);
+  EXPECT_EQ(ok.config().max_visible, 4u);  // ceil(13 / 4)
+  EXPECT_EQ(ok.config().select_rows, 8u);  // max_tokens
   try {
     KPool::Layer<float, float, M> const bad(space, cfg, wrong);
     ADD_FAILURE() << "accepted ape [2, 8] for K = 4";
@@ -250,6 +430,7 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
   cfg.max_tokens = 6;
   cfg.num_blocks = 8;
   cfg.block_pools = 2;
+  cfg.max_visible = 4;
   Kokkos::View<float**, M> ape("ape", 2, 8);
   KPool::Layer<float, float, M> layer(space, cfg, ape);
   I2 const table = positions_view<M>({0, 1, 2, 3, 4, 5}, 2);
@@ -320,6 +501,7 @@ TEST(Layer, SelectionNeedsAStepFirst) {
   cfg.max_tokens = 4;
   cfg.num_blocks = 2;
   cfg.block_pools = 2;
+  cfg.max_visible = 4;
   Kokkos::View<float**, M> ape("ape", 2, 8);
   KPool::Layer<float, float, M> layer(space, cfg, ape);
   Kokkos::View<float***, M> q("q", 4, 2, 8);
@@ -353,6 +535,7 @@ TEST(Layer, DecodeSelectionRefusesANegativeBase) {
   cfg.max_tokens = 6;
   cfg.num_blocks = 4;
   cfg.block_pools = 2;
+  cfg.max_visible = 4;
   Kokkos::View<float**, M> ape("ape", 2, 8);
   KPool::Layer<float, float, M> layer(space, cfg, ape);
   Kokkos::View<float***, M> key("key", 2, 3, 8), gate("gate", 2, 3, 8);
