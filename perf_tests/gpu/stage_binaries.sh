@@ -16,7 +16,7 @@
 #
 # Tier 1 builds tst_score_mma, tst_device_bits, kpool_graph_capture and
 # kpool_perf; tier 2 every unit-test program and the examples too. KPool
-# never builds Kokkos: README.md ("CUDA") says how to build one.
+# never builds Kokkos: docs/building.md ("CUDA, step by step") says how to build one.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tier=1

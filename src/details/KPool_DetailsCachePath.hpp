@@ -2,7 +2,7 @@
 #define KPOOL_DETAILS_CACHE_PATH_HPP
 
 // Where a cached step writes its pools into the pool cache (docs/indexer.md,
-// "The pool cache"; README, "Writing the pool cache"). The one place that
+// "The pool cache"; docs/performance.md, "Writing the pool cache"). The one place that
 // chooses.
 //
 //   in_step      inside the step's own launch: each pool goes from the

@@ -5,7 +5,7 @@
 // Walsh-Hadamard butterflies of a row held in vector registers, and the
 // E4M3 rounding of 16 values at a time. A host's cache write is bound by
 // these instructions rather than by memory (docs/indexer.md, "The pool
-// cache"; README, "Writing the pool cache"), and GCC's auto-vectorizer
+// cache"; docs/performance.md, "Writing the pool cache"), and GCC's auto-vectorizer
 // turns the scalar E4M3 conversion into masked byte shuffles that cost
 // several times as much. Everything here performs the same IEEE operations
 // on the same values as the portable code it stands in for, so it stores
