@@ -18,26 +18,26 @@
 /// on that instance. KPool::Details holds the internals.
 
 #include <KPool_Config.hpp>
-#include <KPool_Exceptions.hpp>
-#include <KPool_Float8.hpp>
-#include <KPool_Options.hpp>
-#include <KPool_Types.hpp>
+#include <common/KPool_Exceptions.hpp>
+#include <common/KPool_Float8.hpp>
+#include <common/KPool_Options.hpp>
+#include <common/KPool_Types.hpp>
 
-#include <KPool_Compress.hpp>
-#include <KPool_ExpandTopk.hpp>
 #include <KPool_Layer.hpp>
-#include <KPool_PoolCache.hpp>
-#include <KPool_Ring.hpp>
-#include <KPool_RingClose.hpp>
-#include <KPool_SeedTail.hpp>
-#include <KPool_Step.hpp>
-#include <KPool_StorePools.hpp>
-#include <KPool_TailUpdate.hpp>
+#include <cache/KPool_PoolCache.hpp>
+#include <pool/KPool_Compress.hpp>
+#include <pool/KPool_Ring.hpp>
+#include <pool/KPool_RingClose.hpp>
+#include <pool/KPool_SeedTail.hpp>
+#include <pool/KPool_Step.hpp>
+#include <pool/KPool_StorePools.hpp>
+#include <pool/KPool_TailUpdate.hpp>
+#include <select/KPool_ExpandTopk.hpp>
 
 // The selection stage needs Kokkos Kernels (KPOOL_HAS_KOKKOSKERNELS).
 #if KPOOL_HAS_KOKKOSKERNELS
-#include <KPool_ScoreSelect.hpp>
-#include <KPool_SelectTokens.hpp>
+#include <select/KPool_ScoreSelect.hpp>
+#include <select/KPool_SelectTokens.hpp>
 #endif
 
 #endif

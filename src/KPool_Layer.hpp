@@ -2,21 +2,21 @@
 #define KPOOL_LAYER_HPP
 
 #include <KPool_Config.hpp>
-#include <KPool_Exceptions.hpp>
-#include <KPool_Float8.hpp>
-#include <KPool_Options.hpp>
-#include <KPool_PoolCache.hpp>
-#include <KPool_Ring.hpp>
-#include <KPool_Step.hpp>
-#include <KPool_Types.hpp>
-#include <details/KPool_DetailsBatch.hpp>
-#include <details/KPool_DetailsKokkosExt.hpp>
+#include <cache/KPool_PoolCache.hpp>
+#include <common/KPool_Exceptions.hpp>
+#include <common/KPool_Float8.hpp>
+#include <common/KPool_Options.hpp>
+#include <common/KPool_Types.hpp>
+#include <pool/KPool_Ring.hpp>
+#include <pool/KPool_Step.hpp>
+#include <common/detail/KPool_KokkosExt.hpp>
+#include <common/detail/KPool_Views.hpp>
 
 // The selection stage needs Kokkos Kernels (KPOOL_HAS_KOKKOSKERNELS):
 // without it a Layer has no workspace and no selection members.
 #if KPOOL_HAS_KOKKOSKERNELS
-#include <KPool_ScoreSelect.hpp>
-#include <KPool_SelectTokens.hpp>
+#include <select/KPool_ScoreSelect.hpp>
+#include <select/KPool_SelectTokens.hpp>
 #endif
 
 #include <cstddef>

@@ -461,7 +461,7 @@ TEST_F(HostSync, StepsWithoutValidationNeitherFenceNorCopy) {
 // Writing the pool cache inside the step adds no launch: the steps' own
 // kernels write it (two for a fused step or a decode step, four for a
 // three-launch step, the same labels). Where the path is the second pass
-// (KPool_DetailsCachePath.hpp: hosts, 16-bit prefill pools) exactly one
+// (cache/detail/KPool_CachePath.hpp: hosts, 16-bit prefill pools) exactly one
 // launch follows the step's own, "KPool::step::cache" or
 // "KPool::decode_step::cache". Each path forced gives its own launches.
 template <KPool::Details::CacheWritePath P>

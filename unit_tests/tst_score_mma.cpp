@@ -8,7 +8,7 @@
 
 #include <KPoolSelectReference.hpp>
 #include <KPoolTestUtils.hpp>
-#include <KPool_ScoreSelect.hpp>
+#include <select/KPool_ScoreSelect.hpp>
 
 #include <algorithm>
 #include <cmath>

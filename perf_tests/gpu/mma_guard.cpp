@@ -4,7 +4,7 @@
 // instruction is absent from the PTX and mma_device_supported<e4m3> is
 // false, bf16 unchanged; at nvcc's own version both are there.
 #include <KPool.hpp>
-#include <details/KPool_DetailsScoreMmaFragments.hpp>
+#include <score/detail/KPool_ScoreMmaFragments.hpp>
 #ifndef EXPECT_E4M3
 #error "define EXPECT_E4M3 0 or 1"
 #endif

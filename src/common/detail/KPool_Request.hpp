@@ -1,0 +1,97 @@
+#ifndef KPOOL_DETAILS_REQUEST_HPP
+#define KPOOL_DETAILS_REQUEST_HPP
+
+// The one place that derives a request's pools from its cache length and
+// row count (docs/writers.md, "The writers"). The kernels, the offset scan and
+// host-side validation all call request_geometry, so compress skips exactly
+// the rows ring_close consumes and seed_tail stashes the same range in the
+// fused and the three-launch step.
+
+#include <common/detail/KPool_KokkosExt.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+namespace Details {
+
+// Positions and pool ids leave the library as int32, so a request may end
+// at most here.
+constexpr std::uint64_t max_sequence_length = 0x7FFFFFFFull;
+
+struct RequestGeometry {
+  std::uint64_t cache_length;  // c: tokens before this call
+  std::uint64_t rows;          // n: this call's rows
+  std::uint64_t end;           // c + n
+  int have;                    // c % K: members the ring holds
+  int align;                   // rows to skip to the first whole pool
+  std::uint64_t first;         // ceil(c / K): first pool starting here
+  std::uint64_t full;          // pools made entirely of this call's rows
+  bool closes;                 // ring_close closes pool c / K
+  std::uint64_t seed_start;    // first position seed_tail stashes
+};
+
+// Ring index of position `pos` in a ring of `ring_length` entries
+// (docs/ring.md). Every writer addresses the ring through this.
+// The ring length is a multiple of K, so pool p's K members sit at the
+// consecutive indices ring_index(p * K, R) + m: a pool never wraps.
+// Positions stay below 2^32 whatever the input (cache lengths are uint32,
+// decode positions int32, and an invalid request seeds nothing), so the
+// 32-bit remainder is exact, and on GPUs much cheaper than a 64-bit one.
+KOKKOS_INLINE_FUNCTION int ring_index(std::uint64_t pos, int ring_length) {
+  return static_cast<int>(static_cast<std::uint32_t>(pos) %
+                          static_cast<std::uint32_t>(ring_length));
+}
+
+// `ring_length` only sets the seed range: the call's last R positions.
+KOKKOS_INLINE_FUNCTION RequestGeometry request_geometry(std::uint64_t c,
+                                                        std::uint64_t n,
+                                                        int kpool,
+                                                        int ring_length) {
+  std::uint64_t const K = static_cast<std::uint64_t>(kpool);
+  RequestGeometry g;
+  g.cache_length = c;
+  g.rows = n;
+  g.end = c + n;
+  g.have = static_cast<int>(c % K);
+  g.align = static_cast<int>((K - c % K) % K);
+  g.first = (c + K - 1) / K;
+  std::uint64_t const last = g.end / K;
+  g.full = last > g.first ? last - g.first : 0;
+  g.closes = g.have != 0 && c % K + n >= K;
+  // The last R positions, not only the pending pool's members: a later
+  // call may rewind into them (docs/ring.md, "Rewinds").
+  std::uint64_t const R = static_cast<std::uint64_t>(ring_length);
+  g.seed_start = g.end > c + R ? g.end - R : c;
+  return g;
+}
+
+// The ring's depth rule (docs/ring.md, "Rewinds"). A slot keeps H, one
+// past the highest position sent since its sequence started: a call that
+// (re)starts the sequence at c and ends at end leaves H = end when c is 0
+// (a new sequence) and max(H, end) otherwise. The steps' launches update
+// it (next_high) and their validation checks each restart against it
+// (rewind_depth <= R): H - floor(c / K) * K, the positions the ring must
+// still hold, from the pending pool's first member on; 0 for a new
+// sequence, which needs nothing from the ring.
+KOKKOS_INLINE_FUNCTION std::uint32_t next_high(std::uint32_t high, std::uint64_t c,
+                                               std::uint64_t end) {
+  return static_cast<std::uint32_t>(c == 0 || end > high ? end : high);
+}
+
+KOKKOS_INLINE_FUNCTION std::uint64_t rewind_depth(std::uint64_t high, std::uint64_t c,
+                                                  int kpool) {
+  std::uint64_t const base = c / static_cast<std::uint64_t>(kpool) *
+                             static_cast<std::uint64_t>(kpool);
+  return c == 0 || high <= base ? 0 : high - base;
+}
+
+// Pools that close when a decode row stashes `pos`: one when it is the last
+// member of its pool.
+KOKKOS_INLINE_FUNCTION bool closes_pool(std::int64_t pos, int kpool) {
+  return pos >= 0 && pos % kpool == kpool - 1;
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

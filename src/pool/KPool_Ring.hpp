@@ -1,0 +1,197 @@
+#ifndef KPOOL_RING_HPP
+#define KPOOL_RING_HPP
+
+#include <common/KPool_Exceptions.hpp>
+#include <common/KPool_Types.hpp>
+#include <common/detail/KPool_KokkosExt.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace KPool {
+
+/// The per-sequence ring of recent positions, one per layer (docs/ring.md):
+/// tail(slot, 0, i, c) keys, tail(slot, 1, i, c) gate scores, the token at
+/// position pos of the sequence in `slot` at ring index i = pos % R. Batch
+/// rows address it through slot_idx; a sequence keeps its slot for life,
+/// and a new sequence may take a finished one's slot without clearing it.
+///
+/// R, the ring length, is a multiple of kpool and at least kpool. R = K
+/// serves plain decoding. Speculative decoding re-sends rejected drafts
+/// (docs/ring.md, "Rewinds"): a call may restart a sequence at any c at or
+/// below its length L provided
+///
+///     H - floor(c / K) * K <= R,
+///
+/// H being one past the highest position ever sent for that sequence, so
+/// that the members of the pool pending at c are still in the ring. The
+/// ring remembers H for each slot (high(), updated on the device by the
+/// steps' own launches): with Options::validate, KPool::step and
+/// KPool::decode_step refuse a rewind that breaks the rule, naming the
+/// slot, c, H and R, before anything is written. A call with
+/// cache_length 0 (a decode row whose first real position is 0) starts a
+/// new sequence and resets its slot's H; a sequence that takes a slot and
+/// starts past 0 (a prefix already cached elsewhere) calls reset() first.
+/// A serving engine sending the next token plus S drafts a step and
+/// re-sending from the first rejected one needs R >= K + S;
+/// serving_length(K, S) gives the size engines use.
+///
+/// KPool::step and KPool::decode_step take the ring itself; the individual
+/// writers take its view, tail(), and neither read nor update H.
+///
+/// @tparam T the storage type (float, double, bfloat16, float16), that of
+/// the keys and gates the steps take.
+/// @tparam MemorySpace where the ring lives: the memory space of the
+/// execution space the steps run on.
+template <class T, class MemorySpace =
+                       Kokkos::DefaultExecutionSpace::memory_space>
+class Ring {
+  static_assert(is_storage_type<T>::value,
+                "KPool::Ring holds float, double, KPool::bfloat16 or "
+                "KPool::float16");
+
+ public:
+  /// The storage type T.
+  using value_type = T;
+  /// The memory space the ring lives in.
+  using memory_space = MemorySpace;
+  /// The ring's view: [max_slots, 2, R, D], LayoutRight.
+  using tail_type = Kokkos::View<T****, Kokkos::LayoutRight, MemorySpace>;
+  /// The view of each slot's H (high()): [max_slots], uint32.
+  using high_type = Kokkos::View<std::uint32_t*, MemorySpace>;
+
+  /// The ring length for S draft tokens a step:
+  /// K * next_pow2(ceil((K + S) / K)), the smallest power-of-two number of
+  /// pools that holds a pending pool's K - 1 committed members, the next
+  /// token and S drafts. S = 0 gives K.
+  /// @param kpool K, tokens per pool (>= 1).
+  /// @param drafts S, draft tokens sent a step besides the next token (>= 0).
+  /// @return R for Ring(space, max_slots, kpool, head_dim, R).
+  /// @throws KPool::InvalidArgument when kpool < 1, drafts < 0 or R would
+  /// pass 2^31 - 1.
+  static int serving_length(int kpool, int drafts) {
+    if (kpool < 1 || drafts < 0)
+      throw InvalidArgument(
+          "KPool::Ring::serving_length", kpool < 1 ? "kpool" : "drafts", "", -1,
+          std::to_string(kpool < 1 ? kpool : drafts),
+          kpool < 1 ? "must be at least 1" : "must not be negative");
+    long long const pools = (static_cast<long long>(kpool) + drafts + kpool - 1) / kpool;
+    long long p2 = 1;
+    while (p2 < pools) p2 *= 2;
+    long long const R = p2 * kpool;
+    if (R > 0x7FFFFFFF)
+      throw InvalidArgument("KPool::Ring::serving_length", "drafts", "", -1,
+                            std::to_string(drafts),
+                            "needs a ring longer than 2^31 - 1 entries");
+    return static_cast<int>(R);
+  }
+
+  /// An empty ring, to assign a constructed one to later.
+  Ring() = default;
+
+  /// Allocates [max_slots, 2, kpool, head_dim] (R = kpool), zero-filled on
+  /// `space`, asynchronously like any work queued there; the allocation is
+  /// labelled "KPool::Ring::tail". max_slots * 2 * R * head_dim *
+  /// sizeof(T) bytes, and 4 bytes a slot for H ("KPool::Ring::high", zero).
+  /// @tparam ExecutionSpace a Kokkos execution space whose memory space is
+  /// MemorySpace.
+  /// @param space the instance the zero fill is queued on.
+  /// @param max_slots sequences the ring can hold at once (>= 1).
+  /// @param kpool K, tokens per pool (>= 1).
+  /// @param head_dim D, channels of a key (>= 1).
+  /// @throws KPool::InvalidArgument when an argument is below 1.
+  template <class ExecutionSpace>
+  Ring(ExecutionSpace const& space, int max_slots, int kpool, int head_dim)
+      : Ring(space, max_slots, kpool, head_dim, kpool) {}
+
+  /// Allocates [max_slots, 2, ring_length, head_dim], zero-filled on
+  /// `space` like the constructor above, for rings longer than K
+  /// (speculative decoding: ring_length = serving_length(kpool, S)).
+  /// @tparam ExecutionSpace a Kokkos execution space whose memory space is
+  /// MemorySpace.
+  /// @param space the instance the zero fill is queued on.
+  /// @param max_slots sequences the ring can hold at once (>= 1).
+  /// @param kpool K, tokens per pool (>= 1).
+  /// @param head_dim D, channels of a key (>= 1).
+  /// @param ring_length R, a multiple of kpool, at least kpool.
+  /// @throws KPool::InvalidArgument when an argument is below 1 or R is not
+  /// a multiple of K at least K.
+  template <class ExecutionSpace>
+  Ring(ExecutionSpace const& space, int max_slots, int kpool, int head_dim,
+       int ring_length)
+      : kpool_(kpool) {
+    char const* bad = max_slots < 1 ? "max_slots"
+                      : kpool < 1   ? "kpool"
+                      : head_dim < 1 ? "head_dim"
+                                     : nullptr;
+    if (bad)
+      throw InvalidArgument(
+          "KPool::Ring", bad, "", -1,
+          std::to_string(max_slots < 1 ? max_slots : kpool < 1 ? kpool : head_dim),
+          "must be at least 1");
+    if (ring_length < kpool || ring_length % kpool != 0)
+      throw InvalidArgument(
+          "KPool::Ring", "ring_length", "", -1, std::to_string(ring_length),
+          std::string("is not a valid ring length (") +
+              (ring_length < kpool ? "less than" : "not a multiple of") +
+              " kpool = " + std::to_string(kpool) + ")");
+    tail_ = tail_type(Kokkos::view_alloc(space, "KPool::Ring::tail"),
+                      max_slots, 2, ring_length, head_dim);
+    high_ = high_type(Kokkos::view_alloc(space, "KPool::Ring::high"), max_slots);
+  }
+
+  /// Forgets the history of one slot (H = 0), for a sequence that takes
+  /// the slot and starts at a cache_length above 0. A sequence starting at
+  /// 0 needs no reset: its first call resets H. Queued on `space`; nothing
+  /// waits for the host.
+  /// @param space the instance the steps run on.
+  /// @param slot the slot, below max_slots().
+  /// @throws KPool::InvalidArgument when slot is out of range (nothing
+  /// written).
+  template <class ExecutionSpace>
+  void reset(ExecutionSpace const& space, int slot) {
+    if (slot < 0 || slot >= max_slots())
+      throw InvalidArgument("KPool::Ring::reset", "slot", "", -1,
+                            std::to_string(slot),
+                            "is not a slot of a ring of max_slots = " +
+                                std::to_string(max_slots()));
+    Kokkos::deep_copy(space, Kokkos::subview(high_, static_cast<std::size_t>(slot)),
+                      std::uint32_t(0));
+  }
+
+  /// Forgets the history of every slot (H = 0 everywhere), queued on
+  /// `space`.
+  /// @param space the instance the steps run on.
+  template <class ExecutionSpace>
+  void reset(ExecutionSpace const& space) {
+    Kokkos::deep_copy(space, high_, std::uint32_t(0));
+  }
+
+  /// The raw view, for the individual writers (ring_close, seed_tail,
+  /// tail_update) and for inspection.
+  /// @return [max_slots, 2, R, D].
+  tail_type const& tail() const { return tail_; }
+  /// @return the slots, extent 0 of tail().
+  int max_slots() const { return static_cast<int>(tail_.extent(0)); }
+  /// @return K, tokens per pool.
+  int kpool() const { return kpool_; }
+  /// @return R, the positions each slot keeps (extent 2 of tail()).
+  int ring_length() const { return static_cast<int>(tail_.extent(2)); }
+  /// @return D, channels of a key.
+  int head_dim() const { return static_cast<int>(tail_.extent(3)); }
+
+  /// The view of H, one past the highest position sent to each slot since
+  /// its sequence started (cache_length 0) or reset(): the steps' launches
+  /// write it, their validation reads it (docs/ring.md, "The depth rule").
+  /// @return [max_slots], uint32.
+  high_type const& high() const { return high_; }
+
+ private:
+  tail_type tail_;
+  high_type high_;
+  int kpool_ = 0;
+};
+
+}  // namespace KPool
+
+#endif

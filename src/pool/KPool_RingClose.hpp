@@ -1,0 +1,119 @@
+#ifndef KPOOL_RING_CLOSE_HPP
+#define KPOOL_RING_CLOSE_HPP
+
+#include <common/KPool_Options.hpp>
+#include <common/KPool_Types.hpp>
+#include <pool/detail/KPool_Call.hpp>
+#include <pool/detail/KPool_RingCloseFunctor.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+
+/// The one pending pool the ring already partly holds (docs/writers.md,
+/// "ring_close"). For request r with c = cache_lengths(r), have = c % K and
+/// n rows: when have > 0 and have + n >= K, pool p = c / K closes from its
+/// members m < have at ring indices (p * K + m) % R of slot slot_idx(r) and
+/// the request's rows [0, K - have); pooled(r) is its value and
+/// closed_pool(r) = p. Otherwise closed_pool(r) = -1 and pooled(r) is not
+/// written. The ring is only read (run it before seed_tail, which
+/// overwrites those entries). Rows at and past num_requests are not
+/// touched. c may be below the sequence's length (a rewind; see KPool::Ring
+/// for the caller's depth rule).
+///
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+///
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param tail [max_slots, 2, R, D] T: the ring (Ring::tail()), read; R a
+/// multiple of K.
+/// @param key [total_tokens, D] T.
+/// @param gate [total_tokens, D] T.
+/// @param ape [K, D] float; K and D are taken from it.
+/// @param row_offsets [B + 1] uint32.
+/// @param cache_lengths [B] uint32.
+/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
+/// distinct among live rows.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param pooled [B, D] T, written where a pool closes.
+/// @param closed_pool [B] int32, written for every live row: the closed
+/// pool's id, or -1.
+/// @param options `validate` (data checks) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for mismatched shapes or a ring length
+/// that is not a multiple of K (always) or bad index data or slots (with
+/// options.validate). Nothing has been written then.
+/// @par Launches and synchronization
+/// One launch on `space`. With options.validate, first fences `space` and
+/// copies row_offsets, cache_lengths and slot_idx (live rows) to the host.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class ApeView, class RowOffsetsView, class CacheLengthsView,
+          class SlotView, class PooledView, class ClosedView>
+void ring_close(ExecutionSpace const& space, TailView const& tail,
+                KeyView const& key, GateView const& gate, ApeView const& ape,
+                RowOffsetsView const& row_offsets,
+                CacheLengthsView const& cache_lengths,
+                SlotView const& slot_idx, int num_requests,
+                PooledView const& pooled, ClosedView const& closed_pool,
+                Options const& options = Options()) {
+  using T = typename KeyView::non_const_value_type;
+  static_assert(is_storage_type<T>::value,
+                "KPool: key must hold float, double, KPool::bfloat16 or "
+                "KPool::float16");
+  KPOOL_IMPL_CHECK_VIEW(TailView, T, 4, ExecutionSpace, "tail");
+  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
+  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                        "row_offsets");
+  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                        "cache_lengths");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 2, ExecutionSpace, "pooled");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 1, ExecutionSpace,
+                               "closed_pool");
+  using M = typename ExecutionSpace::memory_space;
+
+  Details::KokkosExt::ScopedProfileRegion region("KPool::ring_close");
+  Details::Checker const chk("KPool::ring_close");
+  int const K = static_cast<int>(ape.extent(0));
+  int const D = static_cast<int>(ape.extent(1));
+  auto call = Details::ragged_call<ExecutionSpace, T>(
+      chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
+  Details::check_tail(chk, tail, K, D);
+  Details::attach_slots(chk, call, slot_idx, tail);
+  chk.extent_is("pooled", 0, pooled.extent(0), call.batch_size, "B");
+  chk.extent_is("pooled", 1, pooled.extent(1), D, "head_dim");
+  chk.extent_is("closed_pool", 0, closed_pool.extent(0), call.batch_size, "B");
+  if (options.validate)
+    Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
+                                &slot_idx, num_requests, key.extent(0), K,
+                                static_cast<int>(tail.extent(0)));
+
+  Details::View4<const T, M> const ring = tail;
+  Details::View2<T, M> const out = pooled;
+  bool const contiguous =
+      call.contiguous() && out.stride(1) == 1 && ring.stride(3) == 1;
+  bool const aligned = call.aligned() &&
+                       Details::rows_aligned(out.data(), out.stride(0), 16) &&
+                       Details::ring_aligned(ring);
+  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
+                                            [&](auto path) {
+    using P = decltype(path);
+    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, false, T const>;
+    Details::RingCloseFunctor<Writer> f{Details::ragged_writer<Writer>(call)};
+    f.writer.tail = ring;
+    f.writer.out.set_pooled(out);
+    f.writer.closed_pool = closed_pool;
+    Details::LaunchShape const shape = Details::items_shape(
+        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
+        D, P::width, options.team_size);
+    Details::launch_items(space, "KPool::ring_close", shape, f);
+  });
+}
+
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,107 @@
+#ifndef KPOOL_SEED_TAIL_HPP
+#define KPOOL_SEED_TAIL_HPP
+
+#include <common/KPool_Options.hpp>
+#include <common/KPool_Types.hpp>
+#include <pool/detail/KPool_Call.hpp>
+#include <pool/detail/KPool_SeedTailFunctor.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+
+/// Stashes the call's last R positions in the ring (docs/writers.md,
+/// "seed_tail"). For request r with c = cache_lengths(r) and end = c + n,
+/// every position pos in [max(end - R, c), end) has its key and gate rows
+/// copied to tail(slot_idx(r), 0, pos % R) and tail(slot_idx(r), 1,
+/// pos % R). Nothing else is written, so a chunked prefill leaves the same
+/// ring as a single one, and a later call may rewind into any of those
+/// positions. Run it after ring_close.
+///
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+///
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param tail [max_slots, 2, R, D] T: the ring (Ring::tail()), written; R
+/// and D are taken from it (seed_tail needs no K).
+/// @param key [total_tokens, D] T.
+/// @param gate [total_tokens, D] T.
+/// @param row_offsets [B + 1] uint32.
+/// @param cache_lengths [B] uint32.
+/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
+/// distinct among live rows.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param options `validate` (data checks) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for mismatched shapes (always) or bad
+/// index data or slots (with options.validate). Nothing has been written
+/// then.
+/// @par Launches and synchronization
+/// One launch on `space`. With options.validate, first fences `space` and
+/// copies row_offsets, cache_lengths and slot_idx (live rows) to the host.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class RowOffsetsView, class CacheLengthsView, class SlotView>
+void seed_tail(ExecutionSpace const& space, TailView const& tail,
+               KeyView const& key, GateView const& gate,
+               RowOffsetsView const& row_offsets,
+               CacheLengthsView const& cache_lengths, SlotView const& slot_idx,
+               int num_requests, Options const& options = Options()) {
+  using T = typename KeyView::non_const_value_type;
+  static_assert(is_storage_type<T>::value,
+                "KPool: key must hold float, double, KPool::bfloat16 or "
+                "KPool::float16");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
+  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
+  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
+  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                        "row_offsets");
+  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                        "cache_lengths");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+  using M = typename ExecutionSpace::memory_space;
+
+  Details::KokkosExt::ScopedProfileRegion region("KPool::seed_tail");
+  Details::Checker const chk("KPool::seed_tail");
+  // Only R matters here; it stands in for K in the shared checks.
+  int const K = static_cast<int>(tail.extent(2));
+  int const D = static_cast<int>(tail.extent(3));
+  chk.pool_shape(tail.extent(2), tail.extent(3), "tail", 2);
+  // seed_tail reads no ape; a stand-in of the right shape keeps one set of
+  // shape checks.
+  Kokkos::View<const float**, Kokkos::LayoutRight, M,
+               Kokkos::MemoryTraits<Kokkos::Unmanaged>> const no_ape(
+      static_cast<float const*>(nullptr), K, D);
+  auto call = Details::ragged_call<ExecutionSpace, T>(
+      chk, key, gate, no_ape, row_offsets, cache_lengths, num_requests, K, D);
+  Details::check_tail(chk, tail, K, D);
+  Details::attach_slots(chk, call, slot_idx, tail);
+  if (options.validate)
+    Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
+                                &slot_idx, num_requests, key.extent(0), K,
+                                static_cast<int>(tail.extent(0)));
+
+  Details::View4<T, M> const ring = tail;
+  bool const contiguous =
+      key.stride(1) == 1 && gate.stride(1) == 1 && ring.stride(3) == 1;
+  bool const aligned =
+      Details::rows_aligned(call.key.data(), call.key.stride(0), 16) &&
+      Details::rows_aligned(call.gate.data(), call.gate.stride(0), 16) &&
+      Details::ring_aligned(ring);
+  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
+                                            [&](auto path) {
+    using P = decltype(path);
+    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, false>;
+    Details::SeedTailFunctor<Writer> f{Details::ragged_writer<Writer>(call)};
+    f.writer.tail = ring;
+    Details::LaunchShape const shape = Details::items_shape(
+        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
+        D, P::width, options.team_size);
+    Details::launch_items(space, "KPool::seed_tail", shape, f);
+  });
+}
+
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,421 @@
+#ifndef KPOOL_DETAILS_SCORE_MMA_FUNCTOR_HPP
+#define KPOOL_DETAILS_SCORE_MMA_FUNCTOR_HPP
+
+// The tensor-core scoring engine (ScoreEngine::tensor_cores): scores as
+// keys, one launch on the caller's execution space instance, the products
+// on warp-level MMA (score/detail/KPool_ScoreMmaFragments.hpp).
+//
+// Inputs are prepared query values and effective per-head weights:
+//  - exact profile: the rotated f32 query split into `terms` MMA operands
+//    (bf16: q = q1 + q2 + q3, each the nearest bf16 of what the earlier
+//    terms left, which represents every f32 exactly; one term when the
+//    query already is the operand type), the weight w_h; per head
+//    w_h * relu(s_p * (q_h . k_p)), as the other engines;
+//  - serving profile (E4M3 MMA): the query's E4M3 codes and w_h * s_q,h;
+//    s_p * sum_h w_h s_q,h relu(q8_h . k8_p) (docs/indexer.md).
+// A team owns `rows_per_team` query rows of one request and every
+// `splits`-th tile of 16 pools; its `warps` warps take the team's tiles in
+// turn. The team stages its queries once (operands in team scratch, rows
+// padded by 16 bytes so that fragment loads hit 32 distinct banks); a warp
+// stages a tile's keys as MMA operands in its own scratch, multiplies
+// 16 pools x 8 heads at a time (A = keys, row-major pools x channels; B =
+// query heads), and folds relu, weights and the head sum in registers: a
+// lane holds pools g and g + 8 for heads 2t, 2t + 1 of each 8-head tile,
+// sums its heads, then the four lanes of its group by two xor shuffles.
+// Every pool goes through the same operations wherever it sits, so
+// identical pools score identically.
+//
+// The warp code is written once for a thread holding `Lanes` lanes: one on
+// CUDA (the PTX MMA, shuffles), 32 elsewhere (the MMA emulated, shuffles as
+// array reads), so a host runs the very tile logic the device does.
+
+#include <common/KPool_Float8.hpp>
+#include <common/KPool_Types.hpp>
+#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_KokkosExt.hpp>
+#include <common/detail/KPool_Strided.hpp>
+#include <score/detail/KPool_ScoreMmaFragments.hpp>
+#include <score/detail/KPool_Scoring.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace KPool {
+namespace Details {
+
+// Lanes one thread of the engine holds: one on CUDA, a whole warp elsewhere.
+template <class ExecutionSpace>
+struct mma_lanes {
+  static constexpr int value = 32;
+};
+#if defined(KOKKOS_ENABLE_CUDA)
+template <>
+struct mma_lanes<Kokkos::Cuda> {
+  static constexpr int value = 1;
+};
+#endif
+
+// Warps of a team on a CUDA device.
+constexpr int mma_team_warps = 4;
+// Pools of a warp's tile (the MMA's M).
+constexpr int mma_tile_pools = 16;
+
+// bf16 operand term `term` of x (0, 1, 2): the nearest bf16 of what the
+// earlier terms left (each rest exact in f32); three terms represent every
+// f32 of magnitude 2^-110 or more exactly. A non-finite first term leaves
+// nothing for the others (x itself carries inf or NaN).
+KOKKOS_INLINE_FUNCTION std::uint32_t bf16_term(float x, int term) {
+  float r = x;
+  std::uint16_t b = 0;
+  for (int j = 0; j <= term; ++j) {
+    b = float_to_bf16_bits(r);
+    float const v = bf16_bits_to_float(b);
+    r = (v - v == 0.0f) ? r - v : 0.0f;  // v finite
+  }
+  return b;
+}
+
+// The first `terms` bf16 terms of x, zeros after.
+KOKKOS_INLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[3]) {
+  for (int j = 0; j < 3; ++j) out[j] = j < terms ? bf16_term(x, j) : 0u;
+}
+
+template <class ExecutionSpace, class T, class C, MmaKind Kind>
+struct ScoreMmaFunctor {
+  using memory_space = typename ExecutionSpace::memory_space;
+  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  using Key = score_key_t<float>;
+  using S = MmaShape<Kind>;
+  static constexpr int L = mma_lanes<ExecutionSpace>::value;
+  static constexpr int TM = mma_tile_pools;
+  static constexpr bool serving = Kind == MmaKind::e4m3;
+  // Query rows a team rotates at once (their f32 rows in scratch).
+  static constexpr int rotate_rows = 4;
+
+  SelectBatch batch;
+  Strided<const T, 3> q;            // [T, H, D]
+  Strided<const float, 2> weights;  // [T, H]
+  SelectCache<C, float, memory_space> cache;
+  Key* keys;  // [chunk rows * max_visible]
+  int heads;
+  int terms;  // query operand terms, 1 to 3
+  int rows_per_team;
+  int warps;  // warps a team
+  int splits;
+  int scratch_level;
+
+  // Heads padded to the MMA's N, channels to its K, and a scratch row of
+  // operands in 32-bit words with 16 bytes of padding.
+  KOKKOS_INLINE_FUNCTION static int padded_heads(int H) { return (H + 7) / 8 * 8; }
+  KOKKOS_INLINE_FUNCTION static int padded_dim(int D) { return (D + S::k - 1) / S::k * S::k; }
+  KOKKOS_INLINE_FUNCTION static int row_words(int D) { return padded_dim(D) / S::per_reg + 4; }
+
+  KOKKOS_INLINE_FUNCTION static std::size_t query_words(int rows, int terms, int H, int D) {
+    return static_cast<std::size_t>(rows) * terms * padded_heads(H) * row_words(D);
+  }
+  // Byte offsets of the team's scratch regions, each 16-byte aligned.
+  struct Layout {
+    std::size_t entry, q, w, rot, k, meta, total;
+  };
+  KOKKOS_INLINE_FUNCTION static std::size_t align16(std::size_t b) { return (b + 15) / 16 * 16; }
+  KOKKOS_INLINE_FUNCTION static Layout layout(int rows, int terms, int H, int D, int warps) {
+    Layout l;
+    std::size_t o = 0;
+    l.entry = o;
+    o += align16(static_cast<std::size_t>(warps) * TM * sizeof(std::int64_t));
+    l.q = o;
+    o += align16(query_words(rows, terms, H, D) * 4);
+    l.w = o;
+    o += align16(static_cast<std::size_t>(rows) * padded_heads(H) * 4);
+    // The rotation rows live only while the queries are staged (between
+    // barriers, before any key tile): they share the key tiles' bytes.
+    l.rot = l.k = o;
+    std::size_t const rot = static_cast<std::size_t>(rotate_rows) * D * 4;
+    std::size_t const k = static_cast<std::size_t>(warps) * TM * row_words(D) * 4;
+    o += align16(rot > k ? rot : k);
+    l.meta = o;
+    o += align16(static_cast<std::size_t>(warps) * 2 * TM * 4);
+    l.total = o;
+    return l;
+  }
+  static std::size_t scratch_bytes(int rows, int terms, int H, int D, int warps) {
+    return layout(rows, terms, H, D, warps).total + 16;
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    Layout const lay = layout(rows_per_team, terms, heads, cache.head_dim(), warps);
+    // One block of scratch, taken at a level fixed per call site (a level
+    // read at run time costs a local-memory stack frame on CUDA).
+    char* const base = static_cast<char*>(
+        scratch_level == 0 ? member.team_scratch(0).get_shmem_aligned(lay.total, 16)
+                           : member.team_scratch(1).get_shmem_aligned(lay.total, 16));
+    Tiles const tiles{reinterpret_cast<std::uint32_t*>(base + lay.q),
+                      reinterpret_cast<float*>(base + lay.w),
+                      reinterpret_cast<float*>(base + lay.rot),
+                      reinterpret_cast<std::uint32_t*>(base + lay.k),
+                      reinterpret_cast<float*>(base + lay.meta),
+                      reinterpret_cast<std::int64_t*>(base + lay.entry)};
+
+    std::uint64_t const group = member.league_rank() / splits;
+    int const split = member.league_rank() % splits;
+    batch.for_each_run(group, rows_per_team, [&](int r, SelectRequest const& req, std::uint64_t t0,
+                                          std::uint64_t t1) {
+      score_rows(member, tiles, r, req, t0, t1, split);
+    });
+  }
+
+  struct Tiles {
+    std::uint32_t* q;      // [rows][terms][HP][RW]
+    float* w;              // [rows][HP]: effective weights, 0 past H
+    float* rot;            // [rotate_rows][D], in the bytes of k
+    std::uint32_t* k;      // [warps][TM][RW]
+    float* meta;           // [warps][2][TM]: scale, usable (1 or 0)
+    std::int64_t* entry;   // [warps][TM]: offset of each pool's values in the cache
+  };
+
+  KOKKOS_INLINE_FUNCTION int warp_of(member_type const& member) const {
+    return L == 1 ? member.team_rank() / 32 : member.team_rank();
+  }
+  KOKKOS_INLINE_FUNCTION static int lane_of(member_type const& member, int l) {
+    return L == 1 ? member.team_rank() % 32 : l;
+  }
+  KOKKOS_FORCEINLINE_FUNCTION static void warp_sync() {
+#if defined(__CUDA_ARCH__)
+    __syncwarp();
+#endif
+  }
+
+  // Query operands of rows [t0, t1) into scratch: rotate_rows rows of f32
+  // at a time, one (row, head) a thread.
+  KOKKOS_INLINE_FUNCTION void stage_queries(member_type const& member, Tiles const& s,
+                                            std::uint64_t t0, int nrows) const {
+    int const H = heads;
+    int const D = cache.head_dim();
+    int const HP = padded_heads(H);
+    int const DP = padded_dim(D);
+    int const RW = row_words(D);
+    int const items = nrows * HP;
+    for (int base = 0; base < items; base += rotate_rows) {
+      int const n = items - base < rotate_rows ? items - base : rotate_rows;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int j) {
+        int const ih = base + j;
+        int const i = ih / HP;
+        int const h = ih % HP;
+        float* x = s.rot + static_cast<std::size_t>(j) * D;
+        float w = 0.0f;
+        if (h < H) {
+          for (int c = 0; c < D; ++c) x[c] = to_accumulator(q(t0 + i, h, c));
+          // Exact profile: R(q), the weight as given; serving profile: the
+          // E4M3 codes and the weight times s_q (as every engine).
+          w = prepare_query_row(x, D, cache.query_prep(), weights(t0 + i, h));
+        }
+        s.w[i * HP + h] = w;
+        for (int term = 0; term < terms; ++term) {
+          std::uint32_t* out =
+              s.q + ((static_cast<std::size_t>(i) * terms + term) * HP + h) * RW;
+          for (int wd = 0; wd < DP / S::per_reg; ++wd) {
+            std::uint32_t word = 0;
+            for (int e = 0; e < S::per_reg; ++e) {
+              int const c = wd * S::per_reg + e;
+              float const v = (h < H && c < D) ? x[c] : 0.0f;
+              word |= operand_bits(v, term) << (e * (32 / S::per_reg));
+            }
+            out[wd] = word;
+          }
+        }
+      });
+      member.team_barrier();
+    }
+  }
+
+  // Term `term` of query value v as an operand's bits.
+  KOKKOS_INLINE_FUNCTION std::uint32_t operand_bits(float v, int term) const {
+    if constexpr (Kind == MmaKind::bf16) {
+      return bf16_term(v, term);
+    } else if constexpr (Kind == MmaKind::f16) {
+      return float16(v).bits;
+    } else {
+      return float_to_e4m3_bits(v);
+    }
+  }
+
+  // A cache element as an operand's bits (exact: the engine takes only
+  // caches whose elements are operands of its MMA).
+  KOKKOS_FORCEINLINE_FUNCTION static std::uint32_t key_bits(C v) {
+    if constexpr (std::is_same<C, float8_e4m3>::value) {
+      if constexpr (Kind == MmaKind::e4m3)
+        return v.bits;
+      else
+        return KokkosExt::bit_cast<std::uint32_t>(cache_value<float>(v)) >> 16;
+    } else {
+      return v.bits;
+    }
+  }
+
+  // Rows [t0, t1) of request r, every splits-th tile from `split`.
+  KOKKOS_INLINE_FUNCTION void score_rows(member_type const& member, Tiles const& s, int r,
+                                         SelectRequest const& req, std::uint64_t t0,
+                                         std::uint64_t t1, int split) const {
+    int const nrows = static_cast<int>(t1 - t0);
+    std::uint64_t const vis_hi = batch.visible(req, t1 - 1);
+    if (vis_hi <= static_cast<std::uint64_t>(split) * TM) return;
+    stage_queries(member, s, t0, nrows);
+    int const warp = warp_of(member);
+    for (std::uint64_t tile = static_cast<std::uint64_t>(split) +
+                              static_cast<std::uint64_t>(splits) * warp;
+         tile * TM < vis_hi; tile += static_cast<std::uint64_t>(splits) * warps)
+      score_tile(member, s, warp, r, req, t0, nrows, tile * TM, vis_hi);
+    // The queries' scratch is restaged for the next rows.
+    member.team_barrier();
+  }
+
+  // One warp: pools [p0, p0 + 16) for the team's rows.
+  KOKKOS_INLINE_FUNCTION void score_tile(member_type const& member, Tiles const& s, int warp,
+                                         int r, SelectRequest const& req, std::uint64_t t0,
+                                         int nrows, std::uint64_t p0,
+                                         std::uint64_t vis_hi) const {
+    int const H = heads;
+    int const D = cache.head_dim();
+    int const HP = padded_heads(H);
+    int const DP = padded_dim(D);
+    int const RW = row_words(D);
+    std::uint32_t* kt = s.k + static_cast<std::size_t>(warp) * TM * RW;
+    float* scale = s.meta + warp * 2 * TM;
+    float* usable = scale + TM;
+    std::int64_t* entry = s.entry + warp * TM;
+
+    // Where the tile's pools live; pools past the visible ones and bad
+    // blocks are read nowhere.
+    for (int l = 0; l < L; ++l) {
+      int const lane = lane_of(member, l);
+      if (lane < TM) {
+        std::uint64_t const p = p0 + lane;
+        CacheSlot const slot = p < vis_hi ? cache.locate(r, static_cast<std::int64_t>(p))
+                                          : CacheSlot{-1, 0};
+        bool const ok = slot.block >= 0;
+        entry[lane] = ok ? static_cast<std::int64_t>(cache.row(slot) - cache.values) : -1;
+        scale[lane] = ok ? cache.scale_at(slot) : 0.0f;
+        usable[lane] = ok ? 1.0f : 0.0f;
+      }
+    }
+    warp_sync();
+    // The keys as operands, one word (2 or 4 channels) a lane at a time.
+    int const words = DP / S::per_reg;
+    for (int l = 0; l < L; ++l) {
+      int const lane = lane_of(member, l);
+      for (int idx = lane; idx < TM * words; idx += 32) {
+        int const j = idx / words;
+        int const wd = idx % words;
+        std::uint32_t word = 0;
+        if (entry[j] >= 0) {
+          C const* v = cache.values + entry[j];
+          for (int e = 0; e < S::per_reg; ++e) {
+            int const c = wd * S::per_reg + e;
+            if (c < D) word |= key_bits(v[c]) << (e * (32 / S::per_reg));
+          }
+        }
+        kt[j * RW + wd] = word;
+      }
+    }
+    warp_sync();
+
+    for (int i = 0; i < nrows; ++i) {
+      std::uint64_t const t = t0 + i;
+      std::uint64_t const vis = batch.visible(req, t);
+      if (vis <= p0) continue;
+      float const* wi = s.w + i * HP;
+      // part[l][0]: pool g, part[l][1]: pool g + 8 of lane l's group.
+      float part[L][2];
+      for (int l = 0; l < L; ++l) part[l][0] = part[l][1] = 0.0f;
+      for (int hg = 0; hg < HP; hg += 32) {
+        int const ntiles = (HP - hg) / 8 < 4 ? (HP - hg) / 8 : 4;
+        float acc[4][L][4];
+        for (int nt = 0; nt < 4; ++nt)
+          for (int l = 0; l < L; ++l)
+            for (int e = 0; e < 4; ++e) acc[nt][l][e] = 0.0f;
+        for (int k0 = 0; k0 < DP; k0 += S::k) {
+          std::uint32_t a[L][4];
+          for (int l = 0; l < L; ++l) {
+            int const lane = lane_of(member, l);
+            for (int g = 0; g < S::a_regs; ++g) {
+              int const e = g * S::per_reg;
+              a[l][g] = kt[S::a_row(lane, e) * RW + (k0 + S::a_col(lane, e)) / S::per_reg];
+            }
+          }
+          for (int term = 0; term < terms; ++term) {
+            std::uint32_t const* qt =
+                s.q + (static_cast<std::size_t>(i) * terms + term) * HP * RW;
+            for (int nt = 0; nt < 4; ++nt) {
+              if (nt >= ntiles) break;
+              std::uint32_t b[L][2];
+              for (int l = 0; l < L; ++l) {
+                int const lane = lane_of(member, l);
+                for (int g = 0; g < S::b_regs; ++g) {
+                  int const e = g * S::per_reg;
+                  b[l][g] = qt[(hg + nt * 8 + S::b_col(lane, e)) * RW +
+                               (k0 + S::b_row(lane, e)) / S::per_reg];
+                }
+              }
+              mma_warp<Kind, L>(acc[nt], a, b);
+            }
+          }
+        }
+        // relu, weights and this lane's heads, in head order.
+        for (int nt = 0; nt < 4; ++nt) {
+          if (nt >= ntiles) break;
+          for (int l = 0; l < L; ++l) {
+            int const lane = lane_of(member, l);
+            for (int e = 0; e < 4; ++e) {
+              int const h = hg + nt * 8 + S::c_col(lane, e);
+              if (h >= H) continue;
+              int const pool = S::c_row(lane, e);
+              float const x = serving ? acc[nt][l][e] : scale[pool] * acc[nt][l][e];
+              part[l][e >> 1] += wi[h] * relu(x);
+            }
+          }
+        }
+      }
+      group_sum(part);
+      for (int l = 0; l < L; ++l) {
+        int const lane = lane_of(member, l);
+        if ((lane & 3) != 0) continue;
+        for (int half = 0; half < 2; ++half) {
+          int const pool = (lane >> 2) + half * 8;
+          std::uint64_t const p = p0 + pool;
+          if (p >= vis) continue;
+          float const score = serving ? scale[pool] * part[l][half] : part[l][half];
+          keys[batch.key_offset(t) + p] =
+              usable[pool] != 0.0f ? score_key(score) : static_cast<Key>(key_not_visible);
+        }
+      }
+    }
+    // The warp's tile scratch is restaged for its next tile.
+    warp_sync();
+  }
+
+  // v[l] = (v[l] + v[l ^ 1]) + (v[l ^ 2] + v[l ^ 3]) over each group of
+  // four lanes, the same on every lane of a group.
+  KOKKOS_FORCEINLINE_FUNCTION static void group_sum(float (&v)[L][2]) {
+    if constexpr (L == 32) {
+      for (int m = 1; m <= 2; m <<= 1) {
+        float u[32][2];
+        for (int l = 0; l < 32; ++l)
+          for (int j = 0; j < 2; ++j) u[l][j] = v[l][j] + v[l ^ m][j];
+        for (int l = 0; l < 32; ++l)
+          for (int j = 0; j < 2; ++j) v[l][j] = u[l][j];
+      }
+    } else {
+#if defined(__CUDA_ARCH__)
+      for (int m = 1; m <= 2; m <<= 1)
+        for (int j = 0; j < 2; ++j) v[0][j] += __shfl_xor_sync(0xFFFFFFFFu, v[0][j], m);
+#else
+      (void)v;
+#endif
+    }
+  }
+};
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,174 @@
+#ifndef KPOOL_DETAILS_SELECT_HPP
+#define KPOOL_DETAILS_SELECT_HPP
+
+// What every part of the selection stage agrees on (docs/indexer.md, "Scoring"
+// and "Selection"): which rows and pools a call covers, how a score becomes
+// a sortable key, the relu, and the rotation of a query. The scoring
+// engines write keys; the selection reads them.
+
+#include <common/KPool_Float8.hpp>
+#include <common/KPool_Types.hpp>
+#include <cache/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_KokkosExt.hpp>
+#include <common/detail/KPool_Request.hpp>
+#include <common/detail/KPool_Strided.hpp>
+#include <common/detail/KPool_Views.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace KPool {
+namespace Details {
+
+// Scores become unsigned keys whose integer order is the ranking's order:
+// higher key, higher rank. Key 0 marks a pool that is not visible (its
+// block is bad, validation off); 1 is NaN, below every number; numbers map
+// order-preservingly above (-0 and +0 alike, as they are equal). Ties
+// between equal keys go to the lower pool id, which the selection settles
+// by scanning pools in id order, so the id is not part of the key.
+template <class Score>
+using score_key_t =
+    typename std::conditional<std::is_same<Score, double>::value,
+                              std::uint64_t, std::uint32_t>::type;
+
+constexpr unsigned key_not_visible = 0;
+constexpr unsigned key_nan = 1;
+
+KOKKOS_INLINE_FUNCTION std::uint32_t score_key(float s) {
+  std::uint32_t u = KokkosExt::bit_cast<std::uint32_t>(s);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return key_nan;
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+KOKKOS_INLINE_FUNCTION std::uint64_t score_key(double s) {
+  std::uint64_t u = KokkosExt::bit_cast<std::uint64_t>(s);
+  constexpr std::uint64_t sign = 0x8000000000000000ull;
+  if ((u & ~sign) > 0x7FF0000000000000ull) return key_nan;
+  if (u == sign) u = 0;
+  return (u & sign) ? ~u : (u | sign);
+}
+
+// relu that passes NaN: a NaN product makes the pool's score NaN.
+template <class A>
+KOKKOS_FORCEINLINE_FUNCTION A relu(A x) {
+  return x < A(0) ? A(0) : x;
+}
+
+// A cache element as the arithmetic type (no scale). fp8 is decoded without
+// branches so that staging loops vectorize; it is exact, as
+// KPool::float8_e4m3's own conversion. The choices are bit masks, not
+// conditional expressions: GCC turns those into branches, moves the
+// subnormal's conversion and product into one, and (floating point may
+// trap by default) then cannot make the loop branch-free again.
+template <class A>
+KOKKOS_FORCEINLINE_FUNCTION A cache_value(float8_e4m3 v) {
+  std::uint32_t const b = v.bits;
+  std::uint32_t const mag = b & 0x7Fu;
+  // Normal: exponent e + 120 in f32, mantissa on top; subnormal: m * 2^-9.
+  std::uint32_t const normal = (mag << 20) + (120u << 23);
+  std::uint32_t const sub =
+      KokkosExt::bit_cast<std::uint32_t>(static_cast<float>(mag & 7u) * 0.001953125f);
+  std::uint32_t const is_sub = 0u - static_cast<std::uint32_t>(mag < 8u);
+  std::uint32_t const is_nan = 0u - static_cast<std::uint32_t>(mag == 0x7Fu);
+  std::uint32_t const m = (sub & is_sub) | (normal & ~is_sub);
+  std::uint32_t const bits = (0x7FC00000u & is_nan) | (m & ~is_nan);
+  return static_cast<A>(KokkosExt::bit_cast<float>(bits | ((b & 0x80u) << 24)));
+}
+template <class A, class C>
+KOKKOS_FORCEINLINE_FUNCTION A cache_value(C v) {
+  return static_cast<A>(to_accumulator(v));
+}
+
+// A live request of a selection call, as every kernel sees it. `valid` is
+// false when its rows or length are out of range (validation off); such a
+// request's rows are neither scored nor written.
+struct SelectRequest {
+  std::uint64_t begin;
+  std::uint64_t end;
+  std::uint64_t cache_length;
+  bool valid;
+};
+
+// The batch of a selection call: rows of q by request, and how many pools
+// a row may see (the workspace's row capacity). Where the pools live is
+// the cache's CacheTarget (its locate() is the block lookup every engine
+// uses). Strided arrays, not views, to keep the functors small.
+struct SelectBatch {
+  Strided<const std::uint32_t, 1> row_offsets;
+  Strided<const std::uint32_t, 1> cache_lengths;
+  int num_requests;
+  int kpool;
+  std::uint64_t total_rows;   // rows of q
+  std::uint64_t max_visible;  // pools a row can hold in the workspace
+  // The rows this launch covers (a chunk of the workspace's max_tokens):
+  // row t's keys are row t - row_begin of the workspace.
+  std::uint64_t row_begin;
+  std::uint64_t row_end;
+
+  // Where row t's keys start in the workspace.
+  KOKKOS_INLINE_FUNCTION std::uint64_t key_offset(std::uint64_t t) const {
+    return (t - row_begin) * max_visible;
+  }
+
+  // A scoring team's rows: group `group` of `rows` consecutive rows from
+  // row_begin (to row_end), in runs of one live request each, fn(r, req,
+  // t0, t1) for each run [t0, t1) of request r; rows of no live request
+  // are skipped.
+  template <class Fn>
+  KOKKOS_INLINE_FUNCTION void for_each_run(std::uint64_t group, int rows, Fn const& fn) const {
+    std::uint64_t t = row_begin + group * static_cast<std::uint64_t>(rows);
+    std::uint64_t const t_end = t + rows < row_end ? t + rows : row_end;
+    while (t < t_end) {
+      SelectRequest req;
+      int const r = owner(t, req);
+      if (r < 0) {
+        ++t;
+        continue;
+      }
+      std::uint64_t const sub_end = req.end < t_end ? req.end : t_end;
+      fn(r, req, t, sub_end);
+      t = sub_end;
+    }
+  }
+
+  KOKKOS_INLINE_FUNCTION SelectRequest request(int r) const {
+    SelectRequest q;
+    q.begin = row_offsets(r);
+    q.end = row_offsets(r + 1);
+    q.cache_length = cache_lengths(r);
+    q.valid = q.begin <= q.end && q.end <= total_rows &&
+              q.cache_length + (q.end - q.begin) <= max_sequence_length;
+    return q;
+  }
+
+  // Pools visible to row t of request q: floor((pos + 1) / K), capped at
+  // the workspace's row capacity (only reachable with validation off).
+  KOKKOS_INLINE_FUNCTION std::uint64_t visible(SelectRequest const& q,
+                                               std::uint64_t t) const {
+    std::uint64_t const v =
+        (q.cache_length + (t - q.begin) + 1) / static_cast<std::uint64_t>(kpool);
+    return v < max_visible ? v : max_visible;
+  }
+
+  // The request owning row t, or -1 when no live, valid request does.
+  KOKKOS_INLINE_FUNCTION int owner(std::uint64_t t, SelectRequest& q) const {
+    int const r = owner_of(row_offsets, num_requests, t);
+    if (r >= num_requests) return -1;
+    q = request(r);
+    if (!q.valid || t < q.begin || t >= q.end) return -1;
+    return r;
+  }
+};
+
+// What the scoring engines read of the cache: its entries through the
+// call's block table (locate() gives block -1, "not visible", for a
+// missing, unassigned or too large block), the rotation and the A
+// nearest 1/sqrt(D).
+template <class C, class A, class MemorySpace>
+using SelectCache = CacheTarget<C, A, MemorySpace>;
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

@@ -1,0 +1,115 @@
+#ifndef KPOOL_EXPAND_TOPK_HPP
+#define KPOOL_EXPAND_TOPK_HPP
+
+#include <common/KPool_Options.hpp>
+#include <common/detail/KPool_Launch.hpp>
+#include <common/detail/KPool_Validate.hpp>
+#include <select/detail/KPool_ExpandTopkFunctor.hpp>
+
+#include <cstdint>
+
+namespace KPool {
+
+/// The output width of expand_topk.
+/// @param pool_topk pools selected per token (the columns of pool_ids).
+/// @param kpool K, tokens per pool.
+/// @param tail_always whether the K - 1 tail columns are added.
+/// @return pool_topk * K, plus K - 1 when tail_always.
+inline int expand_topk_width(int pool_topk, int kpool, bool tail_always) {
+  return pool_topk * kpool + (tail_always ? kpool - 1 : 0);
+}
+
+/// Selected pool ids back to the token positions sparse attention reads
+/// (docs/writers.md, "expand_topk"). Token row t = row_offsets(b) + i of
+/// request b is position cache_lengths(b) + i and sees
+/// visible = cache_lengths(b) + i + 1 positions. Column j < pool_topk * K
+/// holds pid * K + j % K for pid = pool_ids(t, j / K), or -1 when pid < 0
+/// or the pool is not complete within visible ((pid + 1) * K > visible): a
+/// stale or garbage id never becomes an attention index. With tail_always,
+/// tail column j (0 <= j < K - 1, after the pool columns) holds
+/// visible - visible % K + j when j < visible % K, else -1: the members of
+/// the token's own pending pool. Rows outside the live requests are not
+/// touched.
+///
+/// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
+/// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
+/// LayoutStride); ranks and element types are checked at compile time.
+///
+/// @tparam ExecutionSpace a Kokkos execution space.
+/// @param space the execution space instance the work is queued on.
+/// @param pool_ids [T_q, pool_topk] int32: per query token, the selected
+/// pool ids, -1 for none.
+/// @param row_offsets [B + 1] uint32: request b owns query rows
+/// [row_offsets(b), row_offsets(b + 1)).
+/// @param cache_lengths [B] uint32: tokens of each sequence before its
+/// first query row.
+/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param kpool K, tokens per pool (>= 1).
+/// @param tail_always whether to append the K - 1 tail columns.
+/// @param out [T_q, expand_topk_width(pool_topk, K, tail_always)] int32,
+/// written for the live requests' rows.
+/// @param options `validate` (data checks of row_offsets and
+/// cache_lengths) and `team_size`; `fused` unused.
+/// @throws KPool::InvalidArgument for kpool < 1, an output too wide for
+/// int32 or mismatched extents (always), or bad row_offsets or
+/// cache_lengths (with options.validate). Nothing has been written then.
+/// @par Launches and synchronization
+/// One launch on `space` (none when the width is 0). With
+/// options.validate, first fences `space` and copies row_offsets and
+/// cache_lengths (live rows) to the host.
+template <class ExecutionSpace, class PoolIdsView, class RowOffsetsView,
+          class CacheLengthsView, class OutView>
+void expand_topk(ExecutionSpace const& space, PoolIdsView const& pool_ids,
+                 RowOffsetsView const& row_offsets,
+                 CacheLengthsView const& cache_lengths, int num_requests,
+                 int kpool, bool tail_always, OutView const& out,
+                 Options const& options = Options()) {
+  KPOOL_IMPL_CHECK_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace,
+                        "pool_ids");
+  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                        "row_offsets");
+  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                        "cache_lengths");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(OutView, std::int32_t, 2, ExecutionSpace,
+                               "out");
+
+  Details::KokkosExt::ScopedProfileRegion region("KPool::expand_topk");
+  Details::Checker const chk("KPool::expand_topk");
+  if (kpool < 1)
+    chk.fail_scalar("kpool", kpool,
+                    "is not a valid kpool (K must be at least 1)");
+  std::size_t const topk = pool_ids.extent(1);
+  std::size_t const width =
+      topk * static_cast<std::size_t>(kpool) + (tail_always ? kpool - 1 : 0);
+  if (width > 0x7FFFFFFF)
+    chk.fail("pool_ids", "extent 1", -1, std::to_string(topk),
+             "times kpool is too wide an output");
+  chk.extent_is("out", 0, out.extent(0), pool_ids.extent(0),
+                "the token rows of pool_ids");
+  chk.extent_is("out", 1, out.extent(1), width,
+                "pool_topk * K (+ K - 1 with tail_always)");
+  chk.batch_shape(row_offsets, cache_lengths, num_requests);
+  if (options.validate)
+    Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
+                                static_cast<RowOffsetsView const*>(nullptr),
+                                num_requests, pool_ids.extent(0), kpool, 0);
+  if (width == 0) return;
+
+  using M = typename ExecutionSpace::memory_space;
+  Details::ExpandTopkFunctor<ExecutionSpace> f;
+  f.pool_ids = Details::View2<const std::int32_t, M>(pool_ids);
+  f.row_offsets = row_offsets;
+  f.cache_lengths = cache_lengths;
+  f.out = Details::View2<std::int32_t, M>(out);
+  f.num_requests = num_requests;
+  f.kpool = kpool;
+  f.tail_always = tail_always;
+  Details::LaunchShape const shape = Details::items_shape(
+      chk, "pool_ids", space, f, pool_ids.extent(0), static_cast<int>(width), 1,
+      options.team_size);
+  Details::launch_items(space, "KPool::expand_topk", shape, f);
+}
+
+}  // namespace KPool
+
+#endif

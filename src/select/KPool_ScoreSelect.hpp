@@ -1,0 +1,245 @@
+#ifndef KPOOL_SCORE_SELECT_HPP
+#define KPOOL_SCORE_SELECT_HPP
+
+#include <KPool_Config.hpp>
+
+#if !KPOOL_HAS_KOKKOSKERNELS
+#error "KPool's selection stage (KPool::score_select, KPool::select_tokens) needs Kokkos Kernels: configure KPool with KokkosKernels_ROOT"
+#endif
+
+#include <cache/KPool_PoolCache.hpp>
+#include <common/KPool_Float8.hpp>
+#include <common/KPool_Options.hpp>
+#include <common/KPool_Types.hpp>
+#include <select/detail/KPool_SelectCall.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace KPool {
+
+/// Scratch for the selection stage: one key per (query row, visible pool)
+/// and the BLAS engine's staging buffers. Allocate once, at the largest
+/// call you will make (rows of q, pools a row can see, heads, head_dim),
+/// and reuse: score_select and select_tokens allocate nothing.
+/// Memory: max_tokens * max_visible keys of 4 bytes (8 for f64), plus on
+/// host memory spaces about 12 MiB of BLAS staging at H = 32, D = 128.
+///
+/// @tparam T the queries' storage type; scores are f64 when T is f64, f32
+/// otherwise.
+/// @tparam MemorySpace where it lives: the execution space's memory space.
+template <class T, class MemorySpace =
+                       Kokkos::DefaultExecutionSpace::memory_space>
+class SelectWorkspace {
+  static_assert(is_storage_type<T>::value,
+                "KPool::SelectWorkspace: T must be float, double, "
+                "KPool::bfloat16 or KPool::float16");
+
+ public:
+  /// The queries' storage type.
+  using storage_type = T;
+  /// Where the buffers live.
+  using memory_space = MemorySpace;
+  /// The arithmetic of the scores: f64 for f64 queries, else f32.
+  using score_type = accumulator_t<T>;
+  /// A score as an order-preserving unsigned key (32 or 64 bits).
+  using key_type = Details::score_key_t<score_type>;
+
+  /// An empty workspace (is_allocated() is false); selections refuse it.
+  SelectWorkspace() = default;
+
+  /// Allocates the buffers on `space` (labelled
+  /// KPool::SelectWorkspace::keys; for max_visible above 65536 the long
+  /// rows' ...::segment_histograms and ...::split_plans, a quarter as many
+  /// 4-byte words as keys in all; on host memory spaces the BLAS staging
+  /// buffers).
+  /// @param space the execution space instance the allocation is queued on.
+  /// @param max_tokens the most query rows (rows of q) a call will have.
+  /// @param max_visible the most pools a query row will see.
+  /// @param num_heads H, the query heads.
+  /// @param head_dim D, the cache's head_dim.
+  /// @throws KPool::InvalidArgument (entry point "KPool::SelectWorkspace")
+  /// for sizes below 1, max_visible above 2^31 - 1, or a key buffer past
+  /// the address space.
+  template <class ExecutionSpace>
+  SelectWorkspace(ExecutionSpace const& space, std::size_t max_tokens,
+                  std::size_t max_visible, int num_heads, int head_dim)
+      : max_tokens_(max_tokens),
+        max_visible_(max_visible),
+        num_heads_(num_heads),
+        head_dim_(head_dim) {
+    static_assert(Kokkos::SpaceAccessibility<ExecutionSpace, MemorySpace>::accessible,
+                  "KPool::SelectWorkspace: the execution space must reach the memory space");
+    Details::Checker const chk("KPool::SelectWorkspace");
+    if (max_tokens < 1) chk.fail_scalar("max_tokens", 0, "is not at least 1");
+    if (max_visible < 1) chk.fail_scalar("max_visible", 0, "is not at least 1");
+    if (max_visible > Details::max_sequence_length)
+      chk.fail("max_visible", "", -1, std::to_string(max_visible),
+               "exceeds 2^31 - 1, more pools than an int32 position allows");
+    if (num_heads < 1) chk.fail_scalar("num_heads", num_heads, "is not at least 1");
+    if (head_dim < 1) chk.fail_scalar("head_dim", head_dim, "is not at least 1");
+    if (max_tokens > (std::size_t(1) << 40) / max_visible)
+      chk.fail("max_tokens", "", -1, std::to_string(max_tokens),
+               "times max_visible = " + std::to_string(max_visible) +
+                   " keys is more than the workspace can hold");
+    keys_ = Kokkos::View<key_type*, MemorySpace>(
+        Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                           "KPool::SelectWorkspace::keys"),
+        max_tokens * max_visible);
+    // Rows longer than the split length select through per-segment
+    // counts and a plan a row (docs/indexer.md, "Top-k").
+    Details::SelectSplit const split = Details::select_split_knob();
+    split_from_ = split.from;
+    split_segment_ = split.segment;
+    if (max_visible > split.from) {
+      std::size_t const segs = (max_visible + split.segment - 1) / split.segment;
+      split_segments_ = static_cast<int>(segs);
+      seg_hist_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+          Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                             "KPool::SelectWorkspace::segment_histograms"),
+          max_tokens * Details::split_region_words(segs));
+      split_plans_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+          Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                             "KPool::SelectWorkspace::split_plans"),
+          max_tokens * Details::split_plan_words(segs));
+    }
+    if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
+      chunks_ = Details::BlasChunks::for_shape(max_tokens, max_visible, num_heads);
+      std::size_t const rows = chunks_.rows * static_cast<std::size_t>(num_heads);
+      blas_queries_ = buffer(space, "KPool::SelectWorkspace::blas_queries",
+                             rows * head_dim);
+      blas_keys_ = buffer(space, "KPool::SelectWorkspace::blas_keys",
+                          chunks_.pools * head_dim);
+      blas_products_ = buffer(space, "KPool::SelectWorkspace::blas_products",
+                              rows * chunks_.pools);
+      blas_weights_ = buffer(space, "KPool::SelectWorkspace::blas_weights", rows);
+    }
+  }
+
+  /// @return the most query rows a call may have.
+  std::size_t max_tokens() const { return max_tokens_; }
+  /// @return the most pools a query row may see.
+  std::size_t max_visible() const { return max_visible_; }
+  /// @return H.
+  int num_heads() const { return num_heads_; }
+  /// @return D.
+  int head_dim() const { return head_dim_; }
+  /// @return false for a default-constructed workspace.
+  bool is_allocated() const { return keys_.data() != nullptr; }
+
+  /// @return the keys, max_tokens() rows of max_visible() (the selection
+  /// stage's own use).
+  Kokkos::View<key_type*, MemorySpace> const& keys() const { return keys_; }
+  /// @return the long rows' regions: per-segment counts, then their sure
+  /// ids and candidates (null without long rows).
+  std::uint32_t* segment_histograms() const { return seg_hist_.data(); }
+  /// @return the long rows' plans (null without them).
+  std::uint32_t* split_plans() const { return split_plans_.data(); }
+  /// @return segments a long row splits into (0: no row is long).
+  int split_segments() const { return split_segments_; }
+  /// @return visible pools past which a row is long.
+  std::uint64_t split_from() const { return split_from_; }
+  /// @return pools a segment of a long row.
+  std::uint64_t split_segment() const { return split_segment_; }
+  /// @return the BLAS engine's chunk sizes.
+  Details::BlasChunks const& blas_chunks() const { return chunks_; }
+  /// @return the BLAS engine's staged queries (host memory spaces).
+  score_type* blas_queries() const { return blas_queries_.data(); }
+  /// @return the BLAS engine's staged keys (host memory spaces).
+  score_type* blas_keys() const { return blas_keys_.data(); }
+  /// @return the BLAS engine's products (host memory spaces).
+  score_type* blas_products() const { return blas_products_.data(); }
+  /// @return the BLAS engine's per query head row weights (host memory
+  /// spaces).
+  score_type* blas_weights() const { return blas_weights_.data(); }
+
+ private:
+  template <class ExecutionSpace>
+  static Kokkos::View<score_type*, MemorySpace> buffer(
+      ExecutionSpace const& space, char const* label, std::size_t n) {
+    return Kokkos::View<score_type*, MemorySpace>(
+        Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)), n);
+  }
+
+  std::size_t max_tokens_ = 0;
+  std::size_t max_visible_ = 0;
+  int num_heads_ = 0;
+  int head_dim_ = 0;
+  Details::BlasChunks chunks_;
+  Kokkos::View<key_type*, MemorySpace> keys_;
+  Kokkos::View<std::uint32_t*, MemorySpace> seg_hist_;
+  Kokkos::View<std::uint32_t*, MemorySpace> split_plans_;
+  int split_segments_ = 0;
+  std::uint64_t split_from_ = 0;
+  std::uint64_t split_segment_ = 1;
+  Kokkos::View<score_type*, MemorySpace> blas_queries_;
+  Kokkos::View<score_type*, MemorySpace> blas_keys_;
+  Kokkos::View<score_type*, MemorySpace> blas_products_;
+  Kokkos::View<score_type*, MemorySpace> blas_weights_;
+};
+
+/// Scoring and top-k selection over the pool cache (docs/indexer.md, "Scoring"
+/// and "Selection"). Query row row_offsets(r) + i is position
+/// cache_lengths(r) + i of the sequence in batch row r; it sees the pools
+/// p < floor((pos + 1) / kpool) and scores each as
+///   sum_h weights(t, h) * relu(R(q(t, h, :)) . k_p)
+/// (k_p the dequantized cached key, R the cache's rotation, relu passing
+/// NaN). pool_ids(t, :) receives the min(topk, visible) best pools, higher
+/// score first, ties to the lower id, NaN below every number, in ascending
+/// id order, then -1. Rows outside the live requests are not touched.
+///
+/// @param space the execution space instance everything is queued on.
+/// @param row_offsets [B + 1] uint32: request r's query rows.
+/// @param cache_lengths [B] uint32: the position of request r's first
+/// query row.
+/// @param block_table [>= num_requests, max_blocks] int32, any layout: the
+/// blocks of request r's pools, as the steps took it.
+/// @param num_requests the live rows of the batch.
+/// @param kpool K.
+/// @param q [T, H, D] of the workspace's storage type (the cache's type,
+/// or any but f64 for an fp8 cache): the indexer queries.
+/// @param weights [T, H] float: per-head weights.
+/// @param cache the layer's pool cache, read only.
+/// @param topk the pools selected per query row, at least 1.
+/// @param pool_ids [T, topk] int32, written for the live requests' rows.
+/// @param workspace at least T rows of max_visible pools, H heads, D.
+/// @param options validate, team_size, score_engine.
+/// @throws KPool::InvalidArgument for bad shapes (always) and bad data
+/// (with options.validate), before anything is written (docs/indexer.md,
+/// "Bad input").
+/// @par Launches and synchronization
+/// Two (score, select) on `space` with ScoreEngine::register_tiles (the
+/// host default) or team_gemm (the device default), which wait for
+/// nothing without validation; with ScoreEngine::blas, per request and
+/// chunk of up to 8192 pools and ~256 query head rows one staging launch,
+/// one gemm on the calling thread and one reduction launch, with fences,
+/// then the select launch.
+template <class ExecutionSpace, class RowOffsetsView, class CacheLengthsView,
+          class BlockTableView, class QView, class WeightsView, class C,
+          class MemorySpace, class PoolIdsView, class T>
+void score_select(ExecutionSpace const& space,
+                  RowOffsetsView const& row_offsets,
+                  CacheLengthsView const& cache_lengths,
+                  BlockTableView const& block_table, int num_requests,
+                  int kpool, QView const& q, WeightsView const& weights,
+                  PoolCache<C, MemorySpace> const& cache, int topk,
+                  PoolIdsView const& pool_ids,
+                  SelectWorkspace<T, MemorySpace>& workspace,
+                  Options const& options = Options()) {
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace,
+                               "pool_ids");
+  if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
+                !Details::view_facts<PoolIdsView>::is_const) {
+    Details::KokkosExt::ScopedProfileRegion region("KPool::score_select");
+    Details::Checker const chk("KPool::score_select");
+    Details::score_select_call<false>(chk, space, row_offsets, cache_lengths,
+                                      block_table, num_requests, kpool, q,
+                                      weights, cache, topk, "pool_ids",
+                                      pool_ids, workspace, options);
+  }
+}
+
+}  // namespace KPool
+
+#endif

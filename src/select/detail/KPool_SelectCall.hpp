@@ -1,0 +1,795 @@
+#ifndef KPOOL_DETAILS_SELECT_CALL_HPP
+#define KPOOL_DETAILS_SELECT_CALL_HPP
+
+// What score_select and select_tokens share between their signature and
+// their launches: the shape checks (always), the data checks (under
+// Options::validate), the engine choice, the scoring and the selection.
+
+#include <common/KPool_Float8.hpp>
+#include <common/KPool_Options.hpp>
+#include <common/KPool_Types.hpp>
+#include <cache/detail/KPool_CacheFunctors.hpp>
+#include <common/detail/KPool_Launch.hpp>
+#include <common/detail/KPool_Validate.hpp>
+#include <common/detail/KPool_Views.hpp>
+#include <score/detail/KPool_ScoreBlas.hpp>
+#include <score/detail/KPool_ScoreMma.hpp>
+#include <score/detail/KPool_ScoreRegisterTiles.hpp>
+#include <score/detail/KPool_ScoreTeamGemm.hpp>
+#include <score/detail/KPool_ScoreTiles.hpp>
+#include <score/detail/KPool_Scoring.hpp>
+#include <select/detail/KPool_SelectFunctor.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace KPool {
+namespace Details {
+
+inline char const* engine_name(ScoreEngine e) {
+  return e == ScoreEngine::blas             ? "blas"
+         : e == ScoreEngine::team_gemm      ? "team_gemm"
+         : e == ScoreEngine::tiles          ? "tiles"
+         : e == ScoreEngine::register_tiles ? "register_tiles"
+         : e == ScoreEngine::tensor_cores   ? "tensor_cores"
+                                            : "automatic";
+}
+
+// register_tiles and blas are host code (one thread a team, a host BLAS)
+// and are refused on device backends. The automatic choice follows the
+// launch shapes, so a device-shapes build on a host (KPool_TEST_DEVICE_SHAPES)
+// runs the device engine: tensor_cores on CUDA where the MMA takes the
+// call (mma_plan: the cache's type, rotation and profile), tiles otherwise.
+// tensor_cores on a host runs its emulation; asked for where the plan
+// refuses the call, it is an error.
+template <class ExecutionSpace, class T, class C>
+ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested, bool rotated,
+                           bool serving) {
+  if ((requested == ScoreEngine::blas || requested == ScoreEngine::register_tiles) &&
+      KokkosExt::is_device_backend<ExecutionSpace>::value)
+    chk.fail("options", "score_engine", -1, engine_name(requested),
+             "needs a host execution space (use tiles, team_gemm, tensor_cores or "
+             "automatic)");
+  MmaPlan const plan = mma_plan<ExecutionSpace, T, C>(rotated, serving);
+  if (requested == ScoreEngine::tensor_cores && !plan.usable)
+    chk.fail("options", "score_engine", -1, engine_name(requested),
+             std::string("does not take this call (") + plan.why + ")");
+  if (requested == ScoreEngine::automatic) {
+    if (plan.usable && plan.on_device) return ScoreEngine::tensor_cores;
+    return device_shapes<ExecutionSpace>::value ? ScoreEngine::tiles
+                                                : ScoreEngine::register_tiles;
+  }
+  return requested;
+}
+
+// Whether the tiles engine's smallest tile (one query row) fits a device
+// team's fast scratch; always on hosts without device shapes.
+template <class ExecutionSpace, class T, class C>
+bool tiles_fit(int heads, int D) {
+  if constexpr (device_shapes<ExecutionSpace>::value)
+    return ScoreTilesFunctor<ExecutionSpace, T, C, 0>::scratch_bytes(1, heads, D) <=
+           device_scratch0<ExecutionSpace>();
+  else
+    return true;
+}
+
+// The data rules (docs/indexer.md, "Bad input"): the ragged batch's own rules,
+// then per live request with rows: its visible pools fit the workspace's
+// rows, and every block they live in is assigned and below num_blocks.
+template <class ExecutionSpace, class Offsets, class Lengths, class Table>
+void check_select_batch(Checker const& chk, ExecutionSpace const& space,
+                        Offsets const& row_offsets, Lengths const& cache_lengths,
+                        Table const& block_table, int num_requests,
+                        std::size_t rows, int kpool, int num_blocks,
+                        int block_pools, std::size_t max_visible) {
+  HostBatch const hb = check_ragged_batch(
+      chk, space, row_offsets, cache_lengths,
+      static_cast<Offsets const*>(nullptr), num_requests, rows, kpool, 0, "q");
+  std::size_t const n = static_cast<std::size_t>(num_requests);
+  HostBlockTable const table = host_block_table(space, block_table, n);
+  for (std::size_t r = 0; r < n; ++r) {
+    std::uint64_t const count = hb.row_offsets[r + 1] - hb.row_offsets[r];
+    if (count == 0) continue;
+    std::uint64_t const c = hb.cache_lengths[r];
+    std::uint64_t const visible = (c + count) / static_cast<std::uint64_t>(kpool);
+    auto const row = static_cast<std::int64_t>(r);
+    if (visible > max_visible)
+      chk.fail_row("cache_lengths", row, static_cast<std::int64_t>(c),
+                   "plus the request's " + std::to_string(count) +
+                       " query rows makes " + std::to_string(visible) +
+                       " visible pools, more than the workspace's max_visible = " +
+                       std::to_string(max_visible));
+    check_pool_blocks(chk, table, row, 0, static_cast<std::int64_t>(visible), num_blocks,
+                      block_pools, "visible");
+  }
+}
+
+// Tile shape of the team engine: rows of q a team takes, pools a tile, and
+// the scratch level they fit.
+struct TileShape {
+  int rows;
+  int pools;
+  int level;
+  std::size_t bytes;
+};
+
+
+// Query rows a scoring team takes: a request's share of the call's rows
+// (they share each key tile while it is in cache), 1 to 8.
+inline int rows_per_team_for(std::size_t total_rows, int num_requests) {
+  std::size_t const per_request =
+      total_rows / static_cast<std::size_t>(std::max(1, num_requests));
+  return static_cast<int>(std::min<std::size_t>(8, std::max<std::size_t>(1, per_request)));
+}
+
+// Groups of `rows` query rows in the batch's chunk.
+inline std::size_t row_groups(SelectBatch const& batch, int rows) {
+  return (batch.row_end - batch.row_begin + rows - 1) / static_cast<std::size_t>(rows);
+}
+
+template <class ExecutionSpace, class F>
+TileShape tile_shape(std::size_t total_rows, int num_requests, int heads,
+                     int head_dim) {
+  bool const device = device_shapes<ExecutionSpace>::value;
+  TileShape s;
+  s.rows = rows_per_team_for(total_rows, num_requests);
+  s.pools = device ? 32 : 64;
+  // Devices shrink the tiles into fast scratch, down to one row and one
+  // pool; hosts keep them (their level-1 scratch is the same memory).
+  if (device) {
+    std::size_t const budget = device_scratch0<ExecutionSpace>();
+    while (F::scratch_bytes(s.rows, s.pools, heads, head_dim) > budget &&
+           (s.rows > 1 || s.pools > 1)) {
+      if (s.rows > 1)
+        s.rows /= 2;
+      else
+        s.pools /= 2;
+    }
+  }
+  s.bytes = F::scratch_bytes(s.rows, s.pools, heads, head_dim);
+  s.level = s.bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
+  return s;
+}
+
+// Teams a group of rows' tiles are split among: enough teams to fill the
+// machine when there are few groups (decode, one long row).
+template <class ExecutionSpace>
+int tile_splits(ExecutionSpace const& space, std::size_t groups, std::size_t max_visible,
+                int tile_pools) {
+  std::size_t const tiles = (max_visible + tile_pools - 1) / tile_pools;
+  std::size_t const target =
+      KokkosExt::is_device_backend<ExecutionSpace>::value
+          ? static_cast<std::size_t>(space.concurrency()) / 64
+          : static_cast<std::size_t>(space.concurrency()) * 4;
+  std::size_t splits = std::max<std::size_t>(1, (target + groups - 1) / groups);
+  splits = std::min(splits, std::max<std::size_t>(1, tiles));
+  if (groups * splits > static_cast<std::size_t>(INT_MAX))
+    splits = std::max<std::size_t>(1, INT_MAX / groups);
+  return static_cast<int>(splits);
+}
+
+// What every scoring engine reads, built once per call.
+template <class ExecutionSpace, class T, class C>
+struct ScoreInputs {
+  using M = typename ExecutionSpace::memory_space;
+  using A = accumulator_t<T>;
+  SelectBatch batch;
+  View3<const T, M> q;
+  View2<const float, M> weights;
+  SelectCache<C, A, M> cache;
+  score_key_t<A>* keys;
+  int heads;
+};
+
+// What every scoring functor reads, from the call's ScoreInputs.
+template <class F, class In>
+void set_score_inputs(F& f, In const& in) {
+  f.batch = in.batch;
+  f.q = in.q;
+  f.weights = in.weights;
+  f.cache = in.cache;
+  f.keys = in.keys;
+  f.heads = in.heads;
+}
+
+template <class ExecutionSpace, class T, class C, int Level>
+void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& space,
+                                  ScoreInputs<ExecutionSpace, T, C> const& in,
+                                  TileShape const& tiles, Options const& options) {
+  using F = ScoreTileFunctor<ExecutionSpace, T, C, Level>;
+  F f;
+  set_score_inputs(f, in);
+  f.rows_per_team = tiles.rows;
+  f.tile_pools = tiles.pools;
+  std::size_t const groups = row_groups(in.batch, tiles.rows);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, tiles.pools);
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = team_size_for(space, f, 1, options.team_size);
+  shape.scratch_bytes = tiles.bytes;
+  shape.scratch_level = Level;
+  launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
+}
+
+// A scoring engine whose smallest tile does not fit a device team's fast
+// scratch: refused by name (a device never takes level-1 scratch; on CUDA
+// it allocates and fences, breaking graph capture).
+template <class ExecutionSpace>
+[[noreturn]] void fail_device_scratch(Checker const& chk, char const* engine,
+                                      char const* smallest, int heads, int D,
+                                      std::size_t bytes) {
+  chk.fail("q", "extent 1", -1, std::to_string(heads),
+           "heads of " + std::to_string(D) + " channels need " + std::to_string(bytes) +
+               " bytes of team scratch for " + smallest + ", more than the " +
+               std::to_string(device_scratch0<ExecutionSpace>()) +
+               " bytes of fast (level-0) scratch a device team has; the " + engine +
+               " engine never takes level-1 scratch on a device (on CUDA it "
+               "allocates and fences, breaking graph capture)");
+}
+
+template <class ExecutionSpace, class T, class C>
+void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
+                        ScoreInputs<ExecutionSpace, T, C> const& in,
+                        Options const& options) {
+  using F = ScoreTileFunctor<ExecutionSpace, T, C>;
+  int const D = in.cache.head_dim();
+  TileShape const tiles = tile_shape<ExecutionSpace, F>(
+      in.batch.total_rows, in.batch.num_requests, in.heads, D);
+  if (device_shapes<ExecutionSpace>::value &&
+      tiles.bytes > device_scratch0<ExecutionSpace>())
+    fail_device_scratch<ExecutionSpace>(chk, "team_gemm", "one query row and one pool",
+                                        in.heads, D, tiles.bytes);
+  if (tiles.bytes > scratch_max<ExecutionSpace>(1))
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the team_gemm "
+                 "engine (use the blas engine)");
+  if (tiles.level == 0)
+    launch_score_team_gemm_level<ExecutionSpace, T, C, 0>(chk, space, in, tiles, options);
+  else
+    launch_score_team_gemm_level<ExecutionSpace, T, C, 1>(chk, space, in, tiles, options);
+}
+
+template <class ExecutionSpace, class T, class C, int Level>
+void launch_score_tiles_level(Checker const& chk, ExecutionSpace const& space,
+                              ScoreInputs<ExecutionSpace, T, C> const& in, int rows,
+                              std::size_t bytes, Options const& options) {
+  using F = ScoreTilesFunctor<ExecutionSpace, T, C, Level>;
+  F f;
+  set_score_inputs(f, in);
+  f.rows_per_team = rows;
+  int const D = in.cache.head_dim();
+  f.packets = D % F::packet == 0 && in.cache.rows_aligned(16);
+  std::size_t const groups = row_groups(in.batch, rows);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, F::TP);
+  // A team takes at least a few tiles, so that staging its queries pays.
+  f.min_tiles = device_shapes<ExecutionSpace>::value ? 4 : 2;
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = team_size_for(space, f, 1, options.team_size);
+  shape.scratch_bytes = bytes;
+  shape.scratch_level = Level;
+  launch(space, chk.entry_point() + "::score_tiles", shape, f);
+}
+
+// The portable engine: rows a team as the request sizes allow (up to 8),
+// fewer on devices until they fit fast scratch; the level is a template
+// argument of the kernel.
+template <class ExecutionSpace, class T, class C>
+void launch_score_portable(Checker const& chk, ExecutionSpace const& space,
+                           ScoreInputs<ExecutionSpace, T, C> const& in,
+                           Options const& options) {
+  using F = ScoreTilesFunctor<ExecutionSpace, T, C, 0>;
+  int const D = in.cache.head_dim();
+  int rows = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
+  std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  // Device shapes fit a device team's fast scratch (a host under device
+  // shapes may then take its own level 1, the same memory).
+  if (device_shapes<ExecutionSpace>::value) {
+    std::size_t const budget = device_scratch0<ExecutionSpace>();
+    while (rows > 1 && F::scratch_bytes(rows, in.heads, D) > budget) rows /= 2;
+    if (F::scratch_bytes(rows, in.heads, D) > budget)
+      fail_device_scratch<ExecutionSpace>(chk, "tiles", "one query row and a tile of pools",
+                                          in.heads, D, F::scratch_bytes(rows, in.heads, D));
+  }
+  std::size_t const bytes = F::scratch_bytes(rows, in.heads, D);
+  if (bytes <= max0)
+    launch_score_tiles_level<ExecutionSpace, T, C, 0>(chk, space, in, rows, bytes, options);
+  else if (bytes <= scratch_max<ExecutionSpace>(1))
+    launch_score_tiles_level<ExecutionSpace, T, C, 1>(chk, space, in, rows, bytes, options);
+  else
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the tiles engine "
+                 "(use the blas engine)");
+}
+
+// The tensor-core engine (score/detail/KPool_ScoreMmaFunctor.hpp): teams of
+// mma_team_warps warps on CUDA (one thread a warp elsewhere), as many query
+// rows a team (up to 8 of a request) as fit fast scratch, splits of the
+// visible pools to fill the machine. The serving profile takes the E4M3
+// MMA on an fp8 cache (queries quantized per row and head by
+// prepare_query_row). Level-0 scratch on devices, as every engine.
+template <class ExecutionSpace, class T, class C, MmaKind Kind>
+void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
+                           ScoreInputs<ExecutionSpace, T, C> const& in,
+                           Options const& options, int terms) {
+  using F = ScoreMmaFunctor<ExecutionSpace, T, C, Kind>;
+  constexpr bool warp_lanes = mma_lanes<ExecutionSpace>::value == 1;
+  int const D = in.cache.head_dim();
+  F f;
+  set_score_inputs(f, in);
+  f.terms = terms;
+  if (warp_lanes) {
+    f.warps = mma_team_warps;
+  } else {
+    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+    int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
+    int const want = options.team_size > 0 ? options.team_size : mma_team_warps;
+    f.warps = std::max(1, std::min(want, max));
+  }
+  f.rows_per_team = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
+  std::size_t const max0 = scratch_max<ExecutionSpace>(0);
+  std::size_t const budget =
+      device_shapes<ExecutionSpace>::value ? device_scratch0<ExecutionSpace>() : max0;
+  // Fewer rows a team, then fewer warps, one at a time (each stages its
+  // own key tile), until the team's scratch fits the level-0 scratch the
+  // backend reports (40,936 bytes on an H200 with Kokkos 4.6: a rotated
+  // fp8 decode call, H = 32, D = 128, takes 3 warps).
+  while (f.rows_per_team > 1 &&
+         F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
+    f.rows_per_team /= 2;
+  while (f.warps > 1 && F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
+    --f.warps;
+  std::size_t const bytes = F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps);
+  if (device_shapes<ExecutionSpace>::value && bytes > budget)
+    fail_device_scratch<ExecutionSpace>(chk, "tensor_cores", "one query row and a warp's tiles",
+                                        in.heads, D, bytes);
+  f.scratch_level = bytes > max0 ? 1 : 0;
+  if (bytes > scratch_max<ExecutionSpace>(1))
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the tensor_cores engine "
+                 "(use tiles)");
+  std::size_t const groups = row_groups(in.batch, f.rows_per_team);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, mma_tile_pools * f.warps);
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = warp_lanes ? 32 * f.warps : f.warps;
+  shape.scratch_bytes = bytes;
+  shape.scratch_level = f.scratch_level;
+  launch(space, chk.entry_point() + "::score_tensor_cores", shape, f);
+}
+
+// Whether the engine's kernel of Kind can run on ExecutionSpace, so that it
+// is compiled only there: on hosts (the 32-lane emulation) and on CUDA
+// where the build's architecture and compiler have the instruction; never
+// on HIP or another device backend, where no kernel of it would launch.
+template <class ExecutionSpace, MmaKind Kind>
+constexpr bool mma_kernel_runs() {
+  if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value)
+    return mma_lanes<ExecutionSpace>::value == 1 && mma_device_supported<Kind>::value;
+  else
+    return true;
+}
+
+template <class ExecutionSpace, class T, class C>
+void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
+                      ScoreInputs<ExecutionSpace, T, C> const& in, Options const& options) {
+  if constexpr (mma_types<T, C>::value) {
+    MmaPlan const plan = mma_plan<ExecutionSpace, T, C>(in.cache.rotate, in.cache.serving);
+    if (!plan.usable)
+      chk.fail("options", "score_engine", -1, "tensor_cores",
+               std::string("does not take this call (") + plan.why + ")");
+    // mma_plan refuses what mma_kernel_runs leaves out.
+    if (plan.kind == MmaKind::e4m3) {
+      if constexpr (std::is_same<C, float8_e4m3>::value &&
+                    mma_kernel_runs<ExecutionSpace, MmaKind::e4m3>())
+        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::e4m3>(chk, space, in, options, 1);
+    } else if (plan.kind == MmaKind::f16) {
+      if constexpr (std::is_same<C, float16>::value &&
+                    mma_kernel_runs<ExecutionSpace, MmaKind::f16>())
+        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::f16>(chk, space, in, options,
+                                                                  plan.terms);
+    } else {
+      if constexpr (!std::is_same<C, float16>::value &&
+                    mma_kernel_runs<ExecutionSpace, MmaKind::bf16>())
+        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::bf16>(chk, space, in, options,
+                                                                   plan.terms);
+    }
+  } else {
+    (void)space, (void)in, (void)options;
+    chk.fail("options", "score_engine", -1, "tensor_cores",
+             "does not take f32 or f64 caches (use tiles)");
+  }
+}
+
+template <class ExecutionSpace, class T, class C, int HB>
+void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
+                               ScoreInputs<ExecutionSpace, T, C> const& in) {
+  using F = ScoreRegisterFunctor<ExecutionSpace, T, C, HB>;
+  int const D = in.cache.head_dim();
+  F f;
+  set_score_inputs(f, in);
+  // Queries of one request share each key tile while it is in cache.
+  f.rows_per_team = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
+  std::size_t const bytes = F::scratch_bytes(f.rows_per_team, in.heads, D);
+  f.scratch_level = bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
+  if (bytes > scratch_max<ExecutionSpace>(1))
+    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
+             "heads of " + std::to_string(D) +
+                 " channels do not fit the team scratch of the register_tiles "
+                 "engine (use the blas engine)");
+  std::size_t const groups = row_groups(in.batch, f.rows_per_team);
+  f.splits = tile_splits(space, groups, in.batch.max_visible, register_tile_pools);
+  // One thread a team: the tile kernel is the team's whole work.
+  LaunchShape shape;
+  shape.league = static_cast<int>(groups * f.splits);
+  shape.team_size = 1;
+  shape.scratch_bytes = bytes;
+  shape.scratch_level = f.scratch_level;
+  shape.host_only = true;
+  launch(space, chk.entry_point() + "::score_register_tiles", shape, f);
+}
+
+// Register blocks of 8 heads (4, 2, 1 for fewer heads; the last block is
+// padded with zero heads).
+template <class ExecutionSpace, class T, class C>
+void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
+                            ScoreInputs<ExecutionSpace, T, C> const& in) {
+  if (in.heads >= 8)
+    launch_score_registers_hb<ExecutionSpace, T, C, 8>(chk, space, in);
+  else if (in.heads >= 4)
+    launch_score_registers_hb<ExecutionSpace, T, C, 4>(chk, space, in);
+  else if (in.heads >= 2)
+    launch_score_registers_hb<ExecutionSpace, T, C, 2>(chk, space, in);
+  else
+    launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in);
+}
+
+// The long-row split of a workspace: per-segment counts of rows of more
+// than `from` visible pools (segs 0: none), and their plans.
+struct SplitArgs {
+  std::uint32_t* seg_hist = nullptr;  // [rows][segs][select_bins]
+  std::uint32_t* plans = nullptr;     // [rows][split_plan_words(segs)]
+  int segs = 0;
+  std::uint64_t from = 0;
+  std::uint64_t segment = 1;
+};
+
+// A selection launch: a team per row of the chunk, a power-of-two team
+// size (the team scans need one on CUDA before Kokkos 3.7, and
+// Options::team_size may ask for any), level-0 scratch always.
+template <class ExecutionSpace, class F>
+LaunchShape select_shape(ExecutionSpace const& space, F const& f, std::size_t rows,
+                         std::size_t scratch_bytes, Options const& options) {
+  LaunchShape shape;
+  shape.league = static_cast<int>(rows);
+  shape.team_size = power_of_two_floor(team_size_for(space, f, 1, options.team_size));
+  shape.scratch_bytes = scratch_bytes;
+  shape.scratch_level = 0;
+  return shape;
+}
+
+// Which selection kernel a call takes, and its scratch: the row staged in
+// scratch next to the full candidate buffer (device shapes, when every row
+// fits); else the buffers alone, with as many candidates as fit; else, for
+// a topk whose buffers do not fit level 0, SelectWideFunctor (four reads
+// of the row, the same scratch for every topk). Always within the level-0
+// scratch a device team has.
+enum class SelectKernel { staged, fast, wide };
+struct SelectPlan {
+  SelectKernel kernel = SelectKernel::wide;
+  int cap = 0;
+  std::size_t scratch_bytes = 0;
+};
+
+template <class ExecutionSpace, class Key, bool Expand>
+SelectPlan select_plan(int topk, std::size_t max_visible) {
+  using Staged = SelectFunctor<ExecutionSpace, Key, Expand, true>;
+  using Fast = SelectFunctor<ExecutionSpace, Key, Expand, false>;
+  using Wide = SelectWideFunctor<ExecutionSpace, Key, Expand>;
+  std::size_t const max0 = device_shapes<ExecutionSpace>::value
+                               ? std::min(scratch_max<ExecutionSpace>(0),
+                                          device_scratch0<ExecutionSpace>())
+                               : scratch_max<ExecutionSpace>(0);
+  SelectPlan p;
+  int const staged_cap = Staged::capacity_for(topk, max_visible, max0);
+  int const fast_cap = Fast::capacity_for(topk, 0, max0);
+  if (device_shapes<ExecutionSpace>::value && staged_cap == candidate_capacity) {
+    p.kernel = SelectKernel::staged;
+    p.cap = staged_cap;
+    p.scratch_bytes = Staged::scratch_bytes(topk, max_visible, staged_cap);
+  } else if (fast_cap > 0) {
+    p.kernel = SelectKernel::fast;
+    p.cap = fast_cap;
+    p.scratch_bytes = Fast::scratch_bytes(topk, 0, fast_cap);
+  } else {
+    p.scratch_bytes = Wide::scratch_bytes();
+  }
+  return p;
+}
+
+template <class F, class Key, class OutView>
+void set_select_args(F& f, SelectBatch const& batch, Key const* keys, OutView const& out,
+                     int topk) {
+  f.batch = batch;
+  f.keys = keys;
+  f.out = out;
+  f.out_columns = static_cast<int>(out.extent(1));
+  f.topk = topk;
+}
+
+// The selection of rows [row_begin, row_end) from their keys: with split
+// rows (and a kernel that reads them in segments), three launches first:
+// per-segment counts (a team a segment), each split row's plan (a team a
+// row), each planned segment's partition (a team a segment); then one team
+// a row, in the kernel select_plan picks. No launch waits on the host.
+template <bool Expand, class ExecutionSpace, class Key, class OutView>
+void launch_select(Checker const& chk, ExecutionSpace const& space,
+                   SelectBatch const& batch, Key const* keys, OutView const& out,
+                   int topk, SplitArgs const& split, Options const& options) {
+  std::size_t const rows = batch.row_end - batch.row_begin;
+  if (rows == 0) return;
+  SelectPlan const plan = select_plan<ExecutionSpace, Key, Expand>(topk, batch.max_visible);
+  std::string const name = chk.entry_point() + "::select";
+  if (plan.kernel == SelectKernel::wide) {
+    SelectWideFunctor<ExecutionSpace, Key, Expand> f;
+    set_select_args(f, batch, keys, out, topk);
+    launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
+    return;
+  }
+  if (split.segs > 0) {
+    auto split_args = [&](auto& f) {
+      f.batch = batch;
+      f.seg_hist = split.seg_hist;
+      f.split_from = split.from;
+      f.segment = split.segment;
+      f.segs = split.segs;
+    };
+    std::uint64_t const segments = rows * static_cast<std::uint64_t>(split.segs);
+    SegmentHistFunctor<ExecutionSpace, Key> h;
+    split_args(h);
+    h.keys = keys;
+    LaunchShape shape;
+    shape.league = league_for(chk, "q", segments, 1);
+    shape.team_size = team_size_for(space, h, 1, options.team_size);
+    shape.scratch_bytes = h.scratch_bytes();
+    shape.scratch_level = 0;
+    launch(space, chk.entry_point() + "::select_segments", shape, h);
+    SplitPlanFunctor<ExecutionSpace, Key> pl;
+    split_args(pl);
+    pl.plans = split.plans;
+    pl.topk = topk;
+    launch(space, chk.entry_point() + "::select_split_plans",
+           select_shape(space, pl, rows, pl.scratch_bytes(), options), pl);
+    SegmentPartitionFunctor<ExecutionSpace, Key> pa;
+    split_args(pa);
+    pa.keys = keys;
+    pa.plans = split.plans;
+    pa.topk = topk;
+    LaunchShape pshape = select_shape(space, pa, rows, 0, options);
+    pshape.league = shape.league;
+    launch(space, chk.entry_point() + "::select_split_partitions", pshape, pa);
+  }
+  auto run = [&](auto f) {
+    set_select_args(f, batch, keys, out, topk);
+    f.cap = plan.cap;
+    f.segs = split.segs;
+    f.split_from = split.from;
+    f.segment = split.segment;
+    f.seg_hist = split.seg_hist;
+    f.plans = split.plans;
+    launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
+  };
+  if (plan.kernel == SelectKernel::staged)
+    run(SelectFunctor<ExecutionSpace, Key, Expand, true>{});
+  else
+    run(SelectFunctor<ExecutionSpace, Key, Expand, false>{});
+}
+
+template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+          class CacheLengthsView, class BlockTableView, class QView,
+          class WeightsView, class Cache, class OutView, class Workspace>
+void score_select_run(Checker const& chk, ExecutionSpace const& space,
+                      RowOffsetsView const& row_offsets,
+                      CacheLengthsView const& cache_lengths,
+                      BlockTableView const& block_table, int num_requests,
+                      int kpool, QView const& q, WeightsView const& weights,
+                      Cache const& cache, int topk, char const* out_name,
+                      OutView const& out, Workspace& workspace,
+                      Options const& options);
+
+// score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
+// (Expand = true, out = token indices [T, topk * K + K - 1]).
+template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+          class CacheLengthsView, class BlockTableView, class QView,
+          class WeightsView, class Cache, class OutView, class Workspace>
+void score_select_call(Checker const& chk, ExecutionSpace const& space,
+                       RowOffsetsView const& row_offsets,
+                       CacheLengthsView const& cache_lengths,
+                       BlockTableView const& block_table, int num_requests,
+                       int kpool, QView const& q, WeightsView const& weights,
+                       Cache const& cache, int topk, char const* out_name,
+                       OutView const& out, Workspace& workspace,
+                       Options const& options) {
+  using M = typename ExecutionSpace::memory_space;
+  using T = typename Workspace::storage_type;
+  using C = typename Cache::value_type;
+  static_assert(std::is_same<typename Cache::memory_space, M>::value &&
+                    std::is_same<typename Workspace::memory_space, M>::value,
+                "KPool: the pool cache and the workspace must live in the "
+                "execution space's memory space");
+  static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
+                "KPool: a native pool cache must hold the queries' storage "
+                "type (or use an fp8 cache)");
+  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                        "row_offsets");
+  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                        "cache_lengths");
+  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
+                        "block_table");
+  KPOOL_IMPL_CHECK_VIEW(QView, T, 3, ExecutionSpace, "q");
+  KPOOL_IMPL_CHECK_VIEW(WeightsView, float, 2, ExecutionSpace, "weights");
+  // After a failed check, nothing else is compiled (one error, no cascade).
+  if constexpr (std::is_same<typename Cache::memory_space, M>::value &&
+                std::is_same<typename Workspace::memory_space, M>::value &&
+                (std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value) &&
+                view_ok<RowOffsetsView, std::uint32_t, 1, ExecutionSpace>() &&
+                view_ok<CacheLengthsView, std::uint32_t, 1, ExecutionSpace>() &&
+                view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>() &&
+                view_ok<QView, T, 3, ExecutionSpace>() &&
+                view_ok<WeightsView, float, 2, ExecutionSpace>())
+    score_select_run<Expand>(chk, space, row_offsets, cache_lengths,
+                             block_table, num_requests, kpool, q, weights,
+                             cache, topk, out_name, out, workspace, options);
+  else
+    (void)chk, (void)space, (void)row_offsets, (void)cache_lengths,
+        (void)block_table, (void)num_requests, (void)kpool, (void)q,
+        (void)weights, (void)cache, (void)topk, (void)out_name, (void)out,
+        (void)workspace, (void)options;
+}
+
+template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+          class CacheLengthsView, class BlockTableView, class QView,
+          class WeightsView, class Cache, class OutView, class Workspace>
+void score_select_run(Checker const& chk, ExecutionSpace const& space,
+                      RowOffsetsView const& row_offsets,
+                      CacheLengthsView const& cache_lengths,
+                      BlockTableView const& block_table, int num_requests,
+                      int kpool, QView const& q, WeightsView const& weights,
+                      Cache const& cache, int topk, char const* out_name,
+                      OutView const& out, Workspace& workspace,
+                      Options const& options) {
+  using M = typename ExecutionSpace::memory_space;
+  using T = typename Workspace::storage_type;
+  using C = typename Cache::value_type;
+  using A = accumulator_t<T>;
+  using Key = score_key_t<A>;
+
+  if (topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
+  if (kpool < 1)
+    chk.fail_scalar("kpool", kpool, "is not a valid kpool (K must be at least 1)");
+  if (!cache.is_allocated())
+    chk.fail("cache", "", -1, "an empty PoolCache",
+             "has no storage (construct it with a size)");
+  // A cache built with its K must be read with that K: another one gives
+  // other visible pools, silently.
+  if (cache.kpool() != 0 && cache.kpool() != kpool)
+    chk.fail_scalar("kpool", kpool,
+                    "does not match the kpool of the cache = " +
+                        std::to_string(cache.kpool()) +
+                        " (the K it was built for)");
+  if (std::is_same<C, float8_e4m3>::value && std::is_same<T, double>::value)
+    chk.fail("q", "", -1, storage_name<T>(),
+             "is not a storage type an fp8 cache serves (f32, bf16 or f16)");
+  int const D = cache.head_dim();
+  if (cache.rotated() && (D & (D - 1)) != 0)
+    chk.fail("cache", "head_dim", -1, std::to_string(D),
+             "is not a power of two, which a rotated cache needs");
+  chk.extent_is("q", 2, q.extent(2), static_cast<std::size_t>(D),
+                "the cache's head_dim");
+  if (q.extent(1) < 1 || q.extent(1) > 0x7FFFFFFF)
+    chk.fail("q", "extent 1", -1, std::to_string(q.extent(1)),
+             "is not a usable number of heads");
+  std::size_t const rows = q.extent(0);
+  int const H = static_cast<int>(q.extent(1));
+  chk.extent_is("weights", 0, weights.extent(0), rows, "the rows of q");
+  chk.extent_is("weights", 1, weights.extent(1), static_cast<std::size_t>(H),
+                "the heads of q");
+  std::size_t const width =
+      Expand ? static_cast<std::size_t>(topk) * static_cast<std::size_t>(kpool) +
+                   static_cast<std::size_t>(kpool) - 1
+             : static_cast<std::size_t>(topk);
+  if (width > 0x7FFFFFFF)
+    chk.fail_scalar("topk", topk, "times kpool is too wide a token row");
+  chk.extent_is(out_name, 0, out.extent(0), rows, "the rows of q");
+  chk.extent_is(out_name, 1, out.extent(1), width,
+                Expand ? "topk * K + K - 1" : "topk");
+  chk.batch_shape(row_offsets, cache_lengths, num_requests);
+  // As store_pools: a row for every live request.
+  chk.extent_at_least("block_table", 0, block_table.extent(0),
+                      static_cast<std::size_t>(num_requests), "rows of the live requests");
+  if (!workspace.is_allocated())
+    chk.fail("workspace", "", -1, "an empty SelectWorkspace",
+             "has no storage (construct it with a size)");
+  chk.extent_is("q", 1, static_cast<std::size_t>(H),
+                static_cast<std::size_t>(workspace.num_heads()),
+                "the workspace's num_heads");
+  chk.extent_is("q", 2, static_cast<std::size_t>(D),
+                static_cast<std::size_t>(workspace.head_dim()),
+                "the workspace's head_dim");
+  if (rows > 0x7FFFFFFF)
+    chk.fail("q", "extent 0", -1, std::to_string(rows), "is too many query rows");
+  ScoreEngine engine =
+      resolve_engine<ExecutionSpace, T, C>(chk, options.score_engine, cache.rotated(),
+                                           cache.profile() == CacheProfile::serving);
+  // automatic on a device: tiles where one query row's tile fits a team's
+  // fast scratch, else team_gemm, whose tiles shrink further (f64 with 32
+  // heads of 128 channels; team_gemm refuses by name past its own limit).
+  if (options.score_engine == ScoreEngine::automatic && engine == ScoreEngine::tiles &&
+      !tiles_fit<ExecutionSpace, T, C>(H, D))
+    engine = ScoreEngine::team_gemm;
+  if (options.validate)
+    check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
+                       num_requests, rows, kpool, cache.num_blocks(),
+                       cache.block_pools(), workspace.max_visible());
+  if (rows == 0 || num_requests == 0) return;
+
+  ScoreInputs<ExecutionSpace, T, C> in;
+  in.batch.row_offsets = row_offsets;
+  in.batch.cache_lengths = cache_lengths;
+  in.batch.num_requests = num_requests;
+  in.batch.kpool = kpool;
+  in.batch.total_rows = rows;
+  in.batch.max_visible = workspace.max_visible();
+  in.batch.row_begin = 0;
+  in.batch.row_end = rows;
+  in.q = q;
+  in.weights = weights;
+  in.cache = cache_target<C, A>(cache, block_table);
+  in.keys = workspace.keys().data();
+  in.heads = H;
+  SplitArgs split;
+  split.seg_hist = workspace.segment_histograms();
+  split.plans = workspace.split_plans();
+  split.segs = workspace.split_segments();
+  split.from = workspace.split_from();
+  split.segment = workspace.split_segment();
+  // Chunks of the workspace's max_tokens rows, in order, on the one
+  // instance: each chunk's keys are consumed before the next overwrites.
+  std::size_t const chunk = workspace.max_tokens();
+  for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
+    in.batch.row_begin = row_begin;
+    in.batch.row_end = std::min(rows, row_begin + chunk);
+    if (engine == ScoreEngine::blas) {
+      if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
+        score_blas<ExecutionSpace, T, C>(
+            chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
+            workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
+            workspace.blas_weights(), workspace.blas_chunks(), H);
+      }
+    } else if (engine == ScoreEngine::register_tiles) {
+      if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
+        launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
+      }
+    } else if (engine == ScoreEngine::tiles) {
+      launch_score_portable<ExecutionSpace, T, C>(chk, space, in, options);
+    } else if (engine == ScoreEngine::tensor_cores) {
+      launch_score_mma<ExecutionSpace, T, C>(chk, space, in, options);
+    } else {
+      launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
+    }
+    launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
+                          View2<std::int32_t, M>(out), topk, split, options);
+  }
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif
