@@ -3,7 +3,10 @@
 # installed package, as a user would.
 # Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, Kokkos_DIR, CXX_COMPILER,
 # BUILD_TYPE, EXAMPLES (whether the build has the installed programs),
-# SELECTION (whether it has the selection stage, which the main example needs).
+# SELECTION (whether it has the selection stage, which the main example needs),
+# NATIVE (whether KPool was built with KPool_ENABLE_NATIVE_ARCH: the user's
+# program must then compile with -march=native unless Kokkos names a host
+# arch, docs/building.md, "Compiler flags for the host code").
 file(REMOVE_RECURSE "${WORK_DIR}")
 function(run out_var)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -51,7 +54,14 @@ endif()
 run(out ${CMAKE_COMMAND} -S "${SOURCE_DIR}/example/consumer" -B "${WORK_DIR}/build"
     -DCMAKE_PREFIX_PATH=${prefix} -DKokkos_DIR=${Kokkos_DIR}
     -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
-run(out ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+if(NATIVE AND NOT out MATCHES "KPool: host code built with (Kokkos' host arch|[^\n]*-march=native)")
+  message(FATAL_ERROR "KPool was built for this machine's SIMD, but the user's configure did not say it passes -march=native:\n${out}")
+endif()
+set(native_configure "${out}")
+run(out ${CMAKE_COMMAND} --build "${WORK_DIR}/build" --verbose)
+if(native_configure MATCHES "KPool: host code built with [^\n]*-march=native" AND NOT out MATCHES "-march=native")
+  message(FATAL_ERROR "the user's program was not compiled with -march=native:\n${out}")
+endif()
 run(out "${WORK_DIR}/build/kpool_consumer")
 message("${out}")
 if(NOT out MATCHES "\nOK\n$")

@@ -10,7 +10,10 @@ if(NOT DOXYGEN_FOUND)
   return()
 endif()
 
-file(GLOB kpool_public_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/*.hpp)
+# The public headers: src/*.hpp and each wing's src/<wing>/*.hpp (never
+# detail/).
+file(GLOB kpool_public_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/*.hpp
+     ${PROJECT_SOURCE_DIR}/src/*/*.hpp)
 file(GLOB kpool_doc_pages CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*.md)
 set(KPOOL_DOCS_INPUT)
 foreach(input IN LISTS kpool_public_headers kpool_doc_pages

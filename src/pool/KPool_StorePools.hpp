@@ -8,7 +8,7 @@
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
-#include <pool/KPool_Step.hpp>
+#include <pool/KPool_StepOutput.hpp>
 #include <cache/detail/KPool_CacheFunctors.hpp>
 #include <cache/detail/KPool_CacheWrite.hpp>
 #include <common/detail/KPool_Validate.hpp>

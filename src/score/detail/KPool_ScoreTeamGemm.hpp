@@ -29,7 +29,7 @@ namespace Details {
 // Level: the team scratch level, a template argument so that no scratch
 // pointer is chosen at run time (which keeps a stack frame on devices).
 template <class ExecutionSpace, class T, class C, int Level = 0>
-struct ScoreTileFunctor {
+struct ScoreTeamGemmFunctor {
   using memory_space = typename ExecutionSpace::memory_space;
   using member_type =
       typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
