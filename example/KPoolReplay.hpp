@@ -175,12 +175,12 @@ class Cache {
         typename KPool::PoolCache<C, MemSpace>::bytes_type bytes(
             "kpool_replay::fused_cache", blocks,
             static_cast<std::size_t>(block_pools_) * (t.head_dim + 4));
-        cache_ = KPool::PoolCache<C, MemSpace>(bytes, block_pools_, t.head_dim, t.rotate);
+        cache_ = KPool::PoolCache<C, MemSpace>(bytes, block_pools_, t.head_dim, t.kpool, t.rotate);
         return;
       }
     }
     cache_ = KPool::PoolCache<C, MemSpace>(
-        space, blocks, block_pools_, t.head_dim, scale, t.rotate,
+        space, blocks, block_pools_, t.head_dim, t.kpool, scale, t.rotate,
         serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
   }
 

@@ -124,7 +124,7 @@ struct Layer {
                                                        kMaxBatch, K)),
       kMaxBatch, D};
   int num_blocks = kMaxBatch * kMaxPools / kBlockPools;
-  KPool::PoolCache<C, Mem> cache{space, num_blocks, kBlockPools, D,
+  KPool::PoolCache<C, Mem> cache{space, num_blocks, kBlockPools, D, K,
                                  KPool::CacheScale::amax, /*rotate=*/true};
   KPool::SelectWorkspace<T, Mem> workspace{space, kMaxTokens, kMaxPools, H, D};
   std::int32_t next_block = 0;
@@ -331,7 +331,7 @@ void check_one_shot(Layer& layer, std::vector<Row> const& rows, I32 const& table
       layer.space, KPool::StepOutput<T, Mem>::capacity_for(offsets.back(), B, K), B, D);
   KPool::step(layer.space, ring, key, gate, layer.ape, device_u32("row_offsets", offsets),
               device_u32("cache_lengths", zeros), device_u32("slot_idx", slots), B, out);
-  KPool::PoolCache<C, Mem> cache(layer.space, layer.num_blocks, kBlockPools, D,
+  KPool::PoolCache<C, Mem> cache(layer.space, layer.num_blocks, kBlockPools, D, K,
                                  KPool::CacheScale::amax, /*rotate=*/true);
   KPool::store_pools(layer.space, out, B, table, cache);
   I32 const once = select(layer, cache, x, table, B);

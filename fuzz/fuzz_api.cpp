@@ -324,11 +324,11 @@ void expect_step_output(Out const& out, int B, int D, std::vector<RefPool> const
 
 // A pool cache whose construction every cache-taking call shares.
 template <class C>
-KPool::PoolCache<C, M> make_cache(Bytes& in, int D, bool rotate, bool pow2) {
+KPool::PoolCache<C, M> make_cache(Bytes& in, int D, int K, bool rotate, bool pow2) {
   int const blocks = 1 + in.pick(4);
   int const block_pools = 1 + in.pick(4);
   constexpr bool fp8 = std::is_same<C, KPool::float8_e4m3>::value;
-  return KPool::PoolCache<C, M>(E(), blocks, block_pools, D,
+  return KPool::PoolCache<C, M>(E(), blocks, block_pools, D, K,
                                 fp8 ? (pow2 ? KPool::CacheScale::pow2 : KPool::CacheScale::amax)
                                     : KPool::CacheScale::none,
                                 rotate);
@@ -407,7 +407,7 @@ Call steps(Setup& s, Entry e) {
   auto cache = std::make_shared<KPool::PoolCache<C, M>>();
   I2 table;
   if (s.use_cache) {
-    *cache = make_cache<C>(s.in, s.D, s.rotate, s.pow2);
+    *cache = make_cache<C>(s.in, s.D, s.K, s.rotate, s.pow2);
     watch_cache(s.a, *cache);
     table = block_table(s.in, s.a, s.B + s.in.pick(2));
   }
@@ -674,7 +674,7 @@ Call store_call(Setup& s) {
   int const count_at = s.in.pick(max_batch + 1);
   out->begin_call(count_at);
   auto cache = std::make_shared<KPool::PoolCache<C, M>>(
-      make_cache<C>(s.in, s.D, s.rotate, s.pow2));
+      make_cache<C>(s.in, s.D, s.K, s.rotate, s.pow2));
   watch_cache(s.a, *cache);
   // Around num_requests rows (the harness's own allocation stays small).
   int const table_rows = s.num_requests >= 0 && s.num_requests <= 8
@@ -693,7 +693,7 @@ Call select_call(Setup& s, Entry e) {
   int const H = 1 + s.in.pick(3);
   Ragged rg = ragged(s.in, s.a, B, s.structured, s.slots);
   auto cache = std::make_shared<KPool::PoolCache<C, M>>(
-      make_cache<C>(s.in, D, s.rotate, s.pow2));
+      make_cache<C>(s.in, D, s.K, s.rotate, s.pow2));
   for (std::size_t i = 0; i < cache->values().span(); ++i)
     cache->values().data()[i] = static_cast<C>(s.vals.next());
   I2 table = block_table(s.in, s.a, B + s.in.pick(2));

@@ -480,7 +480,7 @@ struct CacheData {
     }
     Kokkos::deep_copy(space, block_table, h);
     cache = KPool::PoolCache<KPool::float8_e4m3, Mem>(
-        space, std::max(blocks, 1), kBlockPools, kD,
+        space, std::max(blocks, 1), kBlockPools, kD, kK,
         serving ? KPool::CacheScale::pow2 : KPool::CacheScale::amax, /*rotate=*/true,
         serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
     space.fence();
@@ -1459,11 +1459,11 @@ struct SelectData {
     for (int r = 0; r < B; ++r)
       for (int j = 0; j < max_blocks; ++j) ht(r, j) = j < blocks[r] ? perm[next++] : -1;
     Kokkos::deep_copy(space, block_table, ht);
-    cache = Cache(space, std::max(total, 1), d.block_pools, kD, KPool::CacheScale::amax,
+    cache = Cache(space, std::max(total, 1), d.block_pools, kD, kK, KPool::CacheScale::amax,
                   true);
     fill(space, cache.values().data(), cache.values().size(), 0x3131u);
     Kokkos::deep_copy(space, cache.scales(), 0.01f);
-    serving_cache = Cache(space, std::max(total, 1), d.block_pools, kD,
+    serving_cache = Cache(space, std::max(total, 1), d.block_pools, kD, kK,
                           KPool::CacheScale::pow2, true, KPool::CacheProfile::serving);
     Kokkos::deep_copy(space, serving_cache.values(), cache.values());
     Kokkos::deep_copy(space, serving_cache.scales(), 0.0078125f);

@@ -273,7 +273,7 @@ class Layer {
                              static_cast<std::size_t>(c.num_blocks),
                              static_cast<std::size_t>(c.block_pools) *
                                  (static_cast<std::size_t>(c.head_dim) + 4));
-      cache_ = cache_type(bytes, c.block_pools, c.head_dim, c.rotate, c.kpool);
+      cache_ = cache_type(bytes, c.block_pools, c.head_dim, c.kpool, c.rotate);
     } else {
       cache_ = cache_type(space, c.num_blocks, c.block_pools, c.head_dim, c.kpool, c.scale,
                           c.rotate, c.profile);

@@ -49,14 +49,11 @@ constexpr int kBlockPools = 4;
 }
 
 // A cache full of random bytes, so "unchanged" means something.
-// kpool 0: a cache built without its K (the original constructor).
+// kpool: the cache's K, by default the one the steps' setups use.
 template <class C>
 KPool::PoolCache<C, M> random_cache(Rng& rng, KPool::CacheScale scale, bool rotate = false,
-                                    int head_dim = D, int kpool = 0) {
-  KPool::PoolCache<C, M> cache =
-      kpool == 0 ? KPool::PoolCache<C, M>(E(), kBlocks, kBlockPools, head_dim, scale, rotate)
-                 : KPool::PoolCache<C, M>(E(), kBlocks, kBlockPools, head_dim, kpool,
-                                          scale, rotate);
+                                    int head_dim = D, int kpool = 4) {
+  KPool::PoolCache<C, M> cache(E(), kBlocks, kBlockPools, head_dim, kpool, scale, rotate);
   auto hv = Kokkos::create_mirror_view(cache.values());
   auto* bytes = reinterpret_cast<unsigned char*>(hv.data());
   for (std::size_t i = 0; i < hv.size() * sizeof(C); ++i) bytes[i] = rng.next() & 0xFF;
@@ -116,7 +113,7 @@ KPool::Options validated() {
 
 TEST(CacheValidation, PoolCacheSizesMustBePositive) {
   auto make = [](int nb, int bp, int d) {
-    return [=]() { KPool::PoolCache<T, M> c(E(), nb, bp, d); };
+    return [=]() { KPool::PoolCache<T, M> c(E(), nb, bp, d, 4); };
   };
   EXPECT_TRUE(throws(make(0, 4, D), "KPool::PoolCache", "num_blocks", -1, "0"));
   EXPECT_TRUE(throws(make(4, -1, D), "KPool::PoolCache", "block_pools", -1, "-1"));
@@ -124,12 +121,12 @@ TEST(CacheValidation, PoolCacheSizesMustBePositive) {
 }
 
 TEST(CacheValidation, Fp8CacheNeedsAScale) {
-  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(E(), 2, 2, D, KPool::CacheScale::none); },
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(E(), 2, 2, D, 4, KPool::CacheScale::none); },
                      "KPool::PoolCache", "scale", -1, "none"));
 }
 
 TEST(CacheValidation, NativeCacheTakesNoScale) {
-  EXPECT_TRUE(throws([] { KPool::PoolCache<T, M> c(E(), 2, 2, D, KPool::CacheScale::pow2); },
+  EXPECT_TRUE(throws([] { KPool::PoolCache<T, M> c(E(), 2, 2, D, 4, KPool::CacheScale::pow2); },
                      "KPool::PoolCache", "scale", -1, "pow2"));
 }
 
@@ -140,16 +137,33 @@ TEST(CacheValidation, PoolCacheKpoolMustBePositive) {
   KPool::PoolCache<T, M> const with_k(E(), kBlocks, kBlockPools, D, 4);
   EXPECT_EQ(with_k.kpool(), 4);
   EXPECT_EQ(with_k.scale(), KPool::CacheScale::none);
-  KPool::PoolCache<F8, M> const without_k(E(), kBlocks, kBlockPools, D);
-  EXPECT_EQ(without_k.kpool(), 0);
-  EXPECT_EQ(without_k.scale(), KPool::CacheScale::amax);
+  KPool::PoolCache<F8, M> const fp8(E(), kBlocks, kBlockPools, D, 2);
+  EXPECT_EQ(fp8.kpool(), 2);
+  EXPECT_EQ(fp8.scale(), KPool::CacheScale::amax);
+  // The fused constructor takes K after head_dim too, and refuses one below 1.
+  using Bytes = KPool::PoolCache<F8, M>::bytes_type;
+  for (int k : {0, -1})
+    EXPECT_TRUE(throws([&] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 4 * (D + 4)), 4, D, k); },
+                       "KPool::PoolCache", "kpool", -1, std::to_string(k)));
+  EXPECT_EQ((KPool::PoolCache<F8, M>(Bytes("b", 2, 4 * (D + 4)), 4, D, 3)).kpool(), 3);
+  // The fused constructor's earlier order (rotate, then K) does not compile.
+  static_assert(!std::is_constructible<KPool::PoolCache<F8, M>, Bytes, int, int, bool>::value,
+                "(bytes, block_pools, head_dim, rotate) is the old order");
+  static_assert(!std::is_constructible<KPool::PoolCache<F8, M>, Bytes, int, int, bool, int>::value,
+                "(bytes, block_pools, head_dim, rotate, kpool) is the old order");
+  static_assert(std::is_constructible<KPool::PoolCache<F8, M>, Bytes, int, int, int, bool>::value,
+                "(bytes, block_pools, head_dim, kpool, rotate)");
+  // Nor does a cache without K.
+  static_assert(!std::is_constructible<KPool::PoolCache<F8, M>, E, int, int, int,
+                                       KPool::CacheScale>::value,
+                "a cache without K");
 }
 
 TEST(CacheValidation, RotationNeedsAPowerOfTwoHeadDim) {
   EXPECT_TRUE(throws(
-      [] { KPool::PoolCache<F8, M> c(E(), 2, 2, 48, KPool::CacheScale::amax, true); },
+      [] { KPool::PoolCache<F8, M> c(E(), 2, 2, 48, 4, KPool::CacheScale::amax, true); },
       "KPool::PoolCache", "head_dim", -1, "48"));
-  KPool::PoolCache<F8, M> ok(E(), 2, 2, 64, KPool::CacheScale::amax, true);
+  KPool::PoolCache<F8, M> ok(E(), 2, 2, 64, 4, KPool::CacheScale::amax, true);
   EXPECT_TRUE(ok.rotated());
 }
 
@@ -158,7 +172,7 @@ TEST(CacheValidation, RotationNeedsAPowerOfTwoHeadDim) {
 TEST(CacheValidation, ServingProfileNeedsAnFp8Cache) {
   EXPECT_TRUE(throws(
       [] {
-        KPool::PoolCache<T, M> c(E(), 2, 2, D, KPool::CacheScale::none, false,
+        KPool::PoolCache<T, M> c(E(), 2, 2, D, 4, KPool::CacheScale::none, false,
                                  KPool::CacheProfile::serving);
       },
       "KPool::PoolCache", "profile", -1, "serving"));
@@ -167,11 +181,11 @@ TEST(CacheValidation, ServingProfileNeedsAnFp8Cache) {
 TEST(CacheValidation, ServingProfileNeedsPow2Scales) {
   EXPECT_TRUE(throws(
       [] {
-        KPool::PoolCache<F8, M> c(E(), 2, 2, D, KPool::CacheScale::amax, true,
+        KPool::PoolCache<F8, M> c(E(), 2, 2, D, 4, KPool::CacheScale::amax, true,
                                   KPool::CacheProfile::serving);
       },
       "KPool::PoolCache", "scale", -1, "amax"));
-  KPool::PoolCache<F8, M> ok(E(), 2, 2, D, KPool::CacheScale::pow2, true,
+  KPool::PoolCache<F8, M> ok(E(), 2, 2, D, 4, KPool::CacheScale::pow2, true,
                              KPool::CacheProfile::serving);
   EXPECT_EQ(ok.profile(), KPool::CacheProfile::serving);
   EXPECT_EQ(ok.layout(), KPool::CacheLayout::split);
@@ -182,22 +196,22 @@ TEST(CacheValidation, ServingProfileNeedsPow2Scales) {
 // entries are fp8.
 TEST(CacheValidation, FusedLayoutNeedsWholeAlignedBlocks) {
   using Bytes = KPool::PoolCache<F8, M>::bytes_type;
-  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 4 * (D + 4) - 1), 4, D); },
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 4 * (D + 4) - 1), 4, D, 4); },
                      "KPool::PoolCache", "bytes", -1, std::to_string(4 * (D + 4) - 1)));
-  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 3 * (7 + 4)), 3, 7); },
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 3 * (7 + 4)), 3, 7, 4); },
                      "KPool::PoolCache", "head_dim", -1, "7"));
-  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 0, 4 * (D + 4)), 4, D); },
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 0, 4 * (D + 4)), 4, D, 4); },
                      "KPool::PoolCache", "num_blocks", -1, "0"));
-  EXPECT_TRUE(throws([] { KPool::PoolCache<T, M> c(Bytes("b", 2, 4 * (D + 4)), 4, D); },
+  EXPECT_TRUE(throws([] { KPool::PoolCache<T, M> c(Bytes("b", 2, 4 * (D + 4)), 4, D, 4); },
                      "KPool::PoolCache", "bytes", -1, "bf16"));
-  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 4 * (48 + 4)), 4, 48, true); },
+  EXPECT_TRUE(throws([] { KPool::PoolCache<F8, M> c(Bytes("b", 2, 4 * (48 + 4)), 4, 48, 4, true); },
                      "KPool::PoolCache", "head_dim", -1, "48"));
   // A buffer one byte into an allocation: its scales would be misaligned.
   Kokkos::View<std::uint8_t*, M> raw("raw", 2 * 4 * (D + 4) + 4);
   Bytes const shifted(raw.data() + 1, 2, 4 * (D + 4));
-  EXPECT_TRUE(throws([&] { KPool::PoolCache<F8, M> c(shifted, 4, D); }, "KPool::PoolCache",
+  EXPECT_TRUE(throws([&] { KPool::PoolCache<F8, M> c(shifted, 4, D, 4); }, "KPool::PoolCache",
                      "bytes", -1, "data()"));
-  KPool::PoolCache<F8, M> ok(Bytes("b", 2, 4 * (D + 4)), 4, D, true);
+  KPool::PoolCache<F8, M> ok(Bytes("b", 2, 4 * (D + 4)), 4, D, 4, true);
   EXPECT_EQ(ok.profile(), KPool::CacheProfile::serving);
   EXPECT_EQ(ok.scale(), KPool::CacheScale::pow2);
   EXPECT_EQ(ok.layout(), KPool::CacheLayout::fused);
@@ -229,7 +243,7 @@ TEST(CacheValidation, StoreFp8CacheNeedsPoolsThatAreNotF64) {
 
 TEST(CacheValidation, StoreServingCacheNeedsPoolsThatAreNotF64) {
   Rng rng(2);
-  KPool::PoolCache<F8, M> cache(E(), kBlocks, kBlockPools, D, KPool::CacheScale::pow2, true,
+  KPool::PoolCache<F8, M> cache(E(), kBlocks, kBlockPools, D, 4, KPool::CacheScale::pow2, true,
                                 KPool::CacheProfile::serving);
   Snapshot<F8> const before(cache);
   auto const out = two_row_output<double>(rng);
@@ -245,7 +259,7 @@ TEST(CacheValidation, StoreFusedBlocksMustBeAssigned) {
   auto h = Kokkos::create_mirror_view(bytes);
   for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = rng.next() & 0xFF;
   Kokkos::deep_copy(bytes, h);
-  KPool::PoolCache<F8, M> cache(bytes, kBlockPools, D);
+  KPool::PoolCache<F8, M> cache(bytes, kBlockPools, D, 4);
   Snapshot<F8> const before(cache);
   auto const out = two_row_output<T>(rng);
   EXPECT_TRUE(throws(
@@ -632,8 +646,7 @@ TEST(CacheValidation, StepBlockTableHasARowPerLiveRequest) {
   }
 }
 
-// A cache built for K is written only from a ring of that K; one built
-// without K cannot be checked and is accepted.
+// A cache built for K is written only from a ring of that K.
 TEST(CacheValidation, StepCacheKpoolMustBeTheRings) {
   Rng rng(27);
   int const K = StepSetup::K;
@@ -644,13 +657,11 @@ TEST(CacheValidation, StepCacheKpoolMustBeTheRings) {
       expect_step_throws(path, cache, good_table(), validated(), "cache", -1,
                          std::to_string(other));
   }
-  for (int k : {K, 0}) {
-    auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, false, D, k);
-    for (auto path : kPaths) {
-      SCOPED_TRACE(path_name(path));
-      StepSetup s(rng);
-      EXPECT_NO_THROW(s.run(path, cache, good_table(), validated()));
-    }
+  auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, false, D, K);
+  for (auto path : kPaths) {
+    SCOPED_TRACE(path_name(path));
+    StepSetup s(rng);
+    EXPECT_NO_THROW(s.run(path, cache, good_table(), validated()));
   }
 }
 
@@ -683,7 +694,7 @@ TEST(CacheValidation, StepFp8CacheNeedsPoolsThatAreNotF64) {
   Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", 4, D);
   using U32 = Kokkos::View<std::uint32_t*, M>;
   Out64 out(E(), 8, 2, D);
-  KPool::PoolCache<F8, M> cache(E(), kBlocks, kBlockPools, D, KPool::CacheScale::amax);
+  KPool::PoolCache<F8, M> cache(E(), kBlocks, kBlockPools, D, 4, KPool::CacheScale::amax);
   EXPECT_TRUE(throws(
       [&] {
         KPool::step(E(), ring, key, gate, ape,
@@ -727,7 +738,7 @@ TEST(CacheValidation, StepWithoutValidationSkipsBadBlocks) {
       Rng rng(27);
       auto const start = random_cache<F8>(rng, KPool::CacheScale::amax, true);
       auto clone = [&] {
-        KPool::PoolCache<F8, M> c(E(), kBlocks, kBlockPools, D, KPool::CacheScale::amax, true);
+        KPool::PoolCache<F8, M> c(E(), kBlocks, kBlockPools, D, 4, KPool::CacheScale::amax, true);
         Kokkos::deep_copy(c.values(), start.values());
         Kokkos::deep_copy(c.scales(), start.scales());
         return c;

@@ -403,7 +403,7 @@ struct Steps {
   KPool::StepOutput<T, M> out{space, KPool::StepOutput<T, M>::capacity_for(16, B, K), B, D};
   // An fp8 rotated cache, 2 pools a block: row r's pools 0..5 in blocks
   // 3r .. 3r + 2.
-  KPool::PoolCache<KPool::float8_e4m3, M> cache{space, 9, 2, D, KPool::CacheScale::amax, true};
+  KPool::PoolCache<KPool::float8_e4m3, M> cache{space, 9, 2, D, K, KPool::CacheScale::amax, true};
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> block_table{"block_table", B, 3};
 
   Steps() {

@@ -122,7 +122,7 @@ void layer_matches_low_level(Variant const& v) {
       buffers.cache = KPool::PoolCache<C, M>(
           Kokkos::View<std::uint8_t**, Kokkos::LayoutRight, M, Unmanaged>(
               engine_bytes.data(), cfg.num_blocks, block_bytes),
-          cfg.block_pools, D, v.rotate, K);
+          cfg.block_pools, D, K, v.rotate);
     else
       buffers.cache = KPool::PoolCache<C, M>(
           Kokkos::View<C***, Kokkos::LayoutRight, M, Unmanaged>(
@@ -161,7 +161,7 @@ void layer_matches_low_level(Variant const& v) {
   KPool::Ring<T, M> ring(space, cfg.max_slots, K, D, R);
   Bytes ref_bytes("ref_bytes", cfg.num_blocks, block_bytes);
   KPool::PoolCache<C, M> cache =
-      v.fused ? KPool::PoolCache<C, M>(ref_bytes, cfg.block_pools, D, v.rotate, K)
+      v.fused ? KPool::PoolCache<C, M>(ref_bytes, cfg.block_pools, D, K, v.rotate)
               : KPool::PoolCache<C, M>(space, cfg.num_blocks, cfg.block_pools, D, K, scale,
                                        v.rotate, profile);
   KPool::StepOutput<T, M> out(

@@ -65,18 +65,22 @@ CacheKind ref_kind(DType t, Kind const& k) {
   return CacheKind{t, k.fp8, ref_scale(k.scale), k.rotate, k.serving};
 }
 
+// K of the caches the store_pools tests build from pools they make
+// themselves: store_pools reads no K.
+constexpr int kStoreK = 4;
+
 // An fp8 cache of kind k: split (allocated by the cache) or fused (over a
 // zeroed byte buffer of its own).
 template <class E, class M>
 KPool::PoolCache<KPool::float8_e4m3, M> fp8_cache(Kind const& k, int num_blocks,
-                                                 int block_pools, int D) {
+                                                 int block_pools, int D, int K) {
   if (k.fused) {
     typename KPool::PoolCache<KPool::float8_e4m3, M>::bytes_type bytes(
         "fused", num_blocks, static_cast<std::size_t>(block_pools) * (D + 4));
-    return KPool::PoolCache<KPool::float8_e4m3, M>(bytes, block_pools, D, k.rotate);
+    return KPool::PoolCache<KPool::float8_e4m3, M>(bytes, block_pools, D, K, k.rotate);
   }
   return KPool::PoolCache<KPool::float8_e4m3, M>(
-      E(), num_blocks, block_pools, D, k.scale, k.rotate,
+      E(), num_blocks, block_pools, D, K, k.scale, k.rotate,
       k.serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
 }
 
@@ -217,9 +221,9 @@ TYPED_TEST(PoolCacheTest, StorePoolsWritesTheReferenceBytes) {
         };
         if (k.fp8) {
           if constexpr (!std::is_same<T, double>::value)
-            run(fp8_cache<E, M>(k, b.num_blocks, b.block_pools, D));
+            run(fp8_cache<E, M>(k, b.num_blocks, b.block_pools, D, kStoreK));
         } else {
-          run(KPool::PoolCache<T, M>(E(), b.num_blocks, b.block_pools, D, k.scale, k.rotate));
+          run(KPool::PoolCache<T, M>(E(), b.num_blocks, b.block_pools, D, kStoreK, k.scale, k.rotate));
         }
       }
     }
@@ -242,7 +246,7 @@ TYPED_TEST(PoolCacheTest, StoringAPoolAgainOverwritesItsEntry) {
                std::is_same<T, double>::value ? KPool::CacheScale::none : KPool::CacheScale::pow2,
                true};
   CacheKind const rk = ref_kind(t, k);
-  KPool::PoolCache<C, M> cache(E(), b.num_blocks, b.block_pools, D, k.scale, k.rotate);
+  KPool::PoolCache<C, M> cache(E(), b.num_blocks, b.block_pools, D, kStoreK, k.scale, k.rotate);
   KPool::StepOutput<T, M> out(E(), 8, 2, D);
   ExpectedCache want(b, D, KPoolCacheRef::element_size(rk));
   for (int round = 0; round < 2; ++round) {
@@ -290,11 +294,11 @@ class CacheStreaming {
   Caches make_caches() {
     Caches c;
     int const nb = blocks_.num_blocks, bp = block_pools_;
-    c.native = KPool::PoolCache<T, M>(E(), nb, bp, D_);
-    c.native_rot = KPool::PoolCache<T, M>(E(), nb, bp, D_, KPool::CacheScale::none, true);
+    c.native = KPool::PoolCache<T, M>(E(), nb, bp, D_, K_);
+    c.native_rot = KPool::PoolCache<T, M>(E(), nb, bp, D_, K_, KPool::CacheScale::none, true);
     if constexpr (has_fp8) {
-      c.amax_rot = KPool::PoolCache<F8, M>(E(), nb, bp, D_, KPool::CacheScale::amax, true);
-      c.pow2 = KPool::PoolCache<F8, M>(E(), nb, bp, D_, KPool::CacheScale::pow2, false);
+      c.amax_rot = KPool::PoolCache<F8, M>(E(), nb, bp, D_, K_, KPool::CacheScale::amax, true);
+      c.pow2 = KPool::PoolCache<F8, M>(E(), nb, bp, D_, K_, KPool::CacheScale::pow2, false);
     }
     return c;
   }
@@ -491,7 +495,7 @@ struct PathRun {
   KPool::PoolCache<C, M> cache;
   PathRun(int S, int K, int D, int num_blocks, int block_pools)
       : ring(E(), S, K, D),
-        cache(E(), num_blocks, block_pools, D,
+        cache(E(), num_blocks, block_pools, D, K,
               std::is_same<C, T>::value ? KPool::CacheScale::none : KPool::CacheScale::amax,
               /*rotate=*/(D & (D - 1)) == 0) {
     Kokkos::deep_copy(cache.scales(), -1.0f);  // unwritten entries
@@ -724,7 +728,7 @@ TYPED_TEST(PoolCacheTest, ServingScalesAtPowersOfTwo) {
       CacheKind const rk = ref_kind(t, k);
       ExpectedCache want(b, D, 1);
       for (int o = 0; o < n; ++o) want.put(b, 0, o, KPoolCacheRef::quantize(rk, pools[o]));
-      auto cache = fp8_cache<E, M>(k, b.num_blocks, b.block_pools, D);
+      auto cache = fp8_cache<E, M>(k, b.num_blocks, b.block_pools, D, kStoreK);
       KPool::store_pools(E(), out, 1, table, cache, test_options<E>());
       EXPECT_TRUE(same_bytes(value_bytes(cache), want.values, 1, "values"));
       EXPECT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));

@@ -169,7 +169,7 @@ Scenario make_scenario(Shape const& s, DType t,
 // A serving cache in the fused layout (docs/indexer.md): per block the
 // entries' bytes, then their f32 scales.
 template <class M>
-KPool::PoolCache<KPool::float8_e4m3, M> load_fused_cache(SR::Cache const& ref) {
+KPool::PoolCache<KPool::float8_e4m3, M> load_fused_cache(SR::Cache const& ref, int kpool) {
   std::size_t const values = static_cast<std::size_t>(ref.block_pools) * ref.D;
   typename KPool::PoolCache<KPool::float8_e4m3, M>::bytes_type bytes(
       "fused", ref.num_blocks, values + 4 * static_cast<std::size_t>(ref.block_pools));
@@ -182,16 +182,17 @@ KPool::PoolCache<KPool::float8_e4m3, M> load_fused_cache(SR::Cache const& ref) {
         h(b, static_cast<std::size_t>(e) * ref.D + c) = ref.code[ref.entry(b, e) * ref.D + c];
     }
   Kokkos::deep_copy(bytes, h);
-  return KPool::PoolCache<KPool::float8_e4m3, M>(bytes, ref.block_pools, ref.D, ref.rotated);
+  return KPool::PoolCache<KPool::float8_e4m3, M>(bytes, ref.block_pools, ref.D, kpool, ref.rotated);
 }
 
 template <class T, class C, class M, class E>
-KPool::PoolCache<C, M> load_cache(E const& space, SR::Cache const& ref, bool fused = false) {
+KPool::PoolCache<C, M> load_cache(E const& space, SR::Cache const& ref, int kpool,
+                                  bool fused = false) {
   if constexpr (std::is_same<C, KPool::float8_e4m3>::value) {
-    if (fused) return load_fused_cache<M>(ref);
+    if (fused) return load_fused_cache<M>(ref, kpool);
   }
   KPool::PoolCache<C, M> cache(
-      space, ref.num_blocks, ref.block_pools, ref.D,
+      space, ref.num_blocks, ref.block_pools, ref.D, kpool,
       !ref.fp8 ? KPool::CacheScale::none
                : ref.serving ? KPool::CacheScale::pow2 : KPool::CacheScale::amax,
       ref.rotated, ref.serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
@@ -229,7 +230,7 @@ struct Inputs {
         table("block_table", sc.B(), sc.max_blocks),
         q("q", sc.rows, sc.s.H, sc.s.D),
         w("weights", sc.rows, sc.s.H),
-        cache(load_cache<T, C, M>(space, sc.cache, sc.s.fused)) {
+        cache(load_cache<T, C, M>(space, sc.cache, sc.s.K, sc.s.fused)) {
     auto ht = Kokkos::create_mirror_view(table);
     for (int r = 0; r < sc.B(); ++r)
       for (int j = 0; j < sc.max_blocks; ++j) ht(r, j) = sc.table[r * sc.max_blocks + j];
@@ -703,7 +704,7 @@ void prefill_in_one_call(DType t) {
   for (bool fused : {true, false}) {
     KPool::Options o = test_options<E>();
     o.fused = fused;
-    KPool::PoolCache<C, M> cache(space, num_blocks, bp, D,
+    KPool::PoolCache<C, M> cache(space, num_blocks, bp, D, K,
                                  std::is_same<C, KPool::float8_e4m3>::value
                                      ? KPool::CacheScale::amax
                                      : KPool::CacheScale::none,
@@ -713,7 +714,7 @@ void prefill_in_one_call(DType t) {
       for (int b = 0; b < num_blocks; ++b)
         for (int e = 0; e < bp; ++e)
           stale.store(b, e, random_vector(rng, DType::f32, D, -50, 50), t);
-      KPool::PoolCache<C, M> const loaded = load_cache<T, C, M>(space, stale);
+      KPool::PoolCache<C, M> const loaded = load_cache<T, C, M>(space, stale, K);
       Kokkos::deep_copy(cache.values(), loaded.values());
       Kokkos::deep_copy(cache.scales(), loaded.scales());
     }

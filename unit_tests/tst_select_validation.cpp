@@ -66,7 +66,7 @@ struct World {
     weights = F2("weights", rows, H);
     fill(q);
     fill(weights);
-    cache = Cache(space, 4, 4, D, KPool::CacheScale::amax, true);
+    cache = Cache(space, 4, 4, D, K, KPool::CacheScale::amax, true);
     random_bytes(cache.values());
     Kokkos::deep_copy(cache.scales(), 0.5f);
     pool_ids = I2("pool_ids", rows, topk);
@@ -238,7 +238,7 @@ TEST(SelectValidation, KpoolMustBeAtLeastOne) {
 
 // A cache built for K (PoolCache's kpool constructor) is read with that K
 // only: the K = 2 selection over a K = 4 cache ran and returned
-// other visible pools. A cache built without K cannot be checked.
+// other visible pools.
 TEST(SelectValidation, KpoolMustBeTheCaches) {
   for (int built : {4, 1}) {
     World w;

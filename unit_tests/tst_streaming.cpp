@@ -419,7 +419,7 @@ class Simulation {
 
   template <class Cc>
   KPool::PoolCache<Cc, Mem> grown(KPool::PoolCache<Cc, Mem> const& c, int blocks) const {
-    KPool::PoolCache<Cc, Mem> g(E(), blocks, block_pools_, D_, kind_.scale, kind_.rotate,
+    KPool::PoolCache<Cc, Mem> g(E(), blocks, block_pools_, D_, K_, kind_.scale, kind_.rotate,
                                 kind_.profile());
     if (c.is_allocated()) {
       auto const head = std::make_pair(0, c.num_blocks());
@@ -478,7 +478,7 @@ class Simulation {
       Kokkos::deep_copy(out.batch_row(), hb);
       Kokkos::deep_copy(out.pool_id(), hi);
     }
-    KPool::PoolCache<Cc, Mem> one_shot(E(), streamed.num_blocks(), block_pools_, D_,
+    KPool::PoolCache<Cc, Mem> one_shot(E(), streamed.num_blocks(), block_pools_, D_, K_,
                                        kind_.scale, kind_.rotate, kind_.profile());
     KPool::store_pools(E(), out, B, table, one_shot, test_options<E>());
 

@@ -282,7 +282,7 @@ int check_select(Space const& space, cudaStream_t stream) {
     for (int j = 0; j < max_blocks; ++j) ht(r, j) = j < need ? (next++ * 7) % blocks : -1;
   }
   Kokkos::deep_copy(space, table, ht);
-  KPool::PoolCache<C, Mem> pools(space, blocks, block_pools, kD, KPool::CacheScale::amax, true);
+  KPool::PoolCache<C, Mem> pools(space, blocks, block_pools, kD, kK, KPool::CacheScale::amax, true);
   fill_random(space, pools.values(), 11, -400, 400);
   fill_random(space, pools.scales(), 12, 0.001f, 0.01f);
   Kokkos::View<T***, Kokkos::LayoutRight, Mem> q(Kokkos::view_alloc(space, "sel_q"), T_rows, H, kD);

@@ -104,23 +104,8 @@ class PoolCache {
             CacheScale scale = is_fp8 ? CacheScale::amax : CacheScale::none,
             bool rotate = false, CacheProfile profile = CacheProfile::exact)
       : scale_(scale), profile_(profile), rotate_(rotate), kpool_(kpool) {
-    allocate(space, num_blocks, block_pools, head_dim, true, kpool, scale,
+    allocate(space, num_blocks, block_pools, head_dim, kpool, scale,
              rotate, profile);
-  }
-
-  /// The original constructor, kept so existing code compiles: a cache
-  /// that does not know its K (kpool() is 0), which the steps and the
-  /// selections therefore cannot check against theirs. Prefer the
-  /// constructor above, which takes K after head_dim.
-  /// @throws KPool::InvalidArgument as the constructor above.
-  template <class ExecutionSpace,
-            class = std::enable_if_t<Kokkos::is_execution_space<ExecutionSpace>::value>>
-  PoolCache(ExecutionSpace const& space, int num_blocks, int block_pools,
-            int head_dim, CacheScale scale = is_fp8 ? CacheScale::amax : CacheScale::none,
-            bool rotate = false, CacheProfile profile = CacheProfile::exact)
-      : scale_(scale), profile_(profile), rotate_(rotate) {
-    allocate(space, num_blocks, block_pools, head_dim, false, 0, scale, rotate,
-             profile);
   }
 
   /// A serving-profile fp8 cache (scale pow2) over a caller-owned buffer in
@@ -134,10 +119,10 @@ class PoolCache {
   /// block_pools * D and stride(0) are multiples of 4 and the data pointer
   /// is 4-byte aligned (so every scale is an aligned f32), and D is a power
   /// of two when rotate.
-  /// `kpool`: K, checked as by the constructors above (0: unknown, as the
-  /// K-less constructor).
-  PoolCache(bytes_type const& bytes, int block_pools, int head_dim,
-            bool rotate = false, int kpool = 0)
+  /// `kpool`: K, tokens per pool (>= 1), as the allocating constructor
+  /// takes it, after head_dim.
+  PoolCache(bytes_type const& bytes, int block_pools, int head_dim, int kpool,
+            bool rotate = false)
       : scale_(CacheScale::pow2),
         profile_(CacheProfile::serving),
         layout_(CacheLayout::fused),
@@ -153,7 +138,7 @@ class PoolCache {
            "fp8_e4m3 entries (PoolCache<KPool::float8_e4m3>)");
     int const num_blocks =
         static_cast<int>(std::min<std::size_t>(bytes.extent(0), 0x7FFFFFFF));
-    check(num_blocks, block_pools, head_dim, kpool != 0, kpool,
+    check(num_blocks, block_pools, head_dim, kpool,
           CacheScale::pow2, rotate, CacheProfile::serving);
     std::size_t const need =
         static_cast<std::size_t>(block_pools) * (static_cast<std::size_t>(head_dim) + 4);
@@ -181,6 +166,13 @@ class PoolCache {
     scales_block_stride_ = static_cast<std::int64_t>(stride / 4);
   }
 
+  /// The fused constructor's earlier argument order (rotate before an
+  /// optional K) does not compile, rather than reading `rotate` as K: K
+  /// now follows head_dim, as in every other constructor.
+  PoolCache(bytes_type const&, int, int, bool) = delete;
+  /// @copydoc PoolCache(bytes_type const&, int, int, bool)
+  PoolCache(bytes_type const&, int, int, bool, int) = delete;
+
   /// A cache over a caller's two buffers in the split layout (an engine's
   /// own allocation, e.g. unmanaged Views of its device pointers): `values`
   /// [num_blocks, block_pools, D] and `scales` [num_blocks, block_pools],
@@ -205,7 +197,7 @@ class PoolCache {
     int const num_blocks = extent(values.extent(0));
     int const block_pools = extent(values.extent(1));
     int const head_dim = extent(values.extent(2));
-    check(num_blocks, block_pools, head_dim, true, kpool, scale, rotate, profile);
+    check(num_blocks, block_pools, head_dim, kpool, scale, rotate, profile);
     if (scales.extent(0) != values.extent(0) || scales.extent(1) != values.extent(1))
       throw InvalidArgument("KPool::PoolCache", "scales", "", -1,
                             "[" + std::to_string(scales.extent(0)) + ", " +
@@ -235,8 +227,8 @@ class PoolCache {
   CacheScale scale() const { return scale_; }
   CacheProfile profile() const { return profile_; }
   CacheLayout layout() const { return layout_; }
-  /// K, the tokens per pool the cache was built for; 0 when it was built
-  /// without one (the K-less constructor), which nothing can check.
+  /// K, the tokens per pool the cache was built for (0 only for a
+  /// default-constructed cache, which holds nothing).
   int kpool() const { return kpool_; }
   /// Whether pools are stored rotated by the orthonormal Walsh-Hadamard
   /// transform.
@@ -256,11 +248,11 @@ class PoolCache {
  private:
   template <class ExecutionSpace>
   void allocate(ExecutionSpace const& space, int num_blocks, int block_pools,
-                int head_dim, bool has_kpool, int kpool, CacheScale scale,
+                int head_dim, int kpool, CacheScale scale,
                 bool rotate, CacheProfile profile) {
     static_assert(Kokkos::SpaceAccessibility<ExecutionSpace, MemorySpace>::accessible,
                   "KPool::PoolCache: the execution space must reach the memory space");
-    check(num_blocks, block_pools, head_dim, has_kpool, kpool, scale, rotate,
+    check(num_blocks, block_pools, head_dim, kpool, scale, rotate,
           profile);
     values_ = values_type(Kokkos::view_alloc(space, "KPool::PoolCache::values"),
                           num_blocks, block_pools, head_dim);
@@ -280,7 +272,7 @@ class PoolCache {
   }
 
   static void check(int num_blocks, int block_pools, int head_dim,
-                    bool has_kpool, int kpool, CacheScale scale, bool rotate,
+                    int kpool, CacheScale scale, bool rotate,
                     CacheProfile profile) {
     auto const fail = [](std::string const& arg, std::string const& value,
                          std::string const& problem) {
@@ -292,7 +284,7 @@ class PoolCache {
       fail("block_pools", std::to_string(block_pools), "is not at least 1");
     if (head_dim < 1)
       fail("head_dim", std::to_string(head_dim), "is not at least 1");
-    if (has_kpool && kpool < 1)
+    if (kpool < 1)
       fail("kpool", std::to_string(kpool), "is not at least 1");
     if (is_fp8 && scale == CacheScale::none)
       fail("scale", "none",

@@ -4,8 +4,8 @@
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
 #include <pool/detail/KPool_Call.hpp>
-#include <pool/detail/KPool_CompressFunctor.hpp>
 #include <pool/detail/KPool_OffsetsFunctor.hpp>
+#include <pool/detail/KPool_WriterFunctors.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -133,16 +133,9 @@ void compress(ExecutionSpace const& space, KeyView const& key,
               PoolRowOffsetsView const& pool_row_offsets,
               PooledView const& pooled, Options const& options = Options()) {
   using T = typename KeyView::non_const_value_type;
-  static_assert(is_storage_type<T>::value,
-                "KPool: key must hold float, double, KPool::bfloat16 or "
-                "KPool::float16");
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
+  static_cast<void>(Details::ragged_views_ok<ExecutionSpace, T, KeyView, GateView,
+                                              RowOffsetsView, CacheLengthsView>());
   KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
-                        "row_offsets");
-  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
-                        "cache_lengths");
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolRowOffsetsView, std::uint32_t, 1,
                                ExecutionSpace, "pool_row_offsets");
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 2, ExecutionSpace, "pooled");

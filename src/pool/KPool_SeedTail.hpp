@@ -4,7 +4,7 @@
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
 #include <pool/detail/KPool_Call.hpp>
-#include <pool/detail/KPool_SeedTailFunctor.hpp>
+#include <pool/detail/KPool_WriterFunctors.hpp>
 
 #include <cstdint>
 
@@ -48,16 +48,9 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
                CacheLengthsView const& cache_lengths, SlotView const& slot_idx,
                int num_requests, Options const& options = Options()) {
   using T = typename KeyView::non_const_value_type;
-  static_assert(is_storage_type<T>::value,
-                "KPool: key must hold float, double, KPool::bfloat16 or "
-                "KPool::float16");
+  static_cast<void>(Details::ragged_views_ok<ExecutionSpace, T, KeyView, GateView,
+                                              RowOffsetsView, CacheLengthsView>());
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
-  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
-                        "row_offsets");
-  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
-                        "cache_lengths");
   KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
                         "slot_idx");
   using M = typename ExecutionSpace::memory_space;

@@ -100,17 +100,10 @@ void tail_update(ExecutionSpace const& space, TailView const& tail,
                  ClosedView const& closed_pool,
                  Options const& options = Options()) {
   using T = typename KeyView::non_const_value_type;
-  static_assert(is_storage_type<T>::value,
-                "KPool: key must hold float, double, KPool::bfloat16 or "
-                "KPool::float16");
+  static_cast<void>(Details::decode_views_ok<ExecutionSpace, T, KeyView, GateView,
+                                              PositionsView, SlotView>());
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 3, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 3, ExecutionSpace, "gate");
   KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(PositionsView, std::int32_t, 2, ExecutionSpace,
-                        "positions");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 3, ExecutionSpace, "pooled");
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 2, ExecutionSpace,
                                "closed_pool");

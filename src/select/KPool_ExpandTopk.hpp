@@ -16,7 +16,8 @@ namespace KPool {
 /// @param tail_always whether the K - 1 tail columns are added.
 /// @return pool_topk * K, plus K - 1 when tail_always.
 inline int expand_topk_width(int pool_topk, int kpool, bool tail_always) {
-  return pool_topk * kpool + (tail_always ? kpool - 1 : 0);
+  return static_cast<int>(Details::expanded_width(
+      static_cast<std::uint64_t>(pool_topk), kpool, tail_always));
 }
 
 /// Selected pool ids back to the token positions sparse attention reads
@@ -79,8 +80,7 @@ void expand_topk(ExecutionSpace const& space, PoolIdsView const& pool_ids,
     chk.fail_scalar("kpool", kpool,
                     "is not a valid kpool (K must be at least 1)");
   std::size_t const topk = pool_ids.extent(1);
-  std::size_t const width =
-      topk * static_cast<std::size_t>(kpool) + (tail_always ? kpool - 1 : 0);
+  std::uint64_t const width = Details::expanded_width(topk, kpool, tail_always);
   if (width > 0x7FFFFFFF)
     chk.fail("pool_ids", "extent 1", -1, std::to_string(topk),
              "times kpool is too wide an output");

@@ -89,7 +89,7 @@ class SelectWorkspace {
         max_tokens * max_visible);
     // Rows longer than the split length select through per-segment
     // counts and a plan a row (docs/indexer.md, "Top-k").
-    Details::SelectSplit const split = Details::select_split_knob();
+    Details::SelectSplit const split{};
     split_from_ = split.from;
     split_segment_ = split.segment;
     if (max_visible > split.from) {

@@ -128,6 +128,23 @@ constexpr bool wrong_value_is() {
   static_assert(!::KPool::Details::view_facts<ViewType>::is_const,           \
                 "KPool: '" name "' is written and must not be const")
 
+// The same checks as an expression: the static_asserts (each naming the
+// argument), then whether the view is right. A list of them joined by &&
+// is a function's checks and its verdict at once, so that an entry point
+// can skip its body (`if constexpr`) and report only the failed assert.
+#define KPOOL_IMPL_VIEW_OK(ViewType, Value, Rank, ExecSpace, name)          \
+  ([] {                                                                    \
+    KPOOL_IMPL_CHECK_VIEW(ViewType, Value, Rank, ExecSpace, name);         \
+    return ::KPool::Details::view_ok<ViewType, Value, Rank, ExecSpace>();  \
+  }())
+
+#define KPOOL_IMPL_OUTPUT_VIEW_OK(ViewType, Value, Rank, ExecSpace, name)   \
+  ([] {                                                                    \
+    KPOOL_IMPL_CHECK_OUTPUT_VIEW(ViewType, Value, Rank, ExecSpace, name);  \
+    return ::KPool::Details::view_ok<ViewType, Value, Rank, ExecSpace>() && \
+           !::KPool::Details::view_facts<ViewType>::is_const;              \
+  }())
+
 namespace KPool {
 namespace Details {
 

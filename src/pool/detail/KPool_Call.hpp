@@ -5,6 +5,7 @@
 // the normalized views, the shape checks (free, always on), and the path
 // choice from strides and alignment.
 
+#include <common/KPool_Types.hpp>
 #include <common/detail/KPool_Launch.hpp>
 #include <common/detail/KPool_Validate.hpp>
 #include <common/detail/KPool_Views.hpp>
@@ -16,6 +17,40 @@
 
 namespace KPool {
 namespace Details {
+
+// The views of a ragged batch, checked at compile time: the one list the
+// writers and the steps share. Prefill-shaped (compress, ring_close,
+// seed_tail, step): key and gate [rows, D] of T, row_offsets [B + 1] and
+// cache_lengths [B] of uint32. Decode-shaped (tail_update, decode_step):
+// key and gate [B, next_n, D] of T, positions [B, next_n] of int32,
+// slot_idx [B] of uint32. Each returns whether every check holds.
+template <class ExecutionSpace, class T, class KeyView, class GateView,
+          class RowOffsetsView, class CacheLengthsView>
+constexpr bool ragged_views_ok() {
+  static_assert(is_storage_type<T>::value,
+                "KPool: key must hold float, double, KPool::bfloat16 or "
+                "KPool::float16");
+  return KPOOL_IMPL_VIEW_OK(KeyView, T, 2, ExecutionSpace, "key") &&
+         KPOOL_IMPL_VIEW_OK(GateView, T, 2, ExecutionSpace, "gate") &&
+         KPOOL_IMPL_VIEW_OK(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                            "row_offsets") &&
+         KPOOL_IMPL_VIEW_OK(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                            "cache_lengths");
+}
+
+template <class ExecutionSpace, class T, class KeyView, class GateView,
+          class PositionsView, class SlotView>
+constexpr bool decode_views_ok() {
+  static_assert(is_storage_type<T>::value,
+                "KPool: key must hold float, double, KPool::bfloat16 or "
+                "KPool::float16");
+  return KPOOL_IMPL_VIEW_OK(KeyView, T, 3, ExecutionSpace, "key") &&
+         KPOOL_IMPL_VIEW_OK(GateView, T, 3, ExecutionSpace, "gate") &&
+         KPOOL_IMPL_VIEW_OK(PositionsView, std::int32_t, 2, ExecutionSpace,
+                            "positions") &&
+         KPOOL_IMPL_VIEW_OK(SlotView, std::uint32_t, 1, ExecutionSpace,
+                            "slot_idx");
+}
 
 template <class ExecutionSpace, class T>
 struct RaggedCall {

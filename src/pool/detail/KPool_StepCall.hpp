@@ -16,12 +16,9 @@
 #include <cache/detail/KPool_CachePath.hpp>
 #include <cache/detail/KPool_CacheWrite.hpp>
 #include <pool/detail/KPool_Call.hpp>
-#include <pool/detail/KPool_CompressFunctor.hpp>
-#include <pool/detail/KPool_FusedStepFunctor.hpp>
 #include <pool/detail/KPool_OffsetsFunctor.hpp>
-#include <pool/detail/KPool_RingCloseFunctor.hpp>
-#include <pool/detail/KPool_SeedTailFunctor.hpp>
 #include <pool/detail/KPool_TailUpdateFunctor.hpp>
+#include <pool/detail/KPool_WriterFunctors.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -132,38 +129,18 @@ template <class ExecutionSpace, class T, class KeyView, class GateView,
           class ApeView, class RowOffsetsView, class CacheLengthsView,
           class SlotView>
 constexpr bool check_step_views() {
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 2, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 2, ExecutionSpace, "gate");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
-                        "row_offsets");
-  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
-                        "cache_lengths");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
-  return view_ok<KeyView, T, 2, ExecutionSpace>() &&
-         view_ok<GateView, T, 2, ExecutionSpace>() &&
-         view_ok<ApeView, float, 2, ExecutionSpace>() &&
-         view_ok<RowOffsetsView, std::uint32_t, 1, ExecutionSpace>() &&
-         view_ok<CacheLengthsView, std::uint32_t, 1, ExecutionSpace>() &&
-         view_ok<SlotView, std::uint32_t, 1, ExecutionSpace>();
+  return ragged_views_ok<ExecutionSpace, T, KeyView, GateView, RowOffsetsView,
+                         CacheLengthsView>() &&
+         KPOOL_IMPL_VIEW_OK(ApeView, float, 2, ExecutionSpace, "ape") &&
+         KPOOL_IMPL_VIEW_OK(SlotView, std::uint32_t, 1, ExecutionSpace, "slot_idx");
 }
 
 template <class ExecutionSpace, class T, class KeyView, class GateView,
           class ApeView, class PositionsView, class SlotView>
 constexpr bool check_decode_views() {
-  KPOOL_IMPL_CHECK_VIEW(KeyView, T, 3, ExecutionSpace, "key");
-  KPOOL_IMPL_CHECK_VIEW(GateView, T, 3, ExecutionSpace, "gate");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(PositionsView, std::int32_t, 2, ExecutionSpace,
-                        "positions");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
-  return view_ok<KeyView, T, 3, ExecutionSpace>() &&
-         view_ok<GateView, T, 3, ExecutionSpace>() &&
-         view_ok<ApeView, float, 2, ExecutionSpace>() &&
-         view_ok<PositionsView, std::int32_t, 2, ExecutionSpace>() &&
-         view_ok<SlotView, std::uint32_t, 1, ExecutionSpace>();
+  return decode_views_ok<ExecutionSpace, T, KeyView, GateView, PositionsView,
+                         SlotView>() &&
+         KPOOL_IMPL_VIEW_OK(ApeView, float, 2, ExecutionSpace, "ape");
 }
 
 // A cache of element type C for pools of T, and its block table.
@@ -172,15 +149,14 @@ constexpr bool check_cache_arg() {
   static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
                 "KPool: a cache holds the pools' own storage type (native) "
                 "or KPool::float8_e4m3");
-  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
-                        "block_table");
   return (std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value) &&
-         view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>();
+         KPOOL_IMPL_VIEW_OK(BlockTableView, std::int32_t, 2, ExecutionSpace,
+                            "block_table");
 }
 
 // Shapes of a step's cache, checked always: the cache has storage, D the
 // call's, fp8 only for pools that are not f64, rotation only for D a
-// power of two, K the ring's (when the cache knows its K), the block table
+// power of two, K the ring's, the block table
 // a row per live request (as the selections take it), and `slots` pools
 // (what one work item may stage) fit a team's scratch.
 template <class ExecutionSpace, class T, class Arg>
@@ -188,8 +164,7 @@ void check_step_cache(Checker const& chk, ExecutionSpace const& space,
                       Arg const& arg, int kpool, int head_dim,
                       std::size_t live_rows, int slots) {
   if constexpr (Arg::enabled) {
-    if (arg.cache->is_allocated() && arg.cache->kpool() != 0 &&
-        arg.cache->kpool() != kpool)
+    if (arg.cache->is_allocated() && arg.cache->kpool() != kpool)
       chk.fail("cache", "kpool", -1, std::to_string(arg.cache->kpool()),
                "does not match the kpool of the ring = " +
                    std::to_string(kpool) + " (the K the cache was built for)");

@@ -37,16 +37,30 @@ inline char const* engine_name(ScoreEngine e) {
                                             : "automatic";
 }
 
-// register_tiles and blas are host code (one thread a team, a host BLAS)
-// and are refused on device backends. The automatic choice follows the
-// launch shapes, so a device-shapes build on a host (KPool_TEST_DEVICE_SHAPES)
-// runs the device engine: tensor_cores on CUDA where the MMA takes the
-// call (mma_plan: the cache's type, rotation and profile), tiles otherwise.
-// tensor_cores on a host runs its emulation; asked for where the plan
-// refuses the call, it is an error.
+// Whether the tiles engine's smallest tile (one query row) fits a device
+// team's fast scratch; always on hosts without device shapes.
+template <class ExecutionSpace, class T, class C>
+bool tiles_fit(int heads, int D) {
+  if constexpr (device_shapes<ExecutionSpace>::value)
+    return ScoreTilesFunctor<ExecutionSpace, T, C, 0>::scratch_bytes(1, heads, D) <=
+           device_scratch0<ExecutionSpace>();
+  else
+    return true;
+}
+
+// The one place that chooses a call's scoring engine. register_tiles and
+// blas are host code (one thread a team, a host BLAS) and are refused on
+// device backends. The automatic choice follows the launch shapes, so a
+// device-shapes build on a host (KPool_TEST_DEVICE_SHAPES) runs the device
+// engine: tensor_cores on CUDA where the MMA takes the call (mma_plan: the
+// cache's type, rotation and profile), else tiles where one query row's
+// tile fits a team's fast scratch, else team_gemm, whose tiles shrink
+// further (f64 with 32 heads of 128 channels; team_gemm refuses by name
+// past its own limit). tensor_cores on a host runs its emulation; asked for
+// where the plan refuses the call, it is an error.
 template <class ExecutionSpace, class T, class C>
 ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested, bool rotated,
-                           bool serving) {
+                           bool serving, int heads, int head_dim) {
   if ((requested == ScoreEngine::blas || requested == ScoreEngine::register_tiles) &&
       KokkosExt::is_device_backend<ExecutionSpace>::value)
     chk.fail("options", "score_engine", -1, engine_name(requested),
@@ -58,21 +72,11 @@ ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested, bool rotat
              std::string("does not take this call (") + plan.why + ")");
   if (requested == ScoreEngine::automatic) {
     if (plan.usable && plan.on_device) return ScoreEngine::tensor_cores;
-    return device_shapes<ExecutionSpace>::value ? ScoreEngine::tiles
-                                                : ScoreEngine::register_tiles;
+    if (!device_shapes<ExecutionSpace>::value) return ScoreEngine::register_tiles;
+    return tiles_fit<ExecutionSpace, T, C>(heads, head_dim) ? ScoreEngine::tiles
+                                                           : ScoreEngine::team_gemm;
   }
   return requested;
-}
-
-// Whether the tiles engine's smallest tile (one query row) fits a device
-// team's fast scratch; always on hosts without device shapes.
-template <class ExecutionSpace, class T, class C>
-bool tiles_fit(int heads, int D) {
-  if constexpr (device_shapes<ExecutionSpace>::value)
-    return ScoreTilesFunctor<ExecutionSpace, T, C, 0>::scratch_bytes(1, heads, D) <=
-           device_scratch0<ExecutionSpace>();
-  else
-    return true;
 }
 
 // Tile shape of the team engine: rows of q a team takes, pools a tile, and
@@ -415,6 +419,34 @@ void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
     launch_score_registers_hb<ExecutionSpace, T, C, 2>(chk, space, in);
   else
     launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in);
+}
+
+// Scores rows [in.batch.row_begin, in.batch.row_end) into the workspace's
+// keys with the engine resolve_engine chose, on the caller's instance.
+template <class ExecutionSpace, class T, class C, class Workspace>
+void launch_score(Checker const& chk, ExecutionSpace const& space, ScoreEngine engine,
+                  ScoreInputs<ExecutionSpace, T, C> const& in, Workspace& workspace,
+                  Options const& options) {
+  using M = typename ExecutionSpace::memory_space;
+  if (engine == ScoreEngine::blas) {
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
+      score_blas<ExecutionSpace, T, C>(
+          chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
+          workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
+          workspace.blas_weights(), workspace.blas_chunks(), in.heads);
+    }
+  } else if (engine == ScoreEngine::register_tiles) {
+    if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
+      launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
+    }
+  } else if (engine == ScoreEngine::tiles) {
+    launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
+  } else if (engine == ScoreEngine::tensor_cores) {
+    launch_score_mma<ExecutionSpace, T, C>(chk, space, in, options);
+  } else {
+    launch_score_team_gemm<ExecutionSpace, T, C>(chk, space, in, options);
+  }
+  (void)workspace;
 }
 
 }  // namespace Details

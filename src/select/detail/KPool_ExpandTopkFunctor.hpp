@@ -9,6 +9,14 @@
 namespace KPool {
 namespace Details {
 
+// The width of an expanded row, in 64 bits (the callers check it against
+// int32): topk * K pool columns, plus the K - 1 tail columns when
+// tail_always (select_tokens always has them).
+inline std::uint64_t expanded_width(std::uint64_t topk, int kpool, bool tail_always) {
+  return topk * static_cast<std::uint64_t>(kpool) +
+         (tail_always ? static_cast<std::uint64_t>(kpool) - 1 : 0);
+}
+
 // What column j of an expanded row holds (docs/writers.md, expand_topk), for a
 // row whose first `visible` positions are visible, `selected` = topk * K
 // pool columns: for j < selected, pid * K + j % K with pid the row's pool

@@ -15,7 +15,10 @@
 #include <common/detail/KPool_Views.hpp>
 #include <score/detail/KPool_ScoreLaunch.hpp>
 #include <score/detail/KPool_Scoring.hpp>
-#include <select/detail/KPool_SelectFunctor.hpp>
+#include <select/detail/KPool_TopkCore.hpp>
+#include <select/detail/KPool_TopkSplit.hpp>
+#include <select/detail/KPool_TopkTeam.hpp>
+#include <select/detail/KPool_TopkWide.hpp>
 
 #include <algorithm>
 #include <climits>
@@ -199,85 +202,18 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     run(SelectFunctor<ExecutionSpace, Key, Expand, false>{});
 }
 
-template <bool Expand, class ExecutionSpace, class RowOffsetsView,
-          class CacheLengthsView, class BlockTableView, class QView,
-          class WeightsView, class Cache, class OutView, class Workspace>
-void score_select_run(Checker const& chk, ExecutionSpace const& space,
-                      RowOffsetsView const& row_offsets,
-                      CacheLengthsView const& cache_lengths,
-                      BlockTableView const& block_table, int num_requests,
-                      int kpool, QView const& q, WeightsView const& weights,
-                      Cache const& cache, int topk, char const* out_name,
-                      OutView const& out, Workspace& workspace,
-                      Options const& options);
-
-// score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
-// (Expand = true, out = token indices [T, topk * K + K - 1]).
-template <bool Expand, class ExecutionSpace, class RowOffsetsView,
-          class CacheLengthsView, class BlockTableView, class QView,
-          class WeightsView, class Cache, class OutView, class Workspace>
-void score_select_call(Checker const& chk, ExecutionSpace const& space,
-                       RowOffsetsView const& row_offsets,
-                       CacheLengthsView const& cache_lengths,
-                       BlockTableView const& block_table, int num_requests,
-                       int kpool, QView const& q, WeightsView const& weights,
-                       Cache const& cache, int topk, char const* out_name,
-                       OutView const& out, Workspace& workspace,
-                       Options const& options) {
-  using M = typename ExecutionSpace::memory_space;
-  using T = typename Workspace::storage_type;
+// The shapes of a selection call (always checked, free): the scalars, the
+// cache, q, weights, the output's width, the batch and the workspace.
+template <bool Expand, class T, class RowOffsetsView, class CacheLengthsView,
+          class BlockTableView, class QView, class WeightsView, class Cache,
+          class OutView, class Workspace>
+void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
+                         CacheLengthsView const& cache_lengths,
+                         BlockTableView const& block_table, int num_requests,
+                         int kpool, QView const& q, WeightsView const& weights,
+                         Cache const& cache, int topk, char const* out_name,
+                         OutView const& out, Workspace const& workspace) {
   using C = typename Cache::value_type;
-  static_assert(std::is_same<typename Cache::memory_space, M>::value &&
-                    std::is_same<typename Workspace::memory_space, M>::value,
-                "KPool: the pool cache and the workspace must live in the "
-                "execution space's memory space");
-  static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
-                "KPool: a native pool cache must hold the queries' storage "
-                "type (or use an fp8 cache)");
-  KPOOL_IMPL_CHECK_VIEW(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
-                        "row_offsets");
-  KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
-                        "cache_lengths");
-  KPOOL_IMPL_CHECK_VIEW(BlockTableView, std::int32_t, 2, ExecutionSpace,
-                        "block_table");
-  KPOOL_IMPL_CHECK_VIEW(QView, T, 3, ExecutionSpace, "q");
-  KPOOL_IMPL_CHECK_VIEW(WeightsView, float, 2, ExecutionSpace, "weights");
-  // After a failed check, nothing else is compiled (one error, no cascade).
-  if constexpr (std::is_same<typename Cache::memory_space, M>::value &&
-                std::is_same<typename Workspace::memory_space, M>::value &&
-                (std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value) &&
-                view_ok<RowOffsetsView, std::uint32_t, 1, ExecutionSpace>() &&
-                view_ok<CacheLengthsView, std::uint32_t, 1, ExecutionSpace>() &&
-                view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>() &&
-                view_ok<QView, T, 3, ExecutionSpace>() &&
-                view_ok<WeightsView, float, 2, ExecutionSpace>())
-    score_select_run<Expand>(chk, space, row_offsets, cache_lengths,
-                             block_table, num_requests, kpool, q, weights,
-                             cache, topk, out_name, out, workspace, options);
-  else
-    (void)chk, (void)space, (void)row_offsets, (void)cache_lengths,
-        (void)block_table, (void)num_requests, (void)kpool, (void)q,
-        (void)weights, (void)cache, (void)topk, (void)out_name, (void)out,
-        (void)workspace, (void)options;
-}
-
-template <bool Expand, class ExecutionSpace, class RowOffsetsView,
-          class CacheLengthsView, class BlockTableView, class QView,
-          class WeightsView, class Cache, class OutView, class Workspace>
-void score_select_run(Checker const& chk, ExecutionSpace const& space,
-                      RowOffsetsView const& row_offsets,
-                      CacheLengthsView const& cache_lengths,
-                      BlockTableView const& block_table, int num_requests,
-                      int kpool, QView const& q, WeightsView const& weights,
-                      Cache const& cache, int topk, char const* out_name,
-                      OutView const& out, Workspace& workspace,
-                      Options const& options) {
-  using M = typename ExecutionSpace::memory_space;
-  using T = typename Workspace::storage_type;
-  using C = typename Cache::value_type;
-  using A = accumulator_t<T>;
-  using Key = score_key_t<A>;
-
   if (topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
   if (kpool < 1)
     chk.fail_scalar("kpool", kpool, "is not a valid kpool (K must be at least 1)");
@@ -286,7 +222,7 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
              "has no storage (construct it with a size)");
   // A cache built with its K must be read with that K: another one gives
   // other visible pools, silently.
-  if (cache.kpool() != 0 && cache.kpool() != kpool)
+  if (cache.kpool() != kpool)
     chk.fail_scalar("kpool", kpool,
                     "does not match the kpool of the cache = " +
                         std::to_string(cache.kpool()) +
@@ -308,10 +244,9 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
   chk.extent_is("weights", 0, weights.extent(0), rows, "the rows of q");
   chk.extent_is("weights", 1, weights.extent(1), static_cast<std::size_t>(H),
                 "the heads of q");
-  std::size_t const width =
-      Expand ? static_cast<std::size_t>(topk) * static_cast<std::size_t>(kpool) +
-                   static_cast<std::size_t>(kpool) - 1
-             : static_cast<std::size_t>(topk);
+  std::uint64_t const width =
+      Expand ? expanded_width(static_cast<std::uint64_t>(topk), kpool, true)
+             : static_cast<std::uint64_t>(topk);
   if (width > 0x7FFFFFFF)
     chk.fail_scalar("topk", topk, "times kpool is too wide a token row");
   chk.extent_is(out_name, 0, out.extent(0), rows, "the rows of q");
@@ -332,15 +267,34 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
                 "the workspace's head_dim");
   if (rows > 0x7FFFFFFF)
     chk.fail("q", "extent 0", -1, std::to_string(rows), "is too many query rows");
-  ScoreEngine engine =
-      resolve_engine<ExecutionSpace, T, C>(chk, options.score_engine, cache.rotated(),
-                                           cache.profile() == CacheProfile::serving);
-  // automatic on a device: tiles where one query row's tile fits a team's
-  // fast scratch, else team_gemm, whose tiles shrink further (f64 with 32
-  // heads of 128 channels; team_gemm refuses by name past its own limit).
-  if (options.score_engine == ScoreEngine::automatic && engine == ScoreEngine::tiles &&
-      !tiles_fit<ExecutionSpace, T, C>(H, D))
-    engine = ScoreEngine::team_gemm;
+}
+
+template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+          class CacheLengthsView, class BlockTableView, class QView,
+          class WeightsView, class Cache, class OutView, class Workspace>
+void score_select_run(Checker const& chk, ExecutionSpace const& space,
+                      RowOffsetsView const& row_offsets,
+                      CacheLengthsView const& cache_lengths,
+                      BlockTableView const& block_table, int num_requests,
+                      int kpool, QView const& q, WeightsView const& weights,
+                      Cache const& cache, int topk, char const* out_name,
+                      OutView const& out, Workspace& workspace,
+                      Options const& options) {
+  using M = typename ExecutionSpace::memory_space;
+  using T = typename Workspace::storage_type;
+  using C = typename Cache::value_type;
+  using A = accumulator_t<T>;
+  using Key = score_key_t<A>;
+
+  check_select_shapes<Expand, T>(chk, row_offsets, cache_lengths, block_table,
+                                 num_requests, kpool, q, weights, cache, topk,
+                                 out_name, out, workspace);
+  int const D = cache.head_dim();
+  std::size_t const rows = q.extent(0);
+  int const H = static_cast<int>(q.extent(1));
+  ScoreEngine const engine = resolve_engine<ExecutionSpace, T, C>(
+      chk, options.score_engine, cache.rotated(),
+      cache.profile() == CacheProfile::serving, H, D);
   if (options.validate)
     check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
                        num_requests, rows, kpool, cache.num_blocks(),
@@ -373,27 +327,57 @@ void score_select_run(Checker const& chk, ExecutionSpace const& space,
   for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
     in.batch.row_begin = row_begin;
     in.batch.row_end = std::min(rows, row_begin + chunk);
-    if (engine == ScoreEngine::blas) {
-      if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
-        score_blas<ExecutionSpace, T, C>(
-            chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
-            workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
-            workspace.blas_weights(), workspace.blas_chunks(), H);
-      }
-    } else if (engine == ScoreEngine::register_tiles) {
-      if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
-        launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
-      }
-    } else if (engine == ScoreEngine::tiles) {
-      launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
-    } else if (engine == ScoreEngine::tensor_cores) {
-      launch_score_mma<ExecutionSpace, T, C>(chk, space, in, options);
-    } else {
-      launch_score_team_gemm<ExecutionSpace, T, C>(chk, space, in, options);
-    }
+    launch_score(chk, space, engine, in, workspace, options);
     launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
                           View2<std::int32_t, M>(out), topk, split, options);
   }
+}
+
+// score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
+// (Expand = true, out = token indices [T, topk * K + K - 1]).
+template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+          class CacheLengthsView, class BlockTableView, class QView,
+          class WeightsView, class Cache, class OutView, class Workspace>
+void score_select_call(Checker const& chk, ExecutionSpace const& space,
+                       RowOffsetsView const& row_offsets,
+                       CacheLengthsView const& cache_lengths,
+                       BlockTableView const& block_table, int num_requests,
+                       int kpool, QView const& q, WeightsView const& weights,
+                       Cache const& cache, int topk, char const* out_name,
+                       OutView const& out, Workspace& workspace,
+                       Options const& options) {
+  using M = typename ExecutionSpace::memory_space;
+  using T = typename Workspace::storage_type;
+  using C = typename Cache::value_type;
+  static_assert(std::is_same<typename Cache::memory_space, M>::value &&
+                    std::is_same<typename Workspace::memory_space, M>::value,
+                "KPool: the pool cache and the workspace must live in the "
+                "execution space's memory space");
+  static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
+                "KPool: a native pool cache must hold the queries' storage "
+                "type (or use an fp8 cache)");
+  constexpr bool views_ok =
+      KPOOL_IMPL_VIEW_OK(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
+                         "row_offsets") &&
+      KPOOL_IMPL_VIEW_OK(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
+                         "cache_lengths") &&
+      KPOOL_IMPL_VIEW_OK(BlockTableView, std::int32_t, 2, ExecutionSpace,
+                         "block_table") &&
+      KPOOL_IMPL_VIEW_OK(QView, T, 3, ExecutionSpace, "q") &&
+      KPOOL_IMPL_VIEW_OK(WeightsView, float, 2, ExecutionSpace, "weights");
+  // After a failed check, nothing else is compiled (one error, no cascade).
+  if constexpr (std::is_same<typename Cache::memory_space, M>::value &&
+                std::is_same<typename Workspace::memory_space, M>::value &&
+                (std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value) &&
+                views_ok)
+    score_select_run<Expand>(chk, space, row_offsets, cache_lengths,
+                             block_table, num_requests, kpool, q, weights,
+                             cache, topk, out_name, out, workspace, options);
+  else
+    (void)chk, (void)space, (void)row_offsets, (void)cache_lengths,
+        (void)block_table, (void)num_requests, (void)kpool, (void)q,
+        (void)weights, (void)cache, (void)topk, (void)out_name, (void)out,
+        (void)workspace, (void)options;
 }
 
 }  // namespace Details

@@ -1,0 +1,183 @@
+#ifndef KPOOL_DETAILS_TOPK_CORE_HPP
+#define KPOOL_DETAILS_TOPK_CORE_HPP
+
+// The selection (docs/indexer.md, "Selection"): one team per query row finds
+// the row's top-k pools among its visible ones from their keys. Key 0 (not
+// visible) is never selected; when no more than k keys are nonzero, all of
+// them are. Otherwise the k-th largest key `thr` and `take`, how many keys
+// equal to it are selected (the lowest ids: the tie rule), are found by a
+// radix select, 11 key bits a digit from the top:
+//   1. row passes: a histogram of the digit over the row's keys that match
+//      the prefix found so far (built in parallel with team atomics, or
+//      plainly by a one-thread team), scanned from the top bin in parallel
+//      (a team scan) to find the threshold digit; repeated only while the
+//      threshold bin holds more keys than the candidate buffer (`cap`,
+//      up to candidate_capacity, as much as fast scratch allows);
+//   2. one ordered partition pass over the row (a team scan in id order):
+//      keys above the prefix go to the `sure` list, ascending; keys on the
+//      prefix are compacted into the candidate buffer, ascending (or, once
+//      the prefix is a whole key, the first `rem` of them go straight to
+//      the `chosen` list: the tie rule);
+//   3. candidate passes: the remaining digits over the candidates only,
+//      then one ordered scan over them applies the tie rule into `chosen`;
+//   4. the two ascending lists are merged (each id's column is its index
+//      plus how many ids of the other list are lower) and written, with
+//      -1 after them.
+// A pass stops early once the threshold bin holds exactly the keys still
+// to take. Counts are exact integers, so the selection is the same
+// whatever the team size or backend, and it is the set the sorted ranking
+// gives. Expand (select_tokens) writes the expanded token row instead
+// (expanded_column).
+//
+// The parts, over the shared pieces here (the digit width, the split
+// rows' plan and region layout, the host's block masks and counts):
+//   KPool_TopkTeam.hpp   SelectFunctor, the steps above by a team;
+//   KPool_TopkHost.hpp   its host path (host_select), for a host's
+//                        one-thread teams;
+//   KPool_TopkSplit.hpp  long rows split over teams, in three launches
+//                        before the selection;
+//   KPool_TopkWide.hpp   SelectWideFunctor, any topk in level-0 scratch.
+
+#include <common/detail/KPool_KokkosExt.hpp>
+#include <score/detail/KPool_Scoring.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace KPool {
+namespace Details {
+
+// The digit width of the radix select, and how many candidates a team
+// compacts into scratch.
+constexpr int select_digit_bits = 11;
+constexpr int select_bins = 1 << select_digit_bits;
+constexpr int candidate_capacity = 1024;
+
+// Where long rows split (docs/indexer.md, "Selection"): rows of more than
+// `from` visible pools are split over teams, `segment` pools a team. A
+// SelectWorkspace takes these defaults; the tests pass lower ones to the
+// launch so that small rows take the split path.
+struct SelectSplit {
+  std::uint64_t from = std::uint64_t(1) << 16;
+  std::uint64_t segment = std::uint64_t(1) << 14;
+};
+
+// The selection's team scans need a power-of-two team size on CUDA before
+// Kokkos 3.7; launch_select rounds it, and a device-shapes build on a host
+// checks it here. (Not on a GPU: the abort's message buffer would cost
+// every selection kernel a local-memory stack frame.)
+template <class ExecutionSpace, class Member>
+KOKKOS_INLINE_FUNCTION void check_select_team_size(Member const& member) {
+  if constexpr (device_shapes<ExecutionSpace>::value &&
+                !KokkosExt::is_device_backend<ExecutionSpace>::value) {
+    int const ts = member.team_size();
+    if ((ts & (ts - 1)) != 0)
+      Kokkos::abort("KPool: the selection's team scan needs a power-of-two team size");
+  }
+}
+
+// A split row's plan (SplitPlanFunctor), split_plan_words(segs) words:
+// what the row takes, its first digit, what is left to take in that
+// digit's bin, the bin's keys, the sure ids, then each used segment's
+// offsets into the row's sure list and its candidate list (exclusive
+// sums, the totals after the last used segment).
+namespace SplitPlan {
+enum : std::uint32_t { fallback = 0, threshold = 1, all = 2 };
+constexpr int state = 0, digit = 1, rem = 2, count = 3, sure = 4, offsets = 8;
+}  // namespace SplitPlan
+KOKKOS_INLINE_FUNCTION constexpr std::size_t split_plan_words(std::size_t segs) {
+  return SplitPlan::offsets + 2 * (segs + 1);
+}
+
+// A split row's region of the segment buffer, in 32-bit words: its
+// segments' suffix counts (segs * bins), then room for as much again. Once
+// planned, it holds the row's sure ids at [0, sure), its candidates' ids
+// at [k, k + count) and their keys from split_keys_at(k, count) on.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t split_region_words(std::size_t segs) {
+  return 2 * segs * static_cast<std::size_t>(select_bins);
+}
+template <class Key>
+KOKKOS_INLINE_FUNCTION constexpr std::uint64_t split_keys_at(std::uint64_t k,
+                                                             std::uint64_t count) {
+  return (k + count + sizeof(Key) / 4 - 1) / (sizeof(Key) / 4) * (sizeof(Key) / 4);
+}
+template <class Key>
+KOKKOS_INLINE_FUNCTION constexpr bool split_lists_fit(std::uint64_t k, std::uint64_t count,
+                                                      std::size_t segs) {
+  return split_keys_at<Key>(k, count) + count * (sizeof(Key) / 4) <= split_region_words(segs);
+}
+
+// A host's partition masks of a block of host_block keys: bit c of
+// `above` when block[c] > top, of `on` when block[c] lies in [first,
+// first + span]; loops the compiler vectorizes, so that the partition then
+// stores only the selected ids (a store for every key, kept or not by a
+// count, costs several times a key's compare on a host).
+constexpr int host_block = 32;
+template <class Key>
+KOKKOS_INLINE_FUNCTION void host_block_masks(Key const* block, Key top, Key first, Key span,
+                                             std::uint32_t& above, std::uint32_t& on) {
+  above = 0;
+  on = 0;
+  for (int c = 0; c < host_block; ++c) {
+    Key const key = block[c];
+    above |= static_cast<std::uint32_t>(key > top) << c;
+    on |= static_cast<std::uint32_t>(static_cast<Key>(key - first) <= span) << c;
+  }
+}
+
+// The segment a segment team has (its league rank): chunk row i, segment
+// seg of its n visible pools, pools [p0, p1). find is false when the row
+// is not split or the segment lies past its pools.
+struct SplitSegment {
+  std::uint64_t i, n, p0, p1;
+  int seg;
+  KOKKOS_INLINE_FUNCTION bool find(SelectBatch const& batch, std::uint64_t split_from,
+                                   std::uint64_t segment, int segs, int rank) {
+    i = static_cast<std::uint64_t>(rank / segs);
+    seg = rank % segs;
+    std::uint64_t const t = batch.row_begin + i;
+    SelectRequest req;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return false;
+    n = batch.visible(req, t);
+    p0 = static_cast<std::uint64_t>(seg) * segment;
+    if (n <= split_from || p0 >= n) return false;
+    p1 = p0 + segment < n ? p0 + segment : n;
+    return true;
+  }
+};
+
+// A host's count of the first digits of keys[p0, p1) into h[0, bins)
+// (key 0 in bin 0), through host_hist_copies histograms in turn (h holds
+// host_hist_copies * bins words), so that a run of keys in one bin does
+// not wait on its own increments. Returns how many keys are 0.
+constexpr int host_hist_copies = 4;
+template <class Key>
+KOKKOS_INLINE_FUNCTION std::uint32_t host_first_digit_counts(std::uint32_t* h,
+                                                             Key const* keys,
+                                                             std::uint64_t p0,
+                                                             std::uint64_t p1) {
+  constexpr int shift = 8 * static_cast<int>(sizeof(Key)) - select_digit_bits;
+  constexpr int copies = host_hist_copies;
+  for (int d = 0; d < copies * select_bins; ++d) h[d] = 0;
+  std::uint32_t zeros = 0;
+  std::uint64_t p = p0;
+  for (; p + copies <= p1; p += copies)
+    for (int c = 0; c < copies; ++c) {
+      Key const key = keys[p + c];
+      ++h[c * select_bins + static_cast<int>(key >> shift)];
+      zeros += key == key_not_visible ? 1u : 0u;
+    }
+  for (; p < p1; ++p) {
+    Key const key = keys[p];
+    ++h[static_cast<int>(key >> shift)];
+    zeros += key == key_not_visible ? 1u : 0u;
+  }
+  for (int c = 1; c < copies; ++c)
+    for (int d = 0; d < select_bins; ++d) h[d] += h[c * select_bins + d];
+  return zeros;
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif

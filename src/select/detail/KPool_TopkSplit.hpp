@@ -1,0 +1,360 @@
+#ifndef KPOOL_DETAILS_TOPK_SPLIT_HPP
+#define KPOOL_DETAILS_TOPK_SPLIT_HPP
+
+// Long rows (docs/indexer.md, "Top-k"): rows longer than the workspace's
+// split length are split over teams in three launches before the selection
+// (no inter-team barrier): per-segment counts of the first digit
+// (SegmentHistFunctor), a plan a row (SplitPlanFunctor: the threshold
+// digit and each segment's offsets into the row's lists), the partition of
+// each segment into those lists (SegmentPartitionFunctor); the selection
+// launch (SelectFunctor, KPool_TopkTeam.hpp) then goes on from the row's
+// candidates (split_finish, below), or, when they do not fit the row's
+// region, reads the row whole from its summed counts.
+
+#include <common/detail/KPool_KokkosExt.hpp>
+#include <score/detail/KPool_Scoring.hpp>
+#include <select/detail/KPool_TopkCore.hpp>
+#include <select/detail/KPool_TopkTeam.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace KPool {
+namespace Details {
+
+// The first digit's suffix counts (nonzero keys) of one segment of a long
+// row: out[d] is how many of its keys have a first digit of d or more.
+template <class ExecutionSpace, class Key>
+struct SegmentHistFunctor {
+  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+  using Scratch =
+      Kokkos::View<std::uint32_t*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
+  static constexpr int top_shift = key_bits - select_digit_bits;
+
+  SelectBatch batch;
+  Key const* keys;           // [chunk rows * max_visible]
+  std::uint32_t* seg_hist;   // [chunk rows][split_region_words(segs)]
+  std::uint64_t split_from;
+  std::uint64_t segment;
+  int segs;
+
+  // A host's one-thread team counts through host_hist_copies histograms.
+  static constexpr int copies = device_shapes<ExecutionSpace>::value ? 1 : host_hist_copies;
+  static std::size_t scratch_bytes() { return Scratch::shmem_size(copies * select_bins); }
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    SplitSegment g;
+    if (!g.find(batch, split_from, segment, segs, member.league_rank())) return;
+    std::uint64_t const i = g.i, p0 = g.p0, p1 = g.p1;
+    int const seg = g.seg;
+    Key const* row = keys + i * batch.max_visible;
+    Scratch hist(member.team_scratch(0), copies * select_bins);
+    std::uint32_t* out = seg_hist + i * split_region_words(segs) + seg * select_bins;
+    if constexpr (!device_shapes<ExecutionSpace>::value) {
+      // A host's one-thread team: plain loops, every key counted, then
+      // key 0 taken out of bin 0.
+      if (member.team_size() == 1) {
+        std::uint32_t* h = hist.data();
+        h[0] -= host_first_digit_counts(h, row, p0, p1);
+        std::uint32_t above = 0;
+        for (int d = select_bins - 1; d >= 0; --d) out[d] = above += h[d];
+        return;
+      }
+    }
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, select_bins),
+                         [&](int d) { hist(d) = 0; });
+    member.team_barrier();
+    bool const alone = member.team_size() == 1;
+    Kokkos::parallel_for(KokkosExt::team_range(member, 0, p1 - p0),
+                         [&](std::int64_t j) {
+                           Key const key = row[p0 + j];
+                           if (key == key_not_visible) return;
+                           int const d = static_cast<int>(key >> top_shift);
+                           if (alone)
+                             ++hist(d);
+                           else
+                             Kokkos::atomic_add(&hist(d), 1u);
+                         });
+    member.team_barrier();
+    // Suffix counts: out[d] is the segment's keys in bins d and above.
+    Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, select_bins),
+                          [&](int j, std::uint32_t& above, bool final) {
+                            int const d = select_bins - 1 - j;
+                            std::uint32_t const c = hist(d);
+                            if (final) out[d] = above + c;
+                            above += c;
+                          });
+  }
+};
+
+// The plan of each split row (docs/indexer.md, "Top-k"), one team a row,
+// between the segments' counts and their partition: the row's first digit
+// from the sum of its segments' suffix counts; then, when its sure ids and
+// the ids and keys in its threshold bin fit its region (split_lists_fit),
+// each used segment's offsets into those lists,
+// one team scan over the segments (a segment's sure keys are its suffix
+// count above the digit, its candidates the count at it). Otherwise the
+// plan says `fallback` and the selection launch takes the row whole.
+template <class ExecutionSpace, class Key>
+struct SplitPlanFunctor {
+  using Select = SelectFunctor<ExecutionSpace, Key, false, false>;
+  using member_type = typename Select::member_type;
+  template <class V>
+  using Scratch = typename Select::template Scratch<V>;
+  static constexpr int bins = select_bins;
+
+  SelectBatch batch;
+  std::uint32_t const* seg_hist;  // [chunk rows][split_region_words(segs)]
+  std::uint32_t* plans;           // [chunk rows][split_plan_words(segs)]
+  std::uint64_t split_from;
+  std::uint64_t segment;
+  int segs;
+  int topk;
+
+  static std::size_t scratch_bytes() {
+    return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<std::uint64_t>::shmem_size(8);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    check_select_team_size<ExecutionSpace>(member);
+    std::uint64_t const i = member.league_rank();
+    std::uint64_t const t = batch.row_begin + i;
+    SelectRequest req;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
+    std::uint64_t const n = batch.visible(req, t);
+    if (n <= split_from) return;
+    std::uint64_t const used = (n + segment - 1) / segment;
+    std::uint32_t const* cum = seg_hist + i * split_region_words(segs);
+    std::uint32_t* const plan = plans + i * split_plan_words(segs);
+    typename Select::Buffers b;
+    b.hist = Scratch<std::uint32_t>(member.team_scratch(0), bins);
+    b.shared = Scratch<std::uint64_t>(member.team_scratch(0), 8);
+    Select::merge_suffix_counts(member, b, cum, used);
+    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+    std::uint64_t rem = k, count = 0, total = 0;
+    int const d = Select::find_digit(member, b, bins, rem, count, total);
+    bool const all = total <= k;
+    bool const fits = all || split_lists_fit<Key>(k, count, segs);
+    if (fits) {
+      // (sure ids before g) in the low half, (candidates before g) in the
+      // high half; the totals land at g = used.
+      std::uint32_t* const sure_at = plan + SplitPlan::offsets;
+      std::uint32_t* const cand_at = sure_at + segs + 1;
+      Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, static_cast<int>(used) + 1),
+                            [&](int g, std::uint64_t& before, bool final) {
+                              std::uint64_t up = 0, on = 0;
+                              if (static_cast<std::uint64_t>(g) < used) {
+                                std::uint32_t const* h = cum + static_cast<std::uint64_t>(g) * bins;
+                                up = all ? h[0] : d + 1 < bins ? h[d + 1] : 0u;
+                                on = all ? 0u : h[d] - up;
+                              }
+                              if (final) {
+                                sure_at[g] = static_cast<std::uint32_t>(before & 0xFFFFFFFFull);
+                                cand_at[g] = static_cast<std::uint32_t>(before >> 32);
+                              }
+                              before += up + (on << 32);
+                            });
+    }
+    Kokkos::single(Kokkos::PerTeam(member), [&]() {
+      plan[SplitPlan::state] =
+          !fits ? SplitPlan::fallback : all ? SplitPlan::all : SplitPlan::threshold;
+      plan[SplitPlan::digit] = static_cast<std::uint32_t>(d);
+      plan[SplitPlan::rem] = static_cast<std::uint32_t>(rem);
+      plan[SplitPlan::count] = static_cast<std::uint32_t>(count);
+      // Keys in bins above the digit: k - rem of them.
+      plan[SplitPlan::sure] = static_cast<std::uint32_t>(all ? total : k - rem);
+    });
+  }
+};
+
+// The partition of one segment of a planned split row, one team a
+// segment: its sure ids (keys above the first digit's threshold bin; with
+// `all`, every nonzero key) and its candidates (the keys in the bin and
+// their ids), in pool order, at its offsets into the row's lists, which
+// its region holds from now on (split_region_words). A team scan in pool
+// order; on a host's one-thread team, a loop without a branch a key.
+template <class ExecutionSpace, class Key>
+struct SegmentPartitionFunctor {
+  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
+  static constexpr int top_shift = key_bits - select_digit_bits;
+
+  SelectBatch batch;
+  Key const* keys;               // [chunk rows * max_visible]
+  std::uint32_t* seg_hist;       // [chunk rows][split_region_words(segs)]
+  std::uint32_t const* plans;    // [chunk rows][split_plan_words(segs)]
+  std::uint64_t split_from;
+  std::uint64_t segment;
+  int segs;
+  int topk;
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    check_select_team_size<ExecutionSpace>(member);
+    SplitSegment g;
+    if (!g.find(batch, split_from, segment, segs, member.league_rank())) return;
+    std::uint64_t const i = g.i, n = g.n, p0 = g.p0, p1 = g.p1;
+    int const seg = g.seg;
+    std::uint32_t const* plan = plans + i * split_plan_words(segs);
+    std::uint32_t const state = plan[SplitPlan::state];
+    if (state == SplitPlan::fallback) return;
+    bool const all = state == SplitPlan::all;
+    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+    std::uint32_t const* sure_at = plan + SplitPlan::offsets + seg;
+    std::uint32_t const* cand_at = sure_at + segs + 1;
+    std::uint32_t* const list = seg_hist + i * split_region_words(segs);
+    std::uint32_t* const sure = list + sure_at[0];
+    std::uint32_t* const cand = list + k + cand_at[0];
+    Key* const cand_keys =
+        reinterpret_cast<Key*>(list + split_keys_at<Key>(k, plan[SplitPlan::count])) +
+        cand_at[0];
+    // Sure: above `top`; candidates: in [first, top] (none with `all`).
+    Key const d = static_cast<Key>(plan[SplitPlan::digit]);
+    Key const top = all ? Key(0) : static_cast<Key>(static_cast<Key>((d + 1) << top_shift) - 1);
+    Key const lowest = static_cast<Key>(d << top_shift);
+    Key const first = lowest > 1 ? lowest : Key(1);
+    Key const span = all ? Key(0) : static_cast<Key>(top - first);
+    Key const* row = keys + i * batch.max_visible;
+    if constexpr (!device_shapes<ExecutionSpace>::value) {
+      if (member.team_size() == 1) {
+        // Blocks of keys: the masks of the sure keys and of the
+        // candidates, then a store for each set bit only.
+        std::uint32_t const on_mask = all ? 0u : ~0u;
+        std::uint64_t ns = 0, nc = 0, p = p0;
+        for (; p + host_block <= p1; p += host_block) {
+          Key const* const block = row + p;
+          std::uint32_t ms, mc;
+          host_block_masks(block, top, first, span, ms, mc);
+          mc &= on_mask;
+          for (; ms != 0; ms &= ms - 1)
+            sure[ns++] = static_cast<std::uint32_t>(p + KokkosExt::lowest_set_bit(ms));
+          for (; mc != 0; mc &= mc - 1) {
+            int const c = KokkosExt::lowest_set_bit(mc);
+            cand[nc] = static_cast<std::uint32_t>(p + c);
+            cand_keys[nc++] = block[c];
+          }
+        }
+        for (; p < p1; ++p) {
+          Key const key = row[p];
+          if (key > top) {
+            sure[ns++] = static_cast<std::uint32_t>(p);
+          } else if (!all && static_cast<Key>(key - first) <= span) {
+            cand[nc] = static_cast<std::uint32_t>(p);
+            cand_keys[nc++] = key;
+          }
+        }
+        return;
+      }
+    }
+    Kokkos::parallel_scan(KokkosExt::team_range(member, 0, p1 - p0),
+                          [&](std::int64_t j, std::uint64_t& before, bool final) {
+                            std::uint64_t const p = p0 + static_cast<std::uint64_t>(j);
+                            Key const key = row[p];
+                            bool const above = key > top;
+                            bool const on = !all && static_cast<Key>(key - first) <= span;
+                            if (final) {
+                              if (above) sure[before & 0xFFFFFFFFull] = static_cast<std::uint32_t>(p);
+                              if (on) {
+                                cand[before >> 32] = static_cast<std::uint32_t>(p);
+                                cand_keys[before >> 32] = key;
+                              }
+                            }
+                            before += (above ? 1ull : 0ull) + (on ? (1ull << 32) : 0ull);
+                          });
+  }
+};
+
+// A planned split row: its sure ids, then (threshold) the remaining
+// digits over its candidates' keys and the tie rule over them; merged
+// and written as any row. It does not read the row.
+template <class ExecutionSpace, class Key, bool Expand, bool Staged>
+KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::split_finish(
+    member_type const& member, Buffers const& b, std::uint64_t t, SelectRequest const& req,
+    std::uint64_t i, std::uint64_t n) const {
+  std::uint32_t const* plan = plans + i * split_plan_words(segs);
+  std::uint32_t* const list = seg_hist + i * split_region_words(segs);
+  std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+  int const ns = static_cast<int>(plan[SplitPlan::sure]);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, ns), [&](int j) {
+    b.sure(j) = static_cast<std::int32_t>(list[j]);
+  });
+  std::uint64_t n_chosen = 0;
+  if (plan[SplitPlan::state] == SplitPlan::threshold) {
+    State s = State::start(k);
+    s.rem = plan[SplitPlan::rem];
+    std::uint64_t count = plan[SplitPlan::count];
+    int const first_shift = key_bits - select_digit_bits;
+    advance(s, static_cast<int>(plan[SplitPlan::digit]), first_shift, select_digit_bits,
+            count);
+    std::uint32_t* const ids = list + k;
+    Key* const ckeys = reinterpret_cast<Key*>(list + split_keys_at<Key>(k, count));
+    int const m = static_cast<int>(count);
+    if constexpr (!device_shapes<ExecutionSpace>::value) {
+      if (member.team_size() == 1) {
+        Key lo = s.prefix > 1 ? s.prefix : Key(1);
+        Key hi = static_cast<Key>(s.prefix | static_cast<Key>(~s.mask));
+        n_chosen = host_list_tail(
+            b, [&](int j) { return static_cast<std::int32_t>(ids[j]); },
+            [&](std::uint64_t j) { return ckeys[j]; },
+            [&](int c, std::int32_t id, Key key) {
+              ids[c] = static_cast<std::uint32_t>(id);
+              ckeys[c] = key;
+            },
+            m, s, lo, hi);
+        write(member, b, t, req, ns, static_cast<int>(n_chosen));
+        return;
+      }
+    }
+    auto key_at = [&](std::uint64_t j) { return ckeys[j]; };
+    while (!s.resolved) {
+      int const bits = s.shift < select_digit_bits ? s.shift : select_digit_bits;
+      int const shift = s.shift - bits;
+      hist_pass(member, b, key_at, m, s, shift, bits);
+      std::uint64_t total = 0;
+      int const d = find_digit(member, b, 1 << bits, s.rem, count, total);
+      advance(s, d, shift, bits, count);
+    }
+    n_chosen = choose_ties_at(member, b, m, s, key_at,
+                              [&](int j) { return static_cast<std::int32_t>(ids[j]); });
+  }
+  member.team_barrier();
+  write(member, b, t, req, ns, static_cast<int>(n_chosen));
+}
+
+// A split row's first histogram: the sum of its segments' (each bin the
+// difference of two suffix counts).
+template <class ExecutionSpace, class Key, bool Expand, bool Staged>
+KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::merge_segments(
+    member_type const& member, Buffers const& b, std::uint64_t i, std::uint64_t n) const {
+  merge_suffix_counts(member, b, seg_hist + i * split_region_words(segs),
+                      (n + segment - 1) / segment);
+}
+
+// The sum of `used` segments' suffix counts cum[g * bins + d] into hist.
+template <class ExecutionSpace, class Key, bool Expand, bool Staged>
+KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::merge_suffix_counts(
+    member_type const& member, Buffers const& b, std::uint32_t const* cum,
+    std::uint64_t used) {
+  if (member.team_size() == 1) {
+    // Segment by segment, in memory order.
+    std::uint32_t* const h = b.hist.data();
+    for (int d = 0; d < bins; ++d) h[d] = 0;
+    for (std::uint64_t g = 0; g < used; ++g)
+      for (int d = 0; d < bins; ++d) h[d] += cum[g * bins + d];
+    for (int d = 0; d + 1 < bins; ++d) h[d] -= h[d + 1];
+    return;
+  }
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, bins), [&](int d) {
+    std::uint32_t sum = 0;
+    for (std::uint64_t g = 0; g < used; ++g)
+      sum += cum[g * bins + d] - (d + 1 < bins ? cum[g * bins + d + 1] : 0u);
+    b.hist(d) = sum;
+  });
+  member.team_barrier();
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif
