@@ -1,5 +1,5 @@
-// Bad input to the pool cache (docs/indexer.md, "Bad input"; README
-// "Validation"): KPool::PoolCache, KPool::store_pools and KPool::load_pools
+// Bad input to the pool cache (docs/indexer.md, "Bad input";
+// docs/validation.md): KPool::PoolCache, KPool::store_pools and KPool::load_pools
 // throw KPool::InvalidArgument naming the entry point, the argument, the
 // row and the value, before anything is written: every test checks the
 // cache (and load_pools' output) byte for byte after the throw. One TEST

@@ -1,4 +1,4 @@
-// Argument validation (common/KPool_Exceptions.hpp, README "Validation"): every
+// Argument validation (common/KPool_Exceptions.hpp, docs/validation.md): every
 // public entry point checks its arguments before launching anything and
 // throws KPool::InvalidArgument naming the entry point, the argument, the row
 // and the bad value, with no output and no ring entry written. One TEST per

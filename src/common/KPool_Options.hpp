@@ -6,7 +6,7 @@
 namespace KPool {
 
 /// How KPool::score_select and KPool::select_tokens multiply queries by
-/// cached keys (README, "The selection stage"). Every engine selects by the
+/// cached keys (docs/performance.md, "The selection stage"). Every engine selects by the
 /// same rule and differs only in summation order (docs/indexer.md's tolerance);
 /// register_tiles, tiles and team_gemm also score identical pools
 /// identically, so exact ties go to the lower id.

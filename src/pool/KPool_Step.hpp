@@ -95,8 +95,8 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// On a GPU (and with device shapes) in the same launches: each pool goes
 /// from the registers that made it into team scratch, is rotated and
 /// quantized there. On a host, by whichever path measured cheaper
-/// (src/cache/detail/KPool_CachePath.hpp; the README's "Writing the
-/// pool cache"): in the step, or one more launch on `space` over the
+/// (src/cache/detail/KPool_CachePath.hpp; docs/performance.md, "Writing
+/// the pool cache"): in the step, or one more launch on `space` over the
 /// output's rows, store_pools' (the count read on the device). Same bytes
 /// either way. Everything else is KPool::step's.
 ///

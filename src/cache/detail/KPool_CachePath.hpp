@@ -21,7 +21,7 @@
 // by arithmetic, and the write inside it also costs the step's input stream
 // while the core runs it; there each path takes whichever the perf suite
 // measured cheaper (perf_tests/kpool_perf.cpp, ops *_cache_fp8_in_step and
-// *_cache_fp8_second_pass; the README's table).
+// *_cache_fp8_second_pass; docs/performance.md's table).
 
 #include <common/detail/KPool_Launch.hpp>
 
@@ -36,8 +36,8 @@ enum class CacheWritePath { automatic, in_step, second_pass };
 // items (by the pools' storage type), or decode_step's rows.
 enum class CacheItems { step, decode };
 
-// The host table, from the perf suite on an x86 host (README, "Writing the
-// pool cache": 1 and 2 threads, prefill at batch 1 and 8, decode at batch
+// The host table, from the perf suite on an x86 host (docs/performance.md,
+// "Writing the pool cache": 1 and 2 threads, prefill at batch 1 and 8, decode at batch
 // 256, the mixed batch; CPU time over the uncached step). T is the pools'
 // storage type.
 //  - 16-bit pools of a step's prefill and continuation items: the second

@@ -129,8 +129,8 @@ struct DirectCacheHook {
   }
 };
 
-/// How a host writes a step's pools (measured on x86 hosts; the README's
-/// "Writing the pool cache"; both store the same bytes): f32 pools of a
+/// How a host writes a step's pools (measured on x86 hosts;
+/// docs/performance.md, "Writing the pool cache"; both store the same bytes): f32 pools of a
 /// step's prefill and continuation items are staged from the pooling
 /// loop's registers into scratch slots, as on a device, and each thread
 /// writes its items' slots after them (cache_write_staged); 16-bit pools,

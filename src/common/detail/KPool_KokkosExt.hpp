@@ -86,8 +86,8 @@ struct is_device_backend {
 // a vector range never spans two of them and its reductions stay in
 // registers. Other backends (SYCL sub-groups are 16 or 32 wide; host
 // backends under KPool_TEST_DEVICE_SHAPES mimic CUDA) take 32. Decided by
-// Kokkos Tools' backend tag like is_device_backend. README.md ("AMD GPUs,
-// HIP") argues the choice.
+// Kokkos Tools' backend tag like is_device_backend. docs/building.md
+// ("Vector lanes per team thread") argues the choice.
 template <class ExecutionSpace>
 struct max_vector_lanes {
   static constexpr int value =
