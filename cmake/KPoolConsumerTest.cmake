@@ -3,7 +3,6 @@
 # installed package, as a user would.
 # Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, Kokkos_DIR, CXX_COMPILER,
 # BUILD_TYPE, EXAMPLES (whether the build has the installed programs),
-# SELECTION (whether it has the selection stage, which the main example needs),
 # NATIVE (whether KPool was built with KPool_ENABLE_NATIVE_ARCH: the user's
 # program must then compile with -march=native unless Kokkos names a host
 # arch, docs/building.md, "Compiler flags for the host code").
@@ -33,20 +32,15 @@ endforeach()
 
 # The programs beside each other in bin/; the main example runs from there.
 if(EXAMPLES)
-  set(programs kpool_replay)
-  if(SELECTION)
-    list(APPEND programs kpool_serving_example)
-  endif()
+  set(programs kpool_replay kpool_serving_example)
   foreach(program ${programs})
     if(NOT EXISTS "${prefix}/bin/${program}${CMAKE_EXECUTABLE_SUFFIX}")
       message(FATAL_ERROR "bin/${program} is not installed")
     endif()
   endforeach()
-  if(SELECTION)
-    run(out "${prefix}/bin/kpool_serving_example")
-    if(NOT out MATCHES "\nOK\n$")
-      message(FATAL_ERROR "the installed kpool_serving_example did not end with OK:\n${out}")
-    endif()
+  run(out "${prefix}/bin/kpool_serving_example")
+  if(NOT out MATCHES "\nOK\n$")
+    message(FATAL_ERROR "the installed kpool_serving_example did not end with OK:\n${out}")
   endif()
 endif()
 

@@ -6,12 +6,11 @@
 #      outside the build tree, reused by later runs,
 #   3. finds a Kokkos Kernels, or builds Kokkos Kernels (ETI off, Debian's
 #      OpenBLAS as its BLAS) from the same source package into the same
-#      cache folder; the selection stage (KPool::score_select,
-#      KPool::select_tokens) needs it,
+#      cache folder; the blas and team_gemm scoring engines and the perf
+#      suite's gemm baselines need it (the rest of KPool does not),
 #   4. configures and builds KPool (tests, examples, perf suite) for this
 #      machine's SIMD,
-#   5. runs the main example (one layer's whole indexer path; it needs
-#      Kokkos Kernels).
+#   5. runs the main example (one layer's whole indexer path).
 #
 # Environment:
 #   Kokkos_ROOT         use this Kokkos install and skip building Kokkos
@@ -186,7 +185,7 @@ else
         ;;
       *)
         say "note: no Kokkos Kernels for Kokkos ${version:-of unknown version} in $kokkos;" \
-          "set KokkosKernels_ROOT to one built against it for the selection stage"
+          "set KokkosKernels_ROOT to one built against it for the blas and team_gemm engines"
         kernels=
         ;;
     esac
@@ -202,11 +201,6 @@ cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos" 
 cmake --build "$build" -j "$jobs"
 
 # 5. The main example ---------------------------------------------------------
-# It is one layer's whole indexer path, selection included: without Kokkos
-# Kernels it is not built.
-if [ ! -x "$build/example/kpool_serving_example" ]; then
-  say "no main example: it needs the selection stage (Kokkos Kernels; set KokkosKernels_ROOT)"
-  exit 1
-fi
+# It is one layer's whole indexer path, selection included.
 say "running the main example"
 OMP_PROC_BIND=${OMP_PROC_BIND:-false} "$build/example/kpool_serving_example"

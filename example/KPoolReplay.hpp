@@ -25,12 +25,6 @@
 
 namespace KPoolReplay {
 
-#if !KPOOL_HAS_KOKKOSKERNELS
-// What a build without the selection stage says of a select block.
-inline char const* const select_unavailable =
-    "a select block needs the selection stage (KPool::score_select), which "
-    "this kpool_replay was built without: KPool found no Kokkos Kernels";
-#endif
 
 struct Pool {
   std::uint32_t seq;
@@ -257,7 +251,6 @@ class Cache {
   std::int32_t next_ = 0;
 };
 
-#if KPOOL_HAS_KOKKOSKERNELS
 // The select blocks (docs/trace.md, "Blocks"): each runs one
 // KPool::score_select over the cache the steps wrote so far, with the
 // trace's queries and head weights, and records every query token's
@@ -360,20 +353,6 @@ class Selector {
   KPool::SelectWorkspace<T, MemSpace> workspace_;
   ViewT<std::int32_t, 2> pool_ids_;
 };
-#else
-// Without Kokkos Kernels there is no selection stage: main() refuses a
-// trace with select blocks before anything runs, so none reaches here.
-template <class T>
-class Selector {
- public:
-  Selector(ExecSpace const&, KPoolTrace::Trace const&) {}
-  template <class ReplayCache>
-  void run(ExecSpace const&, KPoolTrace::Trace const&, KPoolTrace::Block const&,
-           std::size_t, ReplayCache&, KPool::Options const&, ReplayResult&) {
-    throw std::runtime_error(select_unavailable);
-  }
-};
-#endif
 
 template <class T, class ReplayCache>
 void run_step(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,

@@ -42,9 +42,6 @@
 #include <string>
 #include <vector>
 
-#if !KPOOL_HAS_KOKKOSKERNELS
-#error "kpool_model_loop needs KPool's selection stage (Kokkos Kernels)"
-#endif
 
 namespace {
 

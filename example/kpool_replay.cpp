@@ -46,8 +46,7 @@ char const usage_text[] =
     "each sequence's final length as last emitted, then 'emitted E', the\n"
     "fp8 pool cache's entries ('cache' lines), the pools each select block's\n"
     "query tokens selected ('select' lines, through KPool::score_select over\n"
-    "the cache the steps wrote) and 'selects M'. A build without\n"
-    "Kokkos Kernels has no selection stage and refuses select blocks.\n"
+    "the cache the steps wrote) and 'selects M'.\n"
     "Reads standard input when TRACE is '-' or absent.\n"
     "\n"
     "  --fused     one launch per step for ring_close, compress, seed_tail\n"
@@ -217,10 +216,6 @@ int main(int argc, char* argv[]) {
     return fail(0, std::string("reading the trace: ") + e.what());
   }
 
-#if !KPOOL_HAS_KOKKOSKERNELS
-  for (auto const& b : trace.blocks)
-    if (b.kind == KPoolTrace::BlockKind::select) return fail(b.line, KPoolReplay::select_unavailable);
-#endif
 
   std::string output;
   int status;

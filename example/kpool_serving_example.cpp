@@ -30,9 +30,6 @@
 #include <string>
 #include <vector>
 
-#if !KPOOL_HAS_KOKKOSKERNELS
-#error "kpool_serving_example needs KPool's selection stage (Kokkos Kernels)"
-#endif
 
 namespace {
 

@@ -686,7 +686,6 @@ Call store_call(Setup& s) {
   return {[=] { KPool::store_pools(E(), *out, nr, table, *cache, opts); }, [] {}};
 }
 
-#if KPOOL_HAS_KOKKOSKERNELS
 template <class C>
 Call select_call(Setup& s, Entry e) {
   int const D = s.D, B = s.B, nr = s.num_requests;
@@ -723,7 +722,6 @@ Call select_call(Setup& s, Entry e) {
           },
           [] {}};
 }
-#endif
 
 // The call the rest of the input describes.
 Call decode_call(Setup& s, Entry e) {
@@ -744,12 +742,8 @@ Call decode_call(Setup& s, Entry e) {
       break;
     case score_select:
     case select_tokens:
-#if KPOOL_HAS_KOKKOSKERNELS
       c = s.fp8 ? select_call<KPool::float8_e4m3>(s, e) : select_call<T>(s, e);
       break;
-#else
-      return Call();
-#endif
     case num_entries: return Call();
   }
 

@@ -33,11 +33,7 @@
 #include <pool/KPool_StorePools.hpp>
 #include <pool/KPool_TailUpdate.hpp>
 #include <select/KPool_ExpandTopk.hpp>
-
-// The selection stage needs Kokkos Kernels (KPOOL_HAS_KOKKOSKERNELS).
-#if KPOOL_HAS_KOKKOSKERNELS
 #include <select/KPool_ScoreSelect.hpp>
 #include <select/KPool_SelectTokens.hpp>
-#endif
 
 #endif

@@ -11,13 +11,8 @@
 #include <pool/KPool_Step.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Views.hpp>
-
-// The selection stage needs Kokkos Kernels (KPOOL_HAS_KOKKOSKERNELS):
-// without it a Layer has no workspace and no selection members.
-#if KPOOL_HAS_KOKKOSKERNELS
 #include <select/KPool_ScoreSelect.hpp>
 #include <select/KPool_SelectTokens.hpp>
-#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -35,8 +30,7 @@ struct LayerConfig {
   int kpool = 0;
   /// D, channels of a key and of a query head (>= 1).
   int head_dim = 0;
-  /// H, the indexer query heads of a selection (>= 1 with Kokkos Kernels;
-  /// unused without).
+  /// H, the indexer query heads of a selection (>= 1).
   int num_heads = 0;
   /// Sequences the ring holds at once (>= 1).
   int max_slots = 0;
@@ -70,8 +64,7 @@ struct LayerConfig {
   CacheLayout layout = CacheLayout::split;
   /// The longest sequence, in tokens, the layer serves: its query rows see
   /// at most ceil(max_context / kpool) pools, which sizes the selection
-  /// workspace when max_visible is 0. With Kokkos Kernels one of the two
-  /// must be given.
+  /// workspace when max_visible is 0. One of the two must be given.
   std::size_t max_context = 0;
   /// The most pools a query row sees (the selection workspace's row
   /// length); 0: ceil(max_context / kpool).
@@ -95,11 +88,9 @@ template <class T, class C = T,
 struct LayerBuffers {
   /// The layer's pool cache; empty: the layer allocates one from its config.
   PoolCache<C, MemorySpace> cache;
-#if KPOOL_HAS_KOKKOSKERNELS
   /// The selection workspace; empty: the layer allocates one, select_rows
   /// rows of max_visible pools.
   SelectWorkspace<T, MemorySpace> workspace;
-#endif
 };
 
 namespace Details {
@@ -142,7 +133,7 @@ struct DecodeSelectRows {
 ///
 /// - step(): KPool::step with the cache, for a ragged mixed batch;
 /// - decode_step(): KPool::decode_step with the cache, for a decode batch;
-/// - select_tokens() and score_select() (with Kokkos Kernels): the
+/// - select_tokens() and score_select(): the
 ///   selection of the batch the last step or decode step took, from the
 ///   same description: after step(), query row t is key row t; after
 ///   decode_step(), query row r * next_n + i is entry (r, i) of positions,
@@ -181,10 +172,8 @@ class Layer {
   using output_type = StepOutput<T, MemorySpace>;
   /// ape, [K, D] float.
   using ape_type = Kokkos::View<const float**, Kokkos::LayoutStride, MemorySpace>;
-#if KPOOL_HAS_KOKKOSKERNELS
   /// The selection workspace's type.
   using workspace_type = SelectWorkspace<T, MemorySpace>;
-#endif
 
   /// An empty layer, to assign a constructed one to later.
   Layer() = default;
@@ -236,9 +225,7 @@ class Layer {
     at_least_1("max_tokens", static_cast<long long>(c.max_tokens));
     at_least_1("num_blocks", c.num_blocks);
     at_least_1("block_pools", c.block_pools);
-#if KPOOL_HAS_KOKKOSKERNELS
     at_least_1("num_heads", c.num_heads);
-#endif
     if (c.drafts < 0)
       chk.fail("config", "drafts", -1, std::to_string(c.drafts), "is negative");
     chk.extent_is("ape", 0, ape.extent(0), static_cast<std::size_t>(c.kpool),
@@ -256,13 +243,11 @@ class Layer {
     if (c.max_visible == 0 && c.max_context > 0)
       config_.max_visible = (c.max_context + static_cast<std::size_t>(c.kpool) - 1) /
                             static_cast<std::size_t>(c.kpool);
-#if KPOOL_HAS_KOKKOSKERNELS
     if (c.max_visible == 0)
       chk.fail("config", "max_visible", -1, "0",
                "and max_context 0 leave the selection workspace unsized: give the "
                "longest context (max_context, in tokens) or the most pools a query "
                "row sees (max_visible)");
-#endif
     if (c.select_rows == 0) config_.select_rows = c.max_tokens;
     if (adopted.is_allocated()) {
       check_adopted_cache(chk, adopted);
@@ -288,7 +273,6 @@ class Layer {
     decode_cache_lengths_ = Kokkos::View<std::uint32_t*, MemorySpace>(
         Kokkos::view_alloc(space, "KPool::Layer::decode_cache_lengths"),
         static_cast<std::size_t>(c.max_batch));
-#if KPOOL_HAS_KOKKOSKERNELS
     if (buffers.workspace.is_allocated()) {
       workspace_type const& w = buffers.workspace;
       auto const differs = [&](char const* field, std::size_t got, std::string const& want) {
@@ -308,9 +292,6 @@ class Layer {
     } else {
       workspace_ = workspace_type(space, c.select_rows, c.max_visible, c.num_heads, c.head_dim);
     }
-#else
-    (void)buffers;
-#endif
   }
 
   /// @return the sizes, defaults filled in (ring_length, scale,
@@ -335,11 +316,9 @@ class Layer {
   output_type const& output() const { return out_; }
   /// @return ape, [K, D].
   ape_type const& ape() const { return ape_; }
-#if KPOOL_HAS_KOKKOSKERNELS
   /// @return the selection workspace (its own, select_rows rows of
   /// max_visible pools, or the one it shares).
   workspace_type& workspace() { return workspace_; }
-#endif
 
   /// KPool::step with the layer's ring, ape, output and cache: a ragged
   /// mixed batch (prefill chunks, continuations, decodes, rewinds). The
@@ -424,7 +403,6 @@ class Layer {
     return out_;
   }
 
-#if KPOOL_HAS_KOKKOSKERNELS
   /// KPool::select_tokens over the layer's cache, with K, the workspace
   /// and the batch of the last step() or decode_step(): after step(), q
   /// row t is key row t (same row_offsets, cache_lengths, block table);
@@ -471,7 +449,6 @@ class Layer {
                           weights, cache_, topk, pool_ids, workspace_, options);
     });
   }
-#endif
 
   /// @return the query rows of the last batch: the step's key rows, or B *
   /// next_n after a decode step (0 before the first step).
@@ -521,7 +498,6 @@ class Layer {
                    std::to_string(config_.max_tokens) + " (the layer's size)");
   }
 
-#if KPOOL_HAS_KOKKOSKERNELS
   template <class ExecutionSpace, class F>
   void with_batch(ExecutionSpace const& space, char const* what,
                   Options const& options, F const& f) {
@@ -579,16 +555,13 @@ class Layer {
           break;
         }
   }
-#endif
 
   LayerConfig config_;
   ape_type ape_;
   ring_type ring_;
   cache_type cache_;
   output_type out_;
-#if KPOOL_HAS_KOKKOSKERNELS
   workspace_type workspace_;
-#endif
   Kokkos::View<std::uint32_t*, MemorySpace> decode_row_offsets_;
   Kokkos::View<std::uint32_t*, MemorySpace> decode_cache_lengths_;
   // The last batch.

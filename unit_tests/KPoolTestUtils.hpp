@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,6 +21,20 @@
 #include <vector>
 
 namespace KPoolTest {
+
+// The engines of a list that this build has: team_gemm and blas need Kokkos
+// Kernels (without it they are refused by name, which
+// SelectValidation.KokkosKernelsEnginesAreRefusedWithoutIt tests).
+inline std::vector<KPool::ScoreEngine> built_engines(std::vector<KPool::ScoreEngine> e) {
+  if (!KPOOL_HAS_KOKKOSKERNELS)
+    e.erase(std::remove_if(e.begin(), e.end(),
+                           [](KPool::ScoreEngine x) {
+                             return x == KPool::ScoreEngine::team_gemm ||
+                                    x == KPool::ScoreEngine::blas;
+                           }),
+            e.end());
+  return e;
+}
 
 using KPoolRef::DType;
 using KPoolRef::Matrix;

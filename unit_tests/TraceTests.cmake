@@ -29,12 +29,12 @@ set(_kpool_trace_tools
 
 # kpool_trace_replay(NAME MODE [GEN_ARGS...] [REPLAY_ARGS args...]): one
 # generated trace; REPLAY_ARGS go to every kpool_replay run (--engine E).
-# A trace with select blocks (--index-heads and --index-topk) needs the
-# selection stage: without Kokkos Kernels it is not registered.
+# The engines that need Kokkos Kernels (team_gemm, blas) are not
+# registered without it.
 function(kpool_trace_replay name mode)
   cmake_parse_arguments(ARG "" "" "REPLAY_ARGS" ${ARGN})
-  if(NOT KPOOL_HAS_KOKKOSKERNELS AND "--index-heads" IN_LIST ARG_UNPARSED_ARGUMENTS
-     AND "--index-topk" IN_LIST ARG_UNPARSED_ARGUMENTS)
+  if(NOT KPOOL_HAS_KOKKOSKERNELS AND ("team_gemm" IN_LIST ARG_REPLAY_ARGS OR
+                                      "blas" IN_LIST ARG_REPLAY_ARGS))
     return()
   endif()
   string(REPLACE ";" " " gen_args "${ARG_UNPARSED_ARGUMENTS}")
@@ -176,18 +176,8 @@ kpool_trace_replay(trace_serving_bf16_k2_d32_blas check
 # Hand-written traces in trace/good/ (edge cases the generator may miss).
 file(GLOB _kpool_good_traces CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/trace/good/*.trace)
-# Without the selection stage, only those with no select block.
-set(_kpool_no_selection_trace
-  ${CMAKE_CURRENT_SOURCE_DIR}/trace/no_selection/select_block.trace)
-if(KPOOL_HAS_KOKKOSKERNELS)
-  list(APPEND _kpool_good_traces ${_kpool_no_selection_trace})
-endif()
 foreach(good ${_kpool_good_traces})
   get_filename_component(stem ${good} NAME_WE)
-  file(STRINGS ${good} _kpool_selects REGEX "^select")
-  if(_kpool_selects AND NOT KPOOL_HAS_KOKKOSKERNELS)
-    continue()
-  endif()
   add_test(NAME trace_good_${stem}
     COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=check
       -DWORK=${_kpool_trace_work}/trace_good_${stem} -DTRACE=${good}
@@ -254,18 +244,6 @@ foreach(bad ${_kpool_bad_traces})
   set_tests_properties(trace_bad_${stem} PROPERTIES LABELS unit TIMEOUT 30
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_PROC_BIND=false;OMP_WAIT_POLICY=passive")
 endforeach()
-
-# Without Kokkos Kernels (no selection stage), kpool_replay refuses a trace
-# with select blocks at the first one, naming its line and what it needs;
-# with them, the same trace is a good one above.
-if(NOT KPOOL_HAS_KOKKOSKERNELS)
-  add_test(NAME trace_bad_select_without_selection_stage
-    COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=bad
-      -DWORK=${_kpool_trace_work}/trace_bad_select_without_selection_stage
-      -DTRACE=${_kpool_no_selection_trace} -P ${_kpool_trace_script})
-  set_tests_properties(trace_bad_select_without_selection_stage PROPERTIES
-    LABELS unit TIMEOUT 30)
-endif()
 
 # The command line: --help, an unknown option, a missing file.
 add_test(NAME trace_replay_cli

@@ -118,7 +118,6 @@ TEST(DeviceShapes, AMisalignedWideCopyAbortsNamingItsKernel) {
 }
 #endif
 
-#if KPOOL_HAS_KOKKOSKERNELS
 // The tensor-core engine's kernels are compiled only where they can run: a
 // host (the 32-lane emulation) and CUDA with the instruction; never on an
 // AMD GPU, where the engine is refused before any launch.
@@ -133,7 +132,6 @@ TEST(LaunchShapes, TheTensorCoreKernelsAreCompiledOnlyWhereTheyRun) {
                     true, false)
                     .usable));
 }
-#endif
 
 // Vector lanes stop at the backend's lock-step group: a CUDA warp, an AMD
 // wavefront; host backends under device shapes mimic CUDA.

@@ -97,7 +97,6 @@ void layer_matches_low_level(Variant const& v) {
   if (v.serving) cfg.profile = KPool::CacheProfile::serving;
   if (v.fused) cfg.layout = KPool::CacheLayout::fused;
   int const K = cfg.kpool, D = cfg.head_dim, H = cfg.num_heads;
-  (void)H;  // the selection's heads (with Kokkos Kernels)
   Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", K, D);
   fill(rng, ape, -1, 1);
   KPool::CacheScale const scale = !std::is_same<C, KPool::float8_e4m3>::value
@@ -131,18 +130,14 @@ void layer_matches_low_level(Variant const& v) {
               engine_scales.data(), cfg.num_blocks, cfg.block_pools),
           K, scale, v.rotate, profile);
   }
-#if KPOOL_HAS_KOKKOSKERNELS
   std::size_t const visible = 48;
   KPool::SelectWorkspace<T, M> ws(space, cfg.max_tokens, visible, H, D);
   // A second layer of the same shape sharing the first one's workspace
   // (selecting in turns on one instance).
   if (v.share_workspace) buffers.workspace = KPool::SelectWorkspace<T, M>(space, 7, visible, H, D);
-#endif
   KPool::Layer<T, C, M> layer(space, cfg, ape, buffers);
   KPool::LayerBuffers<T, C, M> others;
-#if KPOOL_HAS_KOKKOSKERNELS
   others.workspace = buffers.workspace;
-#endif
   KPool::Layer<T, C, M> other(space, cfg, ape, others);
 
   // The same objects, by hand.
@@ -167,14 +162,12 @@ void layer_matches_low_level(Variant const& v) {
   KPool::StepOutput<T, M> out(
       space, KPool::StepOutput<T, M>::capacity_for(cfg.max_tokens, cfg.max_batch, K),
       cfg.max_batch, D);
-#if KPOOL_HAS_KOKKOSKERNELS
   if (v.share_workspace) {
     EXPECT_EQ(layer.workspace().keys().data(), buffers.workspace.keys().data());
     EXPECT_EQ(other.workspace().keys().data(), buffers.workspace.keys().data());
   }
   int const topk = 3;
   int const width = KPool::select_tokens_width(topk, K);
-#endif
   // Row r's blocks: 4r .. 4r + 3 (16 pools, 64 positions); row 2 unused.
   I2 const table = [&] {
     I2 t("block_table", cfg.max_batch, 4);
@@ -194,7 +187,6 @@ void layer_matches_low_level(Variant const& v) {
                             out.to_host(space, KPool::StepOutputParts::ids_and_pooled)));
   };
 
-#if KPOOL_HAS_KOKKOSKERNELS
   // The layer's selection against select_tokens with the rows given.
   auto const select = [&](char const* when, std::size_t rows, U32 const& ro, U32 const& cl,
                           int live) {
@@ -224,7 +216,6 @@ void layer_matches_low_level(Variant const& v) {
     for (std::size_t i = 0; i < h.span(); ++i) selected += h.data()[i] >= 0 ? 1 : 0;
     EXPECT_GT(selected, 0);
   };
-#endif
 
   // Chunked prefill: two chunks of two sequences (slots 2 and 0).
   std::vector<std::vector<std::uint32_t>> chunks[2] = {
@@ -242,9 +233,7 @@ void layer_matches_low_level(Variant const& v) {
     other.step(space, key, gate, ro, cl, slots, 2, table, opts);
     KPool::step(space, ring, key, gate, ape, ro, cl, slots, 2, out, cache, table, opts);
     compare("prefill chunk");
-#if KPOOL_HAS_KOKKOSKERNELS
     select("selection after the prefill chunk", rows, ro, cl, 2);
-#endif
   }
 
   // Decode rounds: the next token and 2 drafts a row (B = 3, 2 live; row 1
@@ -267,7 +256,6 @@ void layer_matches_low_level(Variant const& v) {
     KPool::decode_step(space, ring, key, gate, ape, positions, slots, 2, out, cache, table,
                        opts);
     compare("decode round");
-#if KPOOL_HAS_KOKKOSKERNELS
     // Row r owns rows [3r, 3r + 3), entry i at position p - i' + i for its
     // first real entry (i', p).
     std::vector<std::uint32_t> ro{0, 3, 6, 9}, cl(3, 0);
@@ -280,7 +268,6 @@ void layer_matches_low_level(Variant const& v) {
     EXPECT_EQ(layer.batch_rows(), 9u);
     select("selection after the decode round", 9, to_index_view<U32>(ro, "ro"),
            to_index_view<U32>(cl, "cl"), 2);
-#endif
   }
 }
 
@@ -368,7 +355,6 @@ TEST(Layer, AdoptedBuffersMustMatchTheConfig) {
   exact.profile = KPool::CacheProfile::exact;
   exact.layout = KPool::CacheLayout::fused;
   refused(exact, {}, "config", "fused", "is the serving profile's layout");
-#if KPOOL_HAS_KOKKOSKERNELS
   // Neither max_visible nor max_context.
   KPool::LayerConfig unsized = cfg;
   unsized.max_context = 0;
@@ -379,7 +365,6 @@ TEST(Layer, AdoptedBuffersMustMatchTheConfig) {
   refused(cfg, w, "workspace", "15", "is less than the pools a query row of this layer sees (16)");
   w.workspace = KPool::SelectWorkspace<KPool::bfloat16, M>(space, 8, 16, 2, 32);
   refused(cfg, w, "workspace", "2", "does not match config.num_heads = 4");
-#endif
 }
 
 TEST(Layer, ConfigIsChecked) {
@@ -489,7 +474,6 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
       to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx"), 2, table));
 }
 
-#if KPOOL_HAS_KOKKOSKERNELS
 TEST(Layer, SelectionNeedsAStepFirst) {
   E space;
   KPool::LayerConfig cfg;
@@ -561,6 +545,5 @@ TEST(Layer, DecodeSelectionRefusesANegativeBase) {
                     table);
   EXPECT_NO_THROW(layer.select_tokens(space, q, w, 1, tokens));
 }
-#endif
 
 }  // namespace

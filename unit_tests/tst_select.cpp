@@ -295,11 +295,11 @@ std::vector<std::int32_t> run(Scenario const& sc, KPool::Options const& o,
 template <class E>
 std::vector<KPool::ScoreEngine> engines() {
   if (KPool::Details::KokkosExt::is_device_backend<E>::value)
-    return {KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm,
-            KPool::ScoreEngine::tensor_cores};
-  return {KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::tiles,
-          KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas,
-          KPool::ScoreEngine::tensor_cores};
+    return built_engines({KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm,
+                          KPool::ScoreEngine::tensor_cores});
+  return built_engines({KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::tiles,
+                        KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas,
+                        KPool::ScoreEngine::tensor_cores});
 }
 
 // The engines that score identical pools identically.
@@ -929,8 +929,8 @@ TEST(SelectHostSync, WithoutValidationNothingWaitsForTheHost) {
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> tokens(
       "tokens", sc.rows, KPool::select_tokens_width(s.topk, s.K));
   KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, sc.max_visible, s.H, s.D);
-  std::vector<KPool::ScoreEngine> engines = {KPool::ScoreEngine::tiles,
-                                             KPool::ScoreEngine::team_gemm};
+  std::vector<KPool::ScoreEngine> engines =
+      built_engines({KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm});
   if (!KPool::Details::KokkosExt::is_device_backend<E>::value)
     engines.push_back(KPool::ScoreEngine::register_tiles);
   Kokkos::deep_copy(ids, kSentinel);

@@ -385,6 +385,7 @@ TEST(SelectValidation, CacheMustBeAllocated) {
 // launched where launches take device shapes (a device, or a device-shapes
 // build); a host runs them from its level-1 scratch.
 TEST(SelectValidation, TeamGemmHeadsMustFitADevicesFastScratch) {
+  if (!KPOOL_HAS_KOKKOSKERNELS) GTEST_SKIP() << "team_gemm needs Kokkos Kernels";
   World w;
   w.opts.score_engine = KPool::ScoreEngine::team_gemm;
   int const H = 1024;
@@ -400,6 +401,27 @@ TEST(SelectValidation, TeamGemmHeadsMustFitADevicesFastScratch) {
     else
       EXPECT_NO_THROW(w.run_with(e, q, weights, w.cache)) << entry_name(e);
   }
+}
+
+// team_gemm and blas are Kokkos Kernels' code: a build without it refuses
+// them by name, before anything is written, with or without validation.
+TEST(SelectValidation, KokkosKernelsEnginesAreRefusedWithoutIt) {
+  if (KPOOL_HAS_KOKKOSKERNELS) GTEST_SKIP() << "this build has Kokkos Kernels";
+  for (bool validate : {true, false})
+    for (KPool::ScoreEngine engine : {KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas}) {
+      World w;
+      w.opts.validate = validate;
+      w.opts.score_engine = engine;
+      expect_rejected(w, Expect{"options", -1, KPool::Details::engine_name(engine),
+                                "score_engine"});
+      try {
+        w.run(Entry::score_select);
+        ADD_FAILURE() << "accepted";
+      } catch (KPool::InvalidArgument const& e) {
+        EXPECT_NE(std::string(e.what()).find("needs Kokkos Kernels"), std::string::npos)
+            << e.what();
+      }
+    }
 }
 
 TEST(SelectValidation, HostEnginesNeedAHostSpace) {
@@ -418,10 +440,9 @@ TEST(SelectValidation, HostEnginesNeedAHostSpace) {
 
 std::vector<KPool::ScoreEngine> engines() {
   if (KPool::Details::KokkosExt::is_device_backend<E>::value)
-    return {KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm};
-  return {KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::tiles,
-          KPool::ScoreEngine::team_gemm,
-          KPool::ScoreEngine::blas};
+    return built_engines({KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm});
+  return built_engines({KPool::ScoreEngine::register_tiles, KPool::ScoreEngine::tiles,
+                        KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas});
 }
 
 TEST(SelectDefenceInDepth, ShapeErrorsThrowWithValidationOff) {

@@ -11,7 +11,7 @@
 //     built from it is wrong until it is re-sent; the layer's ring is
 //     Ring::serving_length(K, 2) long, so the rewind is safe.
 //  3. After every decode round, the selection of that batch: the layer's
-//     score_select and select_tokens (with Kokkos Kernels), whose rows come
+//     score_select and select_tokens, whose rows come
 //     from the decode positions on the device; each token row is checked
 //     against the expansion rule for its pool ids.
 //  4. Slot reuse: B finishes, C takes slot 1 (and B's cache blocks) with a
@@ -168,7 +168,6 @@ void step(Exec const& space, Layer& layer, std::vector<Sequence*> const& rows,
   for (std::size_t r = 0; r < rows.size(); ++r) rows[r]->length += n[r];
 }
 
-#if KPOOL_HAS_KOKKOSKERNELS
 // The selection of the decode batch just sent: q row r * next_n + i is
 // entry (r, i). Each real entry's token row must be its pool ids expanded
 // (docs/indexer.md): pool p gives p * K .. p * K + K - 1, an unused pool
@@ -219,7 +218,6 @@ void select_decode(Exec const& space, Layer& layer, std::vector<std::int32_t> co
   }
   std::printf("%-34s %d query rows selected and expanded\n", "  selection", checked);
 }
-#endif
 
 // One speculative round: row r sends its next token and kDrafts drafts;
 // the verifier accepts accepted[r] of the drafts (the sequence grows by
@@ -256,9 +254,7 @@ void verify_round(Exec const& space, Layer& layer, std::vector<Sequence*> const&
   layer.decode_step(space, key, gate, positions, device_u32("slot_idx", slots), B,
                     block_table(rows));
   collect(space, layer, rows, expected, call);
-#if KPOOL_HAS_KOKKOSKERNELS
   select_decode(space, layer, pos);
-#endif
   for (int r = 0; r < B; ++r) rows[r]->length += accepted[r] + 1;
 }
 

@@ -250,7 +250,6 @@ int check(Space const& space, cudaStream_t stream, Inputs const& in, bool fused)
   return status;
 }
 
-#if KPOOL_HAS_KOKKOSKERNELS
 // One score_select call (decode rows and a prefill chunk) captured and
 // replayed against the eager call.
 int check_select(Space const& space, cudaStream_t stream) {
@@ -353,7 +352,6 @@ int check_select(Space const& space, cudaStream_t stream) {
                                                                        : "team_gemm");
   return status;
 }
-#endif
 
 }  // namespace
 
@@ -373,10 +371,8 @@ int main(int argc, char** argv) {
       int const s = check(space, stream, in, fused);
       status = s > status ? s : status;
     }
-#if KPOOL_HAS_KOKKOSKERNELS
     int const s = check_select(space, stream);
     status = s > status ? s : status;
-#endif
   }
   cudaStreamDestroy(stream);
   std::printf("graph capture: %s\n", status == 0 ? "OK" : "FAILED");

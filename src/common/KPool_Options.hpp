@@ -13,7 +13,9 @@ namespace KPool {
 enum class ScoreEngine {
   /// register_tiles on host execution spaces; on devices tensor_cores
   /// where it takes the call (Kokkos::Cuda, sm_80 and newer, and a cache
-  /// type and profile it serves), else tiles.
+  /// type and profile it serves), else tiles, else (a query row's tile
+  /// past a team's fast scratch: f64 with 32 heads of 128 channels)
+  /// team_gemm. All but team_gemm and blas are KPool's own code.
   automatic,
   /// Hosts: per team, tiles of 32 pools dequantized transposed into team
   /// scratch, multiplied by a hand-written register-blocked kernel (one
@@ -21,7 +23,8 @@ enum class ScoreEngine {
   register_tiles,
   /// Every execution space: per team, queries and a tile of dequantized
   /// keys in team scratch, multiplied by KokkosBatched::TeamGemm. One
-  /// launch to score, one to select.
+  /// launch to score, one to select. Needs Kokkos Kernels (refused by name
+  /// without it); the devices' fallback, no host's choice.
   team_gemm,
   /// Every execution space, one Kokkos source (the device default): per
   /// team, a group of query rows staged and rotated once, then tiles of 32
@@ -30,8 +33,8 @@ enum class ScoreEngine {
   /// its tiles by the visible pools. One launch to score, one to select.
   tiles,
   /// Hosts: per request and chunk of pools, dequantize into the workspace,
-  /// one KokkosBlas::gemm (the BLAS Kokkos Kernels was built with), then a
-  /// relu / weights pass. Runs on the calling thread and fences the
+  /// one KokkosBlas::gemm (the BLAS Kokkos Kernels was built with; refused
+  /// by name without Kokkos Kernels), then a relu / weights pass. Runs on the calling thread and fences the
   /// execution space instance. An optimized BLAS computes edge rows and
   /// columns with other kernels than the rest, so identical pools may
   /// score a rounding apart: exact ties are then not guaranteed to go to

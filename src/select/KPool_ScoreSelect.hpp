@@ -3,9 +3,6 @@
 
 #include <KPool_Config.hpp>
 
-#if !KPOOL_HAS_KOKKOSKERNELS
-#error "KPool's selection stage (KPool::score_select, KPool::select_tokens) needs Kokkos Kernels: configure KPool with KokkosKernels_ROOT"
-#endif
 
 #include <cache/KPool_PoolCache.hpp>
 #include <common/KPool_Float8.hpp>
@@ -104,7 +101,9 @@ class SelectWorkspace {
                              "KPool::SelectWorkspace::split_plans"),
           max_tokens * Details::split_plan_words(segs));
     }
-    if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
+    // The blas engine's staging, on hosts and only where the engine exists.
+    if (KPOOL_HAS_KOKKOSKERNELS &&
+        Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
       chunks_ = Details::BlasChunks::for_shape(max_tokens, max_visible, num_heads);
       std::size_t const rows = chunks_.rows * static_cast<std::size_t>(num_heads);
       blas_queries_ = buffer(space, "KPool::SelectWorkspace::blas_queries",

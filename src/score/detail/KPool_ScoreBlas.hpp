@@ -11,6 +11,7 @@
 // the engine reads the request layout on the host after fencing the
 // execution space instance.
 
+#include <KPool_Config.hpp>
 #include <common/KPool_Types.hpp>
 #include <cache/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
@@ -18,7 +19,9 @@
 #include <common/detail/KPool_Strided.hpp>
 #include <score/detail/KPool_Scoring.hpp>
 
+#if KPOOL_HAS_KOKKOSKERNELS
 #include <KokkosBlas3_gemm.hpp>
+#endif
 
 #include <cstdint>
 #include <string>
@@ -140,6 +143,7 @@ struct BlasChunks {
   }
 };
 
+#if KPOOL_HAS_KOKKOSKERNELS
 // The BLAS engine over a whole call. `queries`, `pool_keys` and `products`
 // are the workspace buffers sized by BlasChunks.
 template <class ExecutionSpace, class T, class C, class Key>
@@ -231,6 +235,7 @@ void score_blas(std::string const& entry, ExecutionSpace const& space,
     }
   }
 }
+#endif  // KPOOL_HAS_KOKKOSKERNELS
 
 }  // namespace Details
 }  // namespace KPool

@@ -5,6 +5,7 @@
 // (resolve_engine, docs/indexer.md, "Scoring"), the engines' launch shapes
 // and their launches. Every engine writes the same keys (score_key).
 
+#include <KPool_Config.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
@@ -61,6 +62,12 @@ bool tiles_fit(int heads, int D) {
 template <class ExecutionSpace, class T, class C>
 ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested, bool rotated,
                            bool serving, int heads, int head_dim) {
+  if ((requested == ScoreEngine::blas || requested == ScoreEngine::team_gemm) &&
+      !KPOOL_HAS_KOKKOSKERNELS)
+    chk.fail("options", "score_engine", -1, engine_name(requested),
+             "needs Kokkos Kernels, which this build of KPool was configured "
+             "without (KPOOL_HAS_KOKKOSKERNELS is 0; use automatic, tiles, "
+             "register_tiles or tensor_cores)");
   if ((requested == ScoreEngine::blas || requested == ScoreEngine::register_tiles) &&
       KokkosExt::is_device_backend<ExecutionSpace>::value)
     chk.fail("options", "score_engine", -1, engine_name(requested),
@@ -73,8 +80,15 @@ ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested, bool rotat
   if (requested == ScoreEngine::automatic) {
     if (plan.usable && plan.on_device) return ScoreEngine::tensor_cores;
     if (!device_shapes<ExecutionSpace>::value) return ScoreEngine::register_tiles;
-    return tiles_fit<ExecutionSpace, T, C>(heads, head_dim) ? ScoreEngine::tiles
-                                                           : ScoreEngine::team_gemm;
+    if (tiles_fit<ExecutionSpace, T, C>(heads, head_dim)) return ScoreEngine::tiles;
+    if (!KPOOL_HAS_KOKKOSKERNELS)
+      chk.fail("q", "extent 1", -1, std::to_string(heads),
+               "heads of " + std::to_string(head_dim) + " channels of " +
+                   storage_name<T>() +
+                   " queries do not fit the tiles engine's fast team scratch, and "
+                   "its fallback, team_gemm, needs Kokkos Kernels, which this build "
+                   "of KPool was configured without");
+    return ScoreEngine::team_gemm;
   }
   return requested;
 }
@@ -166,6 +180,7 @@ void set_score_inputs(F& f, In const& in) {
   f.heads = in.heads;
 }
 
+#if KPOOL_HAS_KOKKOSKERNELS
 template <class ExecutionSpace, class T, class C, int Level>
 void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& space,
                                   ScoreInputs<ExecutionSpace, T, C> const& in,
@@ -184,6 +199,7 @@ void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& spac
   shape.scratch_level = Level;
   launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
 }
+#endif
 
 // A scoring engine whose smallest tile does not fit a device team's fast
 // scratch: refused by name (a device never takes level-1 scratch; on CUDA
@@ -201,6 +217,7 @@ template <class ExecutionSpace>
                "allocates and fences, breaking graph capture)");
 }
 
+#if KPOOL_HAS_KOKKOSKERNELS
 template <class ExecutionSpace, class T, class C>
 void launch_score_team_gemm(Checker const& chk, ExecutionSpace const& space,
                         ScoreInputs<ExecutionSpace, T, C> const& in,
@@ -223,6 +240,7 @@ void launch_score_team_gemm(Checker const& chk, ExecutionSpace const& space,
   else
     launch_score_team_gemm_level<ExecutionSpace, T, C, 1>(chk, space, in, tiles, options);
 }
+#endif
 
 template <class ExecutionSpace, class T, class C, int Level>
 void launch_score_tiles_level(Checker const& chk, ExecutionSpace const& space,
@@ -427,14 +445,16 @@ template <class ExecutionSpace, class T, class C, class Workspace>
 void launch_score(Checker const& chk, ExecutionSpace const& space, ScoreEngine engine,
                   ScoreInputs<ExecutionSpace, T, C> const& in, Workspace& workspace,
                   Options const& options) {
-  using M = typename ExecutionSpace::memory_space;
   if (engine == ScoreEngine::blas) {
+#if KPOOL_HAS_KOKKOSKERNELS
+    using M = typename ExecutionSpace::memory_space;
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
       score_blas<ExecutionSpace, T, C>(
           chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
           workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
           workspace.blas_weights(), workspace.blas_chunks(), in.heads);
     }
+#endif
   } else if (engine == ScoreEngine::register_tiles) {
     if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
       launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
@@ -444,7 +464,9 @@ void launch_score(Checker const& chk, ExecutionSpace const& space, ScoreEngine e
   } else if (engine == ScoreEngine::tensor_cores) {
     launch_score_mma<ExecutionSpace, T, C>(chk, space, in, options);
   } else {
+#if KPOOL_HAS_KOKKOSKERNELS
     launch_score_team_gemm<ExecutionSpace, T, C>(chk, space, in, options);
+#endif
   }
   (void)workspace;
 }

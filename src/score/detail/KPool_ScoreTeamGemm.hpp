@@ -12,17 +12,21 @@
 // (row, pool): sum_h w_h relu(s_p * (R(q_h) . v_p)). A group that straddles
 // two requests handles each part with its own block table row.
 
+#include <KPool_Config.hpp>
 #include <common/KPool_Types.hpp>
 #include <cache/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
 #include <score/detail/KPool_Scoring.hpp>
 
+#if KPOOL_HAS_KOKKOSKERNELS
 #include <KokkosBatched_Gemm_Decl.hpp>
+#endif
 
 #include <cstdint>
 #include <type_traits>
 
+#if KPOOL_HAS_KOKKOSKERNELS
 namespace KPool {
 namespace Details {
 
@@ -164,5 +168,7 @@ struct ScoreTeamGemmFunctor {
 
 }  // namespace Details
 }  // namespace KPool
+
+#endif  // KPOOL_HAS_KOKKOSKERNELS
 
 #endif
