@@ -9,8 +9,9 @@
 #
 #   KOKKOS_CUDA          a CUDA Kokkos install (HOPPER90 for an H100 or H200;
 #                        its bin/nvcc_wrapper compiles KPool)
-#   KOKKOSKERNELS_CUDA   a Kokkos Kernels built against it (the selection
-#                        stage: its tests, perf cases and graph capture)
+#   KOKKOSKERNELS_CUDA   a Kokkos Kernels built against it (optional: the
+#                        team_gemm engine and the perf suite's selection
+#                        cases, timed against its gemm)
 #   BUILD_DIR            the CUDA build of KPool (default <repo>/build-cuda)
 #   DEST                 default <repo>/.device/bin
 #
@@ -38,7 +39,7 @@ kernels=()
 if [ -n "${KOKKOSKERNELS_CUDA:-}" ]; then
   kernels=(-DKokkosKernels_ROOT="$KOKKOSKERNELS_CUDA")
 else
-  echo "stage_binaries.sh: KOKKOSKERNELS_CUDA unset: no selection stage (its tests and perf cases)" >&2
+  echo "stage_binaries.sh: KOKKOSKERNELS_CUDA unset: no blas or team_gemm engine, no perf gemm baselines" >&2
 fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release \
