@@ -258,7 +258,7 @@ class Cache {
 template <class T>
 class Selector {
  public:
-  Selector(ExecSpace const& space, KPoolTrace::Trace const& t) {
+  Selector(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::ScoreEngine engine) {
     std::uint64_t tokens = 0, visible = 1;
     for (auto const& b : t.blocks) {
       if (b.kind != KPoolTrace::BlockKind::select) continue;
@@ -267,8 +267,10 @@ class Selector {
         visible = std::max(visible, (r.cache_len + r.n_new) / t.kpool);
     }
     if (tokens == 0) return;
+    // Built for the engine the options ask for (the blas engine stages
+    // its own buffers).
     workspace_ = KPool::SelectWorkspace<T, MemSpace>(space, tokens, visible, t.index_heads,
-                                                     t.head_dim);
+                                                     t.head_dim, engine);
     pool_ids_ = ViewT<std::int32_t, 2>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "pool_ids"), tokens, t.index_topk);
   }
@@ -476,7 +478,7 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
   }
   KPool::Ring<T, MemSpace> ring(space, static_cast<int>(t.slots), K, D, t.ring);
   KPool::StepOutput<T, MemSpace> out(space, capacity, max_batch, D);
-  Selector<T> selector(space, t);
+  Selector<T> selector(space, t, options.score_engine);
 
   ReplayResult result;
   std::size_t index = 0;

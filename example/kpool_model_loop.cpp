@@ -9,7 +9,7 @@
 //     arrive together and are prefilled in chunks of at most 16 tokens a
 //     sequence (Layer::step): chunks end mid-pool, and a sequence that has
 //     finished its prompt leaves the batch.
-//  2. Speculative decoding: each round (Layer::decode_step) a sequence sends
+//  2. Speculative decoding: each round (a decode batch) a sequence sends
 //     its next token and 2 drafts; the verifier accepts some of the drafts
 //     and the next round re-sends from the first rejected one (a rewind,
 //     safe with the layer's ring of Ring::serving_length(K, 2) positions).
@@ -112,7 +112,7 @@ struct Row {
 // A call's batch, described once on the device for every layer (a layer
 // keeps references to these views until its selection is queued).
 struct Call {
-  bool decode = false;  // decode_step (each row next_n tokens) or step
+  bool decode = false;  // a decode batch (each row next_n tokens) or a ragged one
   std::vector<Row> rows;
   int query_rows = 0;   // the step's tokens: the selection's query rows
   Kokkos::View<std::uint32_t*, Mem> row_offsets, cache_lengths, slot_idx;
@@ -253,14 +253,17 @@ std::vector<Tokens> forward(Exec const& space, Model& model, Call const& call) {
       using V3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
       V3 const k = filled(V3("key", B, kNextN, D), rows, key);
       V3 const g = filled(V3("gate", B, kNextN, D), rows, gate);
-      layer.decode_step(space, k, g, call.positions, call.slot_idx, static_cast<int>(B),
-                        call.block_table);
+      layer.step(space, k, g,
+                 KPool::decode_batch(call.positions, call.slot_idx, static_cast<int>(B)),
+                 call.block_table);
     } else {  // key, gate [tokens, D]
       using V2 = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
       V2 const k = filled(V2("key", rows, D), rows, key);
       V2 const g = filled(V2("gate", rows, D), rows, gate);
-      layer.step(space, k, g, call.row_offsets, call.cache_lengths, call.slot_idx,
-                 static_cast<int>(B), call.block_table);
+      layer.step(space, k, g,
+                 KPool::ragged_batch(call.row_offsets, call.cache_lengths, call.slot_idx,
+                                     static_cast<int>(B)),
+                 call.block_table);
     }
     // The selection for every token the step sent: q [rows, H, D] (value
     // i of row t is head i / D, channel i % D), weights [rows, H].

@@ -5,7 +5,7 @@
 // re-sending from the first rejected one: a rewind). Every step
 //
 //   1. pools and cache: KPool::step (prefill, and every other verify
-//      round) or KPool::decode_step closes the pools whose last token
+//      round) or KPool::step with a decode batch closes the pools whose last token
 //      arrived and, in the same launches, writes them, rotated and
 //      quantized to fp8, into the layer's paged pool cache;
 //   2. selection: KPool::select_tokens scores every visible pool of the
@@ -211,9 +211,11 @@ I32 send(Layer& layer, std::vector<Row> const& rows, bool general) {
         }
     Kokkos::deep_copy(key, hk);
     Kokkos::deep_copy(gate, hg);
-    KPool::step(layer.space, layer.ring, key, gate, layer.ape, device_u32("row_offsets", offsets),
-                device_u32("cache_lengths", starts), device_u32("slot_idx", slots), B,
-                layer.out, layer.cache, table);
+    auto const batch = KPool::ragged_batch(device_u32("row_offsets", offsets),
+                                           device_u32("cache_lengths", starts),
+                                           device_u32("slot_idx", slots), B);
+    KPool::step(layer.space, layer.ring, key, gate, layer.ape, batch, layer.out,
+                KPool::paged(layer.cache, table));
   } else {
     int const next_n = rows[0].n;
     Kokkos::View<T***, Mem> key("key", B, next_n, D), gate("gate", B, next_n, D);
@@ -232,8 +234,9 @@ I32 send(Layer& layer, std::vector<Row> const& rows, bool general) {
     Kokkos::deep_copy(key, hk);
     Kokkos::deep_copy(gate, hg);
     Kokkos::deep_copy(positions, hp);
-    KPool::decode_step(layer.space, layer.ring, key, gate, layer.ape, positions,
-                       device_u32("slot_idx", slots), B, layer.out, layer.cache, table);
+    auto const batch = KPool::decode_batch(positions, device_u32("slot_idx", slots), B);
+    KPool::step(layer.space, layer.ring, key, gate, layer.ape, batch, layer.out,
+                KPool::paged(layer.cache, table));
   }
   collect(layer, rows);
   for (Row const& r : rows) r.s->length = r.start + r.n;
@@ -275,8 +278,9 @@ Queries queries(std::vector<Row> const& rows) {
 I32 select(Layer& layer, KPool::PoolCache<C, Mem> const& cache, Queries const& x,
            I32 const& table, int B) {
   I32 tokens("tokens", x.q.extent(0), KPool::select_tokens_width(kTopk, K));
-  KPool::select_tokens(layer.space, x.row_offsets, x.cache_lengths, table, B, K, x.q,
-                       x.weights, cache, kTopk, tokens, layer.workspace);
+  KPool::select_tokens(layer.space, KPool::paged(cache, table), x.q, x.weights, kTopk,
+                       KPool::ragged_batch(x.row_offsets, x.cache_lengths, B), tokens,
+                       layer.workspace);
   return tokens;
 }
 
@@ -326,11 +330,13 @@ void check_one_shot(Layer& layer, std::vector<Row> const& rows, I32 const& table
   KPool::Ring<T, Mem> ring(layer.space, B, K, D);
   KPool::StepOutput<T, Mem> out(
       layer.space, KPool::StepOutput<T, Mem>::capacity_for(offsets.back(), B, K), B, D);
-  KPool::step(layer.space, ring, key, gate, layer.ape, device_u32("row_offsets", offsets),
-              device_u32("cache_lengths", zeros), device_u32("slot_idx", slots), B, out);
+  auto const batch = KPool::ragged_batch(device_u32("row_offsets", offsets),
+                                         device_u32("cache_lengths", zeros),
+                                         device_u32("slot_idx", slots), B);
+  KPool::step(layer.space, ring, key, gate, layer.ape, batch, out);
   KPool::PoolCache<C, Mem> cache(layer.space, layer.num_blocks, kBlockPools, D, K,
                                  KPool::CacheScale::amax, /*rotate=*/true);
-  KPool::store_pools(layer.space, out, B, table, cache);
+  KPool::store_pools(layer.space, out, batch, KPool::paged(cache, table));
   I32 const once = select(layer, cache, x, table, B);
 
   // Pools: rows [offsets(r), offsets(r + 1)) of the output are request r's
@@ -411,7 +417,7 @@ int main(int argc, char* argv[]) {
   // next token and kDrafts drafts (all four are queries); the verifier
   // accepts a prefix of the drafts, and the next round starts after it,
   // re-sending the rejected positions with new values. Rounds alternate
-  // between KPool::decode_step and the general KPool::step.
+  // between a decode batch and a ragged one (both KPool::step).
   std::vector<int> accepted_length;
   for (auto const& s : seqs) accepted_length.push_back(s.length);
   for (int round = 0; round < kRounds; ++round) {

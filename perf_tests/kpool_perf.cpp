@@ -1431,6 +1431,8 @@ struct SelectData {
   Cache serving_cache;
   View2<std::int32_t> pool_ids;
   KPool::SelectWorkspace<KPool::bfloat16, Mem> workspace;
+  // Built for the blas engine (hosts with Kokkos Kernels; empty elsewhere).
+  KPool::SelectWorkspace<KPool::bfloat16, Mem> blas_workspace;
   // The same-run GEMM: f32 [T * H, D] x [D, P]^T.
   View2<float> a, b, c;
 
@@ -1479,6 +1481,10 @@ struct SelectData {
                                    d.topk);
     workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(space, T, d.max_visible(),
                                                              d.heads, kD);
+    if (KPOOL_HAS_KOKKOSKERNELS &&
+        Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible)
+      blas_workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(
+          space, T, d.max_visible(), d.heads, kD, KPool::ScoreEngine::blas);
     std::size_t const P = std::max<std::uint64_t>(1, (d.scored() + T / 2) / T);
     a = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_a"),
                      T * d.heads, kD);
@@ -1529,7 +1535,8 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
           p.score_engine = engine;
           KPool::score_select(space, data.row_offsets, data.cache_lengths,
                               data.block_table, d.batch(), kK, data.q, data.weights,
-                              data.cache, d.topk, data.pool_ids, data.workspace, p);
+                              data.cache, d.topk, data.pool_ids,
+                              blas ? data.blas_workspace : data.workspace, p);
         },
         data.gemm_flops(),
         [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); });

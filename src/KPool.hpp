@@ -18,6 +18,8 @@
 /// on that instance. KPool::Details holds the internals.
 
 #include <KPool_Config.hpp>
+#include <cache/KPool_PagedCache.hpp>
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Exceptions.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Options.hpp>

@@ -2,7 +2,9 @@
 #define KPOOL_LAYER_HPP
 
 #include <KPool_Config.hpp>
+#include <cache/KPool_PagedCache.hpp>
 #include <cache/KPool_PoolCache.hpp>
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Exceptions.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Options.hpp>
@@ -92,38 +94,6 @@ struct LayerBuffers {
   /// rows of max_visible pools.
   SelectWorkspace<T, MemorySpace> workspace;
 };
-
-namespace Details {
-
-// A decode batch as the selection's rows: batch row r owns query rows
-// [r * next_n, (r + 1) * next_n), entry (r, i) at position base_r + i,
-// base_r = p - i for its first real entry (r, i) with position p (0 for a
-// row without one, or a base below 0, which validation refuses).
-template <class ExecutionSpace>
-struct DecodeSelectRows {
-  using M = typename ExecutionSpace::memory_space;
-  View2<const std::int32_t, M> positions;
-  Kokkos::View<std::uint32_t*, M> row_offsets;
-  Kokkos::View<std::uint32_t*, M> cache_lengths;
-  int batch;
-  int next_n;
-
-  KOKKOS_FUNCTION void operator()(int r) const {
-    row_offsets(r) = static_cast<std::uint32_t>(r) * static_cast<std::uint32_t>(next_n);
-    if (r >= batch) return;
-    std::int64_t base = 0;
-    for (int i = 0; i < next_n; ++i) {
-      std::int32_t const p = positions(r, i);
-      if (p >= 0) {
-        base = static_cast<std::int64_t>(p) - i;
-        break;
-      }
-    }
-    cache_lengths(r) = static_cast<std::uint32_t>(base < 0 ? 0 : base);
-  }
-};
-
-}  // namespace Details
 
 /// One indexer layer: everything of KPool that must agree, owned by one
 /// object (docs/api.md, "KPool::Layer"): K, D, H, the ring (and its
@@ -267,12 +237,6 @@ class Layer {
     ring_ = ring_type(space, c.max_slots, c.kpool, c.head_dim, R);
     out_ = output_type(space, output_type::capacity_for(c.max_tokens, c.max_batch, c.kpool),
                        c.max_batch, c.head_dim);
-    decode_row_offsets_ = Kokkos::View<std::uint32_t*, MemorySpace>(
-        Kokkos::view_alloc(space, "KPool::Layer::decode_row_offsets"),
-        static_cast<std::size_t>(c.max_batch) + 1);
-    decode_cache_lengths_ = Kokkos::View<std::uint32_t*, MemorySpace>(
-        Kokkos::view_alloc(space, "KPool::Layer::decode_cache_lengths"),
-        static_cast<std::size_t>(c.max_batch));
     if (buffers.workspace.is_allocated()) {
       workspace_type const& w = buffers.workspace;
       auto const differs = [&](char const* field, std::size_t got, std::string const& want) {
@@ -320,22 +284,46 @@ class Layer {
   /// max_visible pools, or the one it shares).
   workspace_type& workspace() { return workspace_; }
 
-  /// KPool::step with the layer's ring, ape, output and cache: a ragged
-  /// mixed batch (prefill chunks, continuations, decodes, rewinds). The
-  /// batch is remembered for the selection that follows.
+  /// KPool::step with the layer's ring, ape, output and cache (docs/api.md,
+  /// "One batch argument"): a ragged batch with a [total_tokens, D] key
+  /// (prefill chunks, continuations, decodes, rewinds), or a decode batch
+  /// with a [B, next_n, D] key. The batch and the block table are kept for
+  /// the selection that follows.
   /// @param space the execution space instance all work is queued on.
-  /// @param key [total_tokens, D] T.
-  /// @param gate [total_tokens, D] T.
-  /// @param row_offsets [B + 1] uint32.
-  /// @param cache_lengths [B] uint32.
-  /// @param slot_idx [B] uint32.
-  /// @param num_requests live rows.
+  /// @param key [total_tokens, D] or [B, next_n, D] T.
+  /// @param gate the same shape as key.
+  /// @param batch a ragged or decode batch with each row's ring slot
+  /// (KPool::ragged_batch, KPool::decode_batch).
   /// @param block_table [>= num_requests, max_blocks] int32: the cache
   /// blocks of each live row.
   /// @param options as KPool::step.
   /// @return the output, holding the pools this step closed.
-  /// @throws KPool::InvalidArgument as KPool::step (entry point
-  /// "KPool::step"); nothing written then.
+  /// @throws KPool::InvalidArgument (entry point "KPool::Layer::step") for
+  /// a call past the layer's sizes (max_batch, max_tokens), and as
+  /// KPool::step; nothing written then.
+  template <class ExecutionSpace, class KeyView, class GateView, class BlockTableView>
+  output_type const& step(ExecutionSpace const& space, KeyView const& key,
+                          GateView const& gate, Batch<MemorySpace> const& batch,
+                          BlockTableView const& block_table,
+                          Options const& options = Options()) {
+    if constexpr (Kokkos::is_view<KeyView>::value) {
+      std::size_t const rows = KeyView::rank == 3 ? key.extent(0) * key.extent(1) : key.extent(0);
+      check_config_fits("KPool::Layer::step", "key", "", rows, "token rows", "batch",
+                        batch.size());
+    }
+    auto const cache = KPool::paged(cache_, block_table);
+    KPool::step(space, ring_, key, gate, ape_, batch, out_, cache, options);
+    batch_ = batch;
+    block_table_ = cache.block_table;
+    has_batch_ = true;
+    if constexpr (Kokkos::is_view<KeyView>::value)
+      rows_ = batch.is_decode() ? batch.size() * batch.next_n() : key.extent(0);
+    return out_;
+  }
+
+  /// The positional form of step() with a ragged batch (as
+  /// KPool::ragged_batch(row_offsets, cache_lengths, slot_idx,
+  /// num_requests)).
   template <class ExecutionSpace, class KeyView, class GateView, class RowOffsetsView,
             class CacheLengthsView, class SlotView, class BlockTableView>
   output_type const& step(ExecutionSpace const& space, KeyView const& key,
@@ -344,40 +332,13 @@ class Layer {
                           SlotView const& slot_idx, int num_requests,
                           BlockTableView const& block_table,
                           Options const& options = Options()) {
-    if constexpr (Kokkos::is_view<KeyView>::value && Kokkos::is_view<RowOffsetsView>::value)
-      check_config_fits("KPool::Layer::step", "key", "extent 0", key.extent(0),
-                        "token rows", "row_offsets",
-                        row_offsets.extent(0) == 0 ? 0 : row_offsets.extent(0) - 1);
-    KPool::step(space, ring_, key, gate, ape_, row_offsets, cache_lengths, slot_idx,
-                num_requests, out_, cache_, block_table, options);
-    // (After a compile-time error in KPool::step, nothing else is compiled.)
-    if constexpr (Details::view_ok<RowOffsetsView, std::uint32_t, 1, ExecutionSpace>() &&
-                  Details::view_ok<CacheLengthsView, std::uint32_t, 1, ExecutionSpace>() &&
-                  Details::view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>() &&
-                  Kokkos::is_view<KeyView>::value) {
-      last_ = Last::step;
-      row_offsets_ = row_offsets;
-      cache_lengths_ = cache_lengths;
-      block_table_ = block_table;
-      num_requests_ = num_requests;
-      rows_ = key.extent(0);
-    }
-    return out_;
+    return step(space, key, gate,
+                KPool::ragged_batch(row_offsets, cache_lengths, slot_idx, num_requests),
+                block_table, options);
   }
 
-  /// KPool::decode_step with the layer's ring, ape, output and cache. The
-  /// batch (positions, block table) is remembered for the selection that
-  /// follows.
-  /// @param space the execution space instance all work is queued on.
-  /// @param key [B, next_n, D] T.
-  /// @param gate [B, next_n, D] T.
-  /// @param positions [B, next_n] int32, negative for padding.
-  /// @param slot_idx [B] uint32.
-  /// @param num_requests live rows.
-  /// @param block_table [>= num_requests, max_blocks] int32.
-  /// @param options as KPool::decode_step.
-  /// @return the output, holding the pools this step closed.
-  /// @throws KPool::InvalidArgument as KPool::decode_step.
+  /// The positional form of step() with a decode batch (as
+  /// KPool::decode_batch(positions, slot_idx, num_requests)).
   template <class ExecutionSpace, class KeyView, class GateView, class PositionsView,
             class SlotView, class BlockTableView>
   output_type const& decode_step(ExecutionSpace const& space, KeyView const& key,
@@ -385,54 +346,32 @@ class Layer {
                                  SlotView const& slot_idx, int num_requests,
                                  BlockTableView const& block_table,
                                  Options const& options = Options()) {
-    if constexpr (Kokkos::is_view<PositionsView>::value && PositionsView::rank == 2)
-      check_config_fits("KPool::Layer::decode_step", "positions", "",
-                        positions.extent(0) * positions.extent(1),
-                        "entries (B * next_n, the query rows of its selection)", "positions",
-                        positions.extent(0));
-    KPool::decode_step(space, ring_, key, gate, ape_, positions, slot_idx, num_requests,
-                       out_, cache_, block_table, options);
-    if constexpr (Details::view_ok<PositionsView, std::int32_t, 2, ExecutionSpace>() &&
-                  Details::view_ok<BlockTableView, std::int32_t, 2, ExecutionSpace>()) {
-      last_ = Last::decode;
-      positions_ = positions;
-      block_table_ = block_table;
-      num_requests_ = num_requests;
-      rows_ = positions.extent(0) * positions.extent(1);
-    }
-    return out_;
+    return step(space, key, gate, KPool::decode_batch(positions, slot_idx, num_requests),
+                block_table, options);
   }
 
-  /// KPool::select_tokens over the layer's cache, with K, the workspace
-  /// and the batch of the last step() or decode_step(): after step(), q
-  /// row t is key row t (same row_offsets, cache_lengths, block table);
-  /// after decode_step(), q row r * next_n + i is entry (r, i) of
-  /// positions, at position base_r + i with base_r = p - i for the row's
-  /// first real entry (r, i) at p (a padding entry's row is selected as
-  /// that position: its result means nothing, like the padding). The rows
-  /// are built on the device from positions, in one small launch.
+  /// KPool::select_tokens over the layer's cache, with the batch and block
+  /// table of the last step() (its batch form's rows: after a ragged step
+  /// q row t is key row t; after a decode step q row r * next_n + i is
+  /// entry (r, i) of positions).
   /// @param space the execution space instance everything is queued on.
-  /// @param q [rows, H, D] T: rows = the step's key rows, or B * next_n.
+  /// @param q [rows, H, D] T: rows = batch_rows().
   /// @param weights [rows, H] float.
   /// @param topk pools selected per query row.
   /// @param tokens [rows, select_tokens_width(topk, K)] int32.
-  /// @param options as KPool::select_tokens. With validate, a decode
-  /// batch's rows are checked too: a base_r below 0 (a real entry at a
-  /// position below its index) is refused.
-  /// @throws KPool::InvalidArgument (entry point "KPool::Layer") when no
-  /// step has run, or as KPool::select_tokens.
+  /// @param options as KPool::select_tokens.
+  /// @throws KPool::InvalidArgument (entry point "KPool::Layer::select_tokens")
+  /// when no step has run, or as KPool::select_tokens.
   template <class ExecutionSpace, class QView, class WeightsView, class TokensView>
   void select_tokens(ExecutionSpace const& space, QView const& q,
                      WeightsView const& weights, int topk, TokensView const& tokens,
                      Options const& options = Options()) {
-    with_batch(space, "select_tokens", options, [&](auto const& ro, auto const& cl) {
-      KPool::select_tokens(space, ro, cl, block_table_, num_requests_, config_.kpool, q,
-                           weights, cache_, topk, tokens, workspace_, options);
-    });
+    KPool::select_tokens(space, last_paged("select_tokens"), q, weights, topk, batch_, tokens,
+                         workspace_, options);
   }
 
   /// KPool::score_select over the layer's cache, with the batch of the
-  /// last step() or decode_step(), as select_tokens() above.
+  /// last step(), as select_tokens() above.
   /// @param space the execution space instance everything is queued on.
   /// @param q [rows, H, D] T.
   /// @param weights [rows, H] float.
@@ -444,19 +383,18 @@ class Layer {
   void score_select(ExecutionSpace const& space, QView const& q,
                     WeightsView const& weights, int topk, PoolIdsView const& pool_ids,
                     Options const& options = Options()) {
-    with_batch(space, "score_select", options, [&](auto const& ro, auto const& cl) {
-      KPool::score_select(space, ro, cl, block_table_, num_requests_, config_.kpool, q,
-                          weights, cache_, topk, pool_ids, workspace_, options);
-    });
+    KPool::score_select(space, last_paged("score_select"), q, weights, topk, batch_, pool_ids,
+                        workspace_, options);
   }
+
+  /// @return the batch of the last step() (empty before the first).
+  Batch<MemorySpace> const& batch() const { return batch_; }
 
   /// @return the query rows of the last batch: the step's key rows, or B *
   /// next_n after a decode step (0 before the first step).
   std::size_t batch_rows() const { return rows_; }
 
  private:
-  enum class Last { none, step, decode };
-
   // An adopted cache is what the config says the layer's cache is.
   void check_adopted_cache(Details::Checker const& chk, cache_type const& a) const {
     LayerConfig const& c = config_;
@@ -498,62 +436,14 @@ class Layer {
                    std::to_string(config_.max_tokens) + " (the layer's size)");
   }
 
-  template <class ExecutionSpace, class F>
-  void with_batch(ExecutionSpace const& space, char const* what,
-                  Options const& options, F const& f) {
-    Details::Checker const chk(std::string("KPool::Layer::") + what);
-    if (last_ == Last::none)
-      chk.fail("layer", "", -1, "",
-               "has run no step yet: a selection follows step() or decode_step(), "
-               "whose batch it selects for");
-    if (last_ == Last::step) {
-      f(row_offsets_, cache_lengths_);
-      return;
-    }
-    std::size_t const B = positions_.extent(0);
-    int const next_n = static_cast<int>(positions_.extent(1));
-    if (options.validate) check_decode_rows(chk, space);
-    auto const ro = Kokkos::subview(decode_row_offsets_,
-                                    std::make_pair(std::size_t(0), B + 1));
-    auto const cl = Kokkos::subview(decode_cache_lengths_,
-                                    std::make_pair(std::size_t(0), B));
-    Details::DecodeSelectRows<ExecutionSpace> rows{positions_, ro, cl,
-                                                   static_cast<int>(B), next_n};
-    Kokkos::parallel_for("KPool::Layer::decode_rows",
-                         Kokkos::RangePolicy<ExecutionSpace>(space, 0, static_cast<int>(B) + 1),
-                         rows);
-    f(Details::View1<const std::uint32_t, MemorySpace>(ro),
-      Details::View1<const std::uint32_t, MemorySpace>(cl));
-  }
-
-  // Validation only: a live decode row's first real entry (r, i) has its
-  // position p >= i, so that base_r = p - i is a position.
-  template <class ExecutionSpace>
-  void check_decode_rows(Details::Checker const& chk, ExecutionSpace const& space) const {
-    std::size_t const n = static_cast<std::size_t>(num_requests_);
-    std::size_t const next_n = positions_.extent(1);
-    if (n == 0 || next_n == 0) return;
-    // Live rows, made contiguous on the device, then copied.
-    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> d(
-        Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
-                           "KPool::Layer::live_positions"),
-        n, next_n);
-    Kokkos::deep_copy(space, d,
-                      Kokkos::subview(positions_, std::make_pair(std::size_t(0), n),
-                                      Kokkos::ALL));
-    auto const h = Kokkos::create_mirror_view(d);
-    Kokkos::deep_copy(space, h, d);
-    space.fence();
-    for (std::size_t r = 0; r < n; ++r)
-      for (std::size_t i = 0; i < next_n; ++i)
-        if (h(r, i) >= 0) {
-          if (static_cast<std::size_t>(h(r, i)) < i)
-            chk.fail_row("positions", static_cast<std::int64_t>(r), h(r, i),
-                         "is the first real position of the row, at entry " +
-                             std::to_string(i) +
-                             ": the entries before it would be positions below 0");
-          break;
-        }
+  // The cache with the last step's block table, for a selection.
+  PagedCache<C, MemorySpace> last_paged(char const* what) const {
+    if (!has_batch_)
+      Details::Checker(std::string("KPool::Layer::") + what)
+          .fail("layer", "", -1, "",
+                "has run no step yet: a selection follows step(), whose batch it "
+                "selects for");
+    return PagedCache<C, MemorySpace>{cache_, block_table_};
   }
 
   LayerConfig config_;
@@ -562,15 +452,10 @@ class Layer {
   cache_type cache_;
   output_type out_;
   workspace_type workspace_;
-  Kokkos::View<std::uint32_t*, MemorySpace> decode_row_offsets_;
-  Kokkos::View<std::uint32_t*, MemorySpace> decode_cache_lengths_;
-  // The last batch.
-  Last last_ = Last::none;
-  Details::View1<const std::uint32_t, MemorySpace> row_offsets_;
-  Details::View1<const std::uint32_t, MemorySpace> cache_lengths_;
-  Details::View2<const std::int32_t, MemorySpace> positions_;
+  // The last step's batch and block table.
+  bool has_batch_ = false;
+  Batch<MemorySpace> batch_;
   Details::View2<const std::int32_t, MemorySpace> block_table_;
-  int num_requests_ = 0;
   std::size_t rows_ = 0;
 };
 

@@ -379,6 +379,34 @@ struct BatchViews {
         slot_idx(to_index_view<Kokkos::View<std::uint32_t*, M>>(b.slot_idx, "slot_idx")) {}
 };
 
+// The engine a test's workspace is built for: blas where the options ask
+// for it and it exists (a host memory space with Kokkos Kernels), else the
+// default, so that a selection asking for blas where it does not exist is
+// refused by the selection itself.
+template <class MemorySpace>
+KPool::ScoreEngine workspace_engine(KPool::Options const& o) {
+  bool const blas = o.score_engine == KPool::ScoreEngine::blas && KPOOL_HAS_KOKKOSKERNELS &&
+                    Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+  return blas ? KPool::ScoreEngine::blas : KPool::ScoreEngine::automatic;
+}
+
+// A View's bytes, copied to the host (for bit-for-bit comparisons).
+template <class V>
+std::vector<unsigned char> raw_bytes(V const& v) {
+  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  auto const* p = reinterpret_cast<unsigned char const*>(h.data());
+  return std::vector<unsigned char>(p, p + h.span() * sizeof(typename V::value_type));
+}
+
+// Every entry of a View uniform in [lo, hi), rounded to its value type.
+template <class V>
+void fill_uniform(Rng& rng, V const& v, double lo, double hi) {
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < h.span(); ++i)
+    h.data()[i] = static_cast<typename V::value_type>(static_cast<float>(rng.uniform(lo, hi)));
+  Kokkos::deep_copy(v, h);
+}
+
 }  // namespace KPoolTest
 
 #endif

@@ -23,21 +23,6 @@ using M = E::memory_space;
 using U32 = Kokkos::View<std::uint32_t*, M>;
 using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
 
-template <class V>
-std::vector<unsigned char> bytes_of(V const& v) {
-  auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  auto const* p = reinterpret_cast<unsigned char const*>(h.data());
-  return std::vector<unsigned char>(p, p + h.span() * sizeof(typename V::value_type));
-}
-
-template <class V>
-void fill(Rng& rng, V const& v, double lo, double hi) {
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < h.span(); ++i)
-    h.data()[i] = static_cast<typename V::value_type>(static_cast<float>(rng.uniform(lo, hi)));
-  Kokkos::deep_copy(v, h);
-}
-
 template <class T>
 ::testing::AssertionResult same_output(KPool::HostStepOutput<T> const& a,
                                        KPool::HostStepOutput<T> const& b) {
@@ -68,9 +53,9 @@ struct Variant {
 // A cache's bytes, whatever its layout.
 template <class C>
 std::vector<unsigned char> cache_bytes(KPool::PoolCache<C, M> const& c) {
-  if (c.layout() == KPool::CacheLayout::fused) return bytes_of(c.bytes());
-  std::vector<unsigned char> v = bytes_of(c.values());
-  std::vector<unsigned char> const s = bytes_of(c.scales());
+  if (c.layout() == KPool::CacheLayout::fused) return raw_bytes(c.bytes());
+  std::vector<unsigned char> v = raw_bytes(c.values());
+  std::vector<unsigned char> const s = raw_bytes(c.scales());
   v.insert(v.end(), s.begin(), s.end());
   return v;
 }
@@ -98,7 +83,7 @@ void layer_matches_low_level(Variant const& v) {
   if (v.fused) cfg.layout = KPool::CacheLayout::fused;
   int const K = cfg.kpool, D = cfg.head_dim, H = cfg.num_heads;
   Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", K, D);
-  fill(rng, ape, -1, 1);
+  fill_uniform(rng, ape, -1, 1);
   KPool::CacheScale const scale = !std::is_same<C, KPool::float8_e4m3>::value
                                       ? KPool::CacheScale::none
                                   : v.serving ? KPool::CacheScale::pow2
@@ -181,7 +166,7 @@ void layer_matches_low_level(Variant const& v) {
 
   auto const compare = [&](char const* when) {
     SCOPED_TRACE(when);
-    EXPECT_EQ(bytes_of(layer.ring().tail()), bytes_of(ring.tail())) << "ring";
+    EXPECT_EQ(raw_bytes(layer.ring().tail()), raw_bytes(ring.tail())) << "ring";
     EXPECT_EQ(cache_bytes(layer.cache()), cache_bytes(cache)) << "cache";
     EXPECT_TRUE(same_output(layer.output().to_host(space, KPool::StepOutputParts::ids_and_pooled),
                             out.to_host(space, KPool::StepOutputParts::ids_and_pooled)));
@@ -193,8 +178,8 @@ void layer_matches_low_level(Variant const& v) {
     SCOPED_TRACE(when);
     Kokkos::View<T***, Kokkos::LayoutRight, M> q("q", rows, H, D);
     Kokkos::View<float**, Kokkos::LayoutRight, M> w("weights", rows, H);
-    fill(rng, q, -1, 1);
-    fill(rng, w, 0, 1);
+    fill_uniform(rng, q, -1, 1);
+    fill_uniform(rng, w, 0, 1);
     I2 a("tokens_layer", rows, width), b("tokens", rows, width);
     Kokkos::deep_copy(a, -9);
     Kokkos::deep_copy(b, -9);
@@ -205,11 +190,11 @@ void layer_matches_low_level(Variant const& v) {
     }
     layer.select_tokens(space, q, w, topk, a, opts);
     KPool::select_tokens(space, ro, cl, table, live, K, q, w, cache, topk, b, ws, opts);
-    EXPECT_EQ(bytes_of(a), bytes_of(b)) << "tokens";
+    EXPECT_EQ(raw_bytes(a), raw_bytes(b)) << "tokens";
     I2 ids_a("ids_layer", rows, topk), ids_b("ids", rows, topk);
     layer.score_select(space, q, w, topk, ids_a, opts);
     KPool::score_select(space, ro, cl, table, live, K, q, w, cache, topk, ids_b, ws, opts);
-    EXPECT_EQ(bytes_of(ids_a), bytes_of(ids_b)) << "pool ids";
+    EXPECT_EQ(raw_bytes(ids_a), raw_bytes(ids_b)) << "pool ids";
     // Something was selected: the comparison is not of two empty outputs.
     auto const h = on_host(a);
     int selected = 0;
@@ -227,8 +212,8 @@ void layer_matches_low_level(Variant const& v) {
     U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{2, 0}, "slot_idx");
     std::size_t const rows = chunk[0].back();
     Kokkos::View<T**, Kokkos::LayoutRight, M> key("key", rows, D), gate("gate", rows, D);
-    fill(rng, key, -2, 2);
-    fill(rng, gate, -3, 3);
+    fill_uniform(rng, key, -2, 2);
+    fill_uniform(rng, gate, -3, 3);
     layer.step(space, key, gate, ro, cl, slots, 2, table, opts);
     other.step(space, key, gate, ro, cl, slots, 2, table, opts);
     KPool::step(space, ring, key, gate, ape, ro, cl, slots, 2, out, cache, table, opts);
@@ -249,8 +234,8 @@ void layer_matches_low_level(Variant const& v) {
     U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{2, 0, 3}, "slot_idx");
     Kokkos::View<T***, Kokkos::LayoutRight, M> key("key", 3, next_n, D),
         gate("gate", 3, next_n, D);
-    fill(rng, key, -2, 2);
-    fill(rng, gate, -3, 3);
+    fill_uniform(rng, key, -2, 2);
+    fill_uniform(rng, gate, -3, 3);
     layer.decode_step(space, key, gate, positions, slots, 2, table, opts);
     other.decode_step(space, key, gate, positions, slots, 2, table, opts);
     KPool::decode_step(space, ring, key, gate, ape, positions, slots, 2, out, cache, table,
@@ -421,7 +406,7 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
   I2 const table = positions_view<M>({0, 1, 2, 3, 4, 5}, 2);
   U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{0, 1, 2}, "slot_idx");
   U32 const lengths = to_index_view<U32>(std::vector<std::uint32_t>{0, 0, 0}, "cache_lengths");
-  auto const ring_before = bytes_of(layer.ring().tail());
+  auto const ring_before = raw_bytes(layer.ring().tail());
   auto const expect = [&](auto const& call, char const* entry, char const* argument,
                           char const* value, char const* words) {
     try {
@@ -433,7 +418,7 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
       EXPECT_EQ(e.value(), value);
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
-    EXPECT_EQ(bytes_of(layer.ring().tail()), ring_before) << entry << " wrote the ring";
+    EXPECT_EQ(raw_bytes(layer.ring().tail()), ring_before) << entry << " wrote the ring";
   };
   // 8 token rows, 6 at most.
   Kokkos::View<float**, M> key8("key", 8, 8), gate8("gate", 8, 8);
@@ -450,20 +435,19 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
     layer.step(space, key3, gate3,
                to_index_view<U32>(std::vector<std::uint32_t>{0, 1, 2, 3}, "row_offsets"),
                lengths, slots, 3, table);
-  }, "KPool::Layer::step", "row_offsets", "3",
+  }, "KPool::Layer::step", "batch", "3",
          "is a batch of more rows than LayerConfig::max_batch = 2");
   // A decode batch of 2 x 4 entries (8 query rows, 6 at most), then of 3 rows.
   Kokkos::View<float***, M> dk("key", 2, 4, 8), dg("gate", 2, 4, 8);
   expect([&] {
     layer.decode_step(space, dk, dg, positions_view<M>({0, 1, 2, 3, 0, 1, 2, 3}, 4), slots,
                       2, table);
-  }, "KPool::Layer::decode_step", "positions", "8",
-         "is more entries (B * next_n, the query rows of its selection) than "
-         "LayerConfig::max_tokens = 6");
+  }, "KPool::Layer::step", "key", "8",
+         "is more token rows than LayerConfig::max_tokens = 6");
   Kokkos::View<float***, M> dk3("key", 3, 1, 8), dg3("gate", 3, 1, 8);
   expect([&] {
     layer.decode_step(space, dk3, dg3, positions_view<M>({0, 0, 0}, 1), slots, 3, table);
-  }, "KPool::Layer::decode_step", "positions", "3",
+  }, "KPool::Layer::step", "batch", "3",
          "is a batch of more rows than LayerConfig::max_batch = 2");
   // Within the sizes: accepted.
   Kokkos::View<float**, M> key6("key", 6, 8), gate6("gate", 6, 8);
@@ -500,7 +484,7 @@ TEST(Layer, SelectionNeedsAStepFirst) {
     EXPECT_EQ(e.value(), "");
     EXPECT_STREQ(e.what(),
                  "KPool::Layer::select_tokens: argument 'layer': has run no step yet: a "
-                 "selection follows step() or decode_step(), whose batch it selects for");
+                 "selection follows step(), whose batch it selects for");
   }
 }
 
@@ -535,7 +519,7 @@ TEST(Layer, DecodeSelectionRefusesANegativeBase) {
     layer.select_tokens(space, q, w, 1, tokens);
     ADD_FAILURE() << "accepted a row whose entries would start below position 0";
   } catch (KPool::InvalidArgument const& e) {
-    EXPECT_EQ(e.entry_point(), "KPool::Layer::select_tokens");
+    EXPECT_EQ(e.entry_point(), "KPool::select_tokens");  // the batch form's own check
     EXPECT_EQ(e.argument(), "positions");
     EXPECT_EQ(e.row(), 1);
     EXPECT_EQ(e.value(), "0");

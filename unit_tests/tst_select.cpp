@@ -268,7 +268,7 @@ std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& opt
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, width);
   Kokkos::deep_copy(out, kSentinel);
   KPool::SelectWorkspace<T, M> ws(in.space, ws_rows > 0 ? ws_rows : sc.rows,
-                                  sc.max_visible, sc.s.H, sc.s.D);
+                                  sc.max_visible, sc.s.H, sc.s.D, workspace_engine<M>(o));
   int const n = sc.batch.device.num_requests;
   if (tokens)
     KPool::select_tokens(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,

@@ -112,7 +112,8 @@ struct World {
     U32 const ro = to_index_view<U32>(row_offsets, "row_offsets");
     U32 const cl = to_index_view<U32>(cache_lengths, "cache_lengths");
     I2 const bt = table_view();
-    KPool::SelectWorkspace<Tq, M> ws(space, ws_rows, ws_visible, ws_heads, D);
+    KPool::SelectWorkspace<Tq, M> ws(space, ws_rows, ws_visible, ws_heads, D,
+                                     workspace_engine<M>(opts));
     if (e == Entry::score_select)
       KPool::score_select(space, ro, cl, bt, num_requests, K, qv, w, c, topk, pool_ids, ws,
                           opts);

@@ -161,9 +161,11 @@ void step(Exec const& space, Layer& layer, std::vector<Sequence*> const& rows,
   }
   Kokkos::deep_copy(key, hk);
   Kokkos::deep_copy(gate, hg);
-  layer.step(space, key, gate, device_u32("row_offsets", offsets),
-             device_u32("cache_lengths", cache), device_u32("slot_idx", slots),
-             static_cast<int>(rows.size()), block_table(rows));
+  layer.step(space, key, gate,
+             KPool::ragged_batch(device_u32("row_offsets", offsets),
+                                 device_u32("cache_lengths", cache),
+                                 device_u32("slot_idx", slots), static_cast<int>(rows.size())),
+             block_table(rows));
   collect(space, layer, rows, expected, call);
   for (std::size_t r = 0; r < rows.size(); ++r) rows[r]->length += n[r];
 }
@@ -251,8 +253,8 @@ void verify_round(Exec const& space, Layer& layer, std::vector<Sequence*> const&
   Kokkos::deep_copy(key, hk);
   Kokkos::deep_copy(gate, hg);
   Kokkos::deep_copy(positions, hp);
-  layer.decode_step(space, key, gate, positions, device_u32("slot_idx", slots), B,
-                    block_table(rows));
+  layer.step(space, key, gate, KPool::decode_batch(positions, device_u32("slot_idx", slots), B),
+             block_table(rows));
   collect(space, layer, rows, expected, call);
   select_decode(space, layer, pos);
   for (int r = 0; r < B; ++r) rows[r]->length += accepted[r] + 1;

@@ -1,6 +1,7 @@
 #ifndef KPOOL_COMPRESS_HPP
 #define KPOOL_COMPRESS_HPP
 
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
 #include <pool/detail/KPool_Call.hpp>
@@ -179,6 +180,36 @@ void compress(ExecutionSpace const& space, KeyView const& key,
                                           call, offsets);
     Details::launch_items(space, "KPool::compress", shape, f);
   });
+}
+
+/// compute_pool_row_offsets with one batch argument (a ragged batch; its
+/// slot_idx is not read). As the positional form.
+template <class ExecutionSpace, class MemorySpace, class PoolRowOffsetsView>
+void compute_pool_row_offsets(ExecutionSpace const& space, Batch<MemorySpace> const& batch,
+                              int kpool, std::size_t key_rows,
+                              PoolRowOffsetsView const& pool_row_offsets,
+                              Options const& options = Options()) {
+  Details::batch_kind_is(Details::Checker("KPool::compute_pool_row_offsets"), batch,
+                         Batch<MemorySpace>::Kind::ragged, "is not the ragged batch the call takes");
+  compute_pool_row_offsets(space, batch.row_offsets, batch.cache_lengths, batch.num_requests,
+                           kpool, key_rows, pool_row_offsets, options);
+}
+
+/// compress with one batch argument (docs/api.md, "One batch argument"):
+/// space, inputs, a ragged batch (slot_idx not read), outputs, options.
+/// As the positional form.
+/// @throws KPool::InvalidArgument (argument "batch") for a decode batch,
+/// and as the positional form.
+template <class ExecutionSpace, class KeyView, class GateView, class ApeView,
+          class MemorySpace, class PoolRowOffsetsView, class PooledView>
+void compress(ExecutionSpace const& space, KeyView const& key, GateView const& gate,
+              ApeView const& ape, Batch<MemorySpace> const& batch,
+              PoolRowOffsetsView const& pool_row_offsets, PooledView const& pooled,
+              Options const& options = Options()) {
+  Details::batch_kind_is(Details::Checker("KPool::compress"), batch,
+                         Batch<MemorySpace>::Kind::ragged, "is not the ragged batch the call takes");
+  compress(space, key, gate, ape, batch.row_offsets, batch.cache_lengths, batch.num_requests,
+           pool_row_offsets, pooled, options);
 }
 
 }  // namespace KPool

@@ -1,6 +1,7 @@
 #ifndef KPOOL_RING_CLOSE_HPP
 #define KPOOL_RING_CLOSE_HPP
 
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
 #include <pool/detail/KPool_Call.hpp>
@@ -105,6 +106,25 @@ void ring_close(ExecutionSpace const& space, TailView const& tail,
         D, P::width, options.team_size);
     Details::launch_items(space, "KPool::ring_close", shape, f);
   });
+}
+
+/// ring_close with one batch argument (docs/api.md, "One batch argument"):
+/// space, the ring's tail, inputs, a ragged batch with slot_idx, outputs,
+/// options. As the positional form.
+/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
+/// one without slot_idx, and as the positional form.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class ApeView, class MemorySpace, class PooledView, class ClosedView>
+void ring_close(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
+                GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
+                PooledView const& pooled, ClosedView const& closed_pool,
+                Options const& options = Options()) {
+  Details::Checker const chk("KPool::ring_close");
+  Details::batch_kind_is(chk, batch, Batch<MemorySpace>::Kind::ragged,
+                         "is not the ragged batch the call takes");
+  Details::batch_has_slots(chk, batch);
+  ring_close(space, tail, key, gate, ape, batch.row_offsets, batch.cache_lengths,
+             batch.slot_idx, batch.num_requests, pooled, closed_pool, options);
 }
 
 }  // namespace KPool

@@ -1,6 +1,7 @@
 #ifndef KPOOL_SEED_TAIL_HPP
 #define KPOOL_SEED_TAIL_HPP
 
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
 #include <pool/detail/KPool_Call.hpp>
@@ -93,6 +94,24 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
         D, P::width, options.team_size);
     Details::launch_items(space, "KPool::seed_tail", shape, f);
   });
+}
+
+/// seed_tail with one batch argument (docs/api.md, "One batch argument"):
+/// space, the ring's tail, inputs, a ragged batch with slot_idx, options.
+/// As the positional form.
+/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
+/// one without slot_idx, and as the positional form.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class MemorySpace>
+void seed_tail(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
+               GateView const& gate, Batch<MemorySpace> const& batch,
+               Options const& options = Options()) {
+  Details::Checker const chk("KPool::seed_tail");
+  Details::batch_kind_is(chk, batch, Batch<MemorySpace>::Kind::ragged,
+                         "is not the ragged batch the call takes");
+  Details::batch_has_slots(chk, batch);
+  seed_tail(space, tail, key, gate, batch.row_offsets, batch.cache_lengths, batch.slot_idx,
+            batch.num_requests, options);
 }
 
 }  // namespace KPool

@@ -1,7 +1,9 @@
 #ifndef KPOOL_STEP_HPP
 #define KPOOL_STEP_HPP
 
+#include <cache/KPool_PagedCache.hpp>
 #include <cache/KPool_PoolCache.hpp>
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
@@ -260,6 +262,88 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
         Details::Checker("KPool::decode_step"), space, cache, block_table,
         static_cast<int>(ape.extent(1)), block_table.extent(0));
   }
+}
+
+namespace Details {
+
+// The Batch forms of the steps: a [T, D] key takes a ragged batch (KPool::
+// step's positional form), a [B, next_n, D] key a decode batch
+// (KPool::decode_step's); `write` gets the batch's views and runs the
+// positional form.
+template <class KeyView, class M, class Ragged, class Decode>
+void step_by_batch(Batch<M> const& batch, Ragged const& ragged, Decode const& decode) {
+  Checker const chk("KPool::step");
+  if constexpr (view_facts<KeyView>::rank == 3) {
+    batch_kind_is(chk, batch, Batch<M>::Kind::decode,
+                  "is not a decode batch: a [B, next_n, D] key takes KPool::decode_batch");
+    batch_has_slots(chk, batch);
+    decode(batch.positions, batch.slot_idx, batch.num_requests);
+  } else {
+    batch_kind_is(chk, batch, Batch<M>::Kind::ragged,
+                  "is not a ragged batch: a [total_tokens, D] key takes KPool::ragged_batch");
+    batch_has_slots(chk, batch);
+    ragged(batch.row_offsets, batch.cache_lengths, batch.slot_idx, batch.num_requests);
+  }
+}
+
+}  // namespace Details
+
+/// The serving step with one batch argument (docs/api.md, "One batch
+/// argument"): state, inputs, batch, outputs, options. With a ragged batch
+/// and a [total_tokens, D] key it is KPool::step's positional form; with a
+/// decode batch and a [B, next_n, D] key, KPool::decode_step's. Same
+/// pools, rules, launches and errors; K is the ring's (and ape's).
+/// @param space the execution space instance all work is queued on.
+/// @param ring the layer's ring; read and written.
+/// @param key [total_tokens, D] or [B, next_n, D] T.
+/// @param gate the same shape as key.
+/// @param ape [K, D] float.
+/// @param batch a ragged or decode batch with each row's ring slot
+/// (KPool::ragged_batch, KPool::decode_batch).
+/// @param out the compacted pools, written.
+/// @param options as the positional forms.
+/// @throws KPool::InvalidArgument (argument "batch") for a batch of the
+/// other form or without slot_idx, and as the positional forms.
+template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
+          class GateView, class ApeView>
+void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
+          KeyView const& key, GateView const& gate, ApeView const& ape,
+          Batch<MemorySpace> const& batch, StepOutput<T, MemorySpace>& out,
+          Options const& options = Options()) {
+  Details::step_by_batch<KeyView>(
+      batch,
+      [&](auto const& ro, auto const& cl, auto const& slots, int n) {
+        KPool::step(space, ring, key, gate, ape, ro, cl, slots, n, out, options);
+      },
+      [&](auto const& positions, auto const& slots, int n) {
+        KPool::decode_step(space, ring, key, gate, ape, positions, slots, n, out, options);
+      });
+}
+
+/// The serving step with one batch argument, writing every pool it emits
+/// into the paged cache as well (the cache overloads of KPool::step and
+/// KPool::decode_step, by the batch's form).
+/// @param cache the layer's cache with the block table of the batch's
+/// rows (KPool::paged); the cache is written.
+/// @throws KPool::InvalidArgument as the step above and the cache
+/// overloads.
+template <class ExecutionSpace, class T, class MemorySpace, class KeyView,
+          class GateView, class ApeView, class C>
+void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
+          KeyView const& key, GateView const& gate, ApeView const& ape,
+          Batch<MemorySpace> const& batch, StepOutput<T, MemorySpace>& out,
+          PagedCache<C, MemorySpace> const& cache, Options const& options = Options()) {
+  PoolCache<C, MemorySpace> written = cache.cache;  // a handle on the same storage
+  Details::step_by_batch<KeyView>(
+      batch,
+      [&](auto const& ro, auto const& cl, auto const& slots, int n) {
+        KPool::step(space, ring, key, gate, ape, ro, cl, slots, n, out, written,
+                    cache.block_table, options);
+      },
+      [&](auto const& positions, auto const& slots, int n) {
+        KPool::decode_step(space, ring, key, gate, ape, positions, slots, n, out, written,
+                           cache.block_table, options);
+      });
 }
 
 }  // namespace KPool

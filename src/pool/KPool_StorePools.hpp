@@ -4,7 +4,9 @@
 // The standalone pool cache passes: store_pools writes a step's output into
 // a PoolCache, load_pools reads pools back, dequantized.
 
+#include <cache/KPool_PagedCache.hpp>
 #include <cache/KPool_PoolCache.hpp>
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
@@ -110,6 +112,25 @@ void store_pools(ExecutionSpace const& space,
         options.team_size);
     pass(space, "KPool::store_pools");
   }
+}
+
+/// store_pools with one batch argument (docs/api.md, "One batch
+/// argument"): the output's rows are rows of `batch` (its num_requests is
+/// the live rows; its form and views are not read), written into `cache`
+/// through its block table. Same bytes, launches and errors as the
+/// positional form.
+/// @param space the execution space instance the work is queued on.
+/// @param out the step's output, read.
+/// @param batch the step's batch.
+/// @param cache the cache and the batch rows' block table (KPool::paged);
+/// the cache is written.
+/// @param options as the positional form.
+template <class ExecutionSpace, class T, class C, class MemorySpace>
+void store_pools(ExecutionSpace const& space, StepOutput<T, MemorySpace> const& out,
+                 Batch<MemorySpace> const& batch, PagedCache<C, MemorySpace> const& cache,
+                 Options const& options = Options()) {
+  PoolCache<C, MemorySpace> written = cache.cache;  // a handle on the same storage
+  store_pools(space, out, batch.num_requests, cache.block_table, written, options);
 }
 
 /// Reads pools back from the cache, dequantized (s * value; a native

@@ -1,6 +1,7 @@
 #ifndef KPOOL_TAIL_UPDATE_HPP
 #define KPOOL_TAIL_UPDATE_HPP
 
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
 #include <pool/detail/KPool_Call.hpp>
@@ -167,6 +168,25 @@ void tail_update(ExecutionSpace const& space, TailView const& tail,
         D, P::width, options.team_size);
     Details::launch_items(space, "KPool::tail_update", shape, f);
   });
+}
+
+/// tail_update with one batch argument (docs/api.md, "One batch
+/// argument"): space, the ring's tail, inputs, a decode batch with
+/// slot_idx, outputs, options. As the positional form.
+/// @throws KPool::InvalidArgument (argument "batch") for a ragged batch or
+/// one without slot_idx, and as the positional form.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class ApeView, class MemorySpace, class PooledView, class ClosedView>
+void tail_update(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
+                 GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
+                 PooledView const& pooled, ClosedView const& closed_pool,
+                 Options const& options = Options()) {
+  Details::Checker const chk("KPool::tail_update");
+  Details::batch_kind_is(chk, batch, Batch<MemorySpace>::Kind::decode,
+                         "is not the decode batch the call takes");
+  Details::batch_has_slots(chk, batch);
+  tail_update(space, tail, key, gate, ape, batch.positions, batch.slot_idx, batch.num_requests,
+              pooled, closed_pool, options);
 }
 
 }  // namespace KPool

@@ -1,6 +1,7 @@
 #ifndef KPOOL_EXPAND_TOPK_HPP
 #define KPOOL_EXPAND_TOPK_HPP
 
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/detail/KPool_Launch.hpp>
 #include <common/detail/KPool_Validate.hpp>
@@ -108,6 +109,24 @@ void expand_topk(ExecutionSpace const& space, PoolIdsView const& pool_ids,
       chk, "pool_ids", space, f, pool_ids.extent(0), static_cast<int>(width), 1,
       options.team_size);
   Details::launch_items(space, "KPool::expand_topk", shape, f);
+}
+
+/// expand_topk with one batch argument (docs/api.md, "One batch
+/// argument"): space, inputs (pool_ids, K, tail_always), a ragged batch
+/// (slot_idx not read), the output, options. As the positional form. A
+/// decode batch's tokens come from select_tokens, which takes either form.
+/// @throws KPool::InvalidArgument (argument "batch") for a decode batch,
+/// and as the positional form.
+template <class ExecutionSpace, class PoolIdsView, class MemorySpace, class OutView>
+void expand_topk(ExecutionSpace const& space, PoolIdsView const& pool_ids, int kpool,
+                 bool tail_always, Batch<MemorySpace> const& batch, OutView const& out,
+                 Options const& options = Options()) {
+  Details::batch_kind_is(Details::Checker("KPool::expand_topk"), batch,
+                         Batch<MemorySpace>::Kind::ragged,
+                         "is not the ragged batch the call takes (select_tokens takes "
+                         "a decode batch)");
+  expand_topk(space, pool_ids, batch.row_offsets, batch.cache_lengths, batch.num_requests,
+              kpool, tail_always, out, options);
 }
 
 }  // namespace KPool

@@ -16,12 +16,14 @@
 
 namespace KPool {
 
-/// Scratch for the selection stage: one key per (query row, visible pool)
-/// and the BLAS engine's staging buffers. Allocate once, at the largest
-/// call you will make (rows of q, pools a row can see, heads, head_dim),
-/// and reuse: score_select and select_tokens allocate nothing.
-/// Memory: max_tokens * max_visible keys of 4 bytes (8 for f64), plus on
-/// host memory spaces about 12 MiB of BLAS staging at H = 32, D = 128.
+/// Scratch for the selection stage, built for one scoring engine: one key
+/// per (query row, visible pool), a decode batch's rows, and only that
+/// engine's buffers (the blas engine's staging). Allocate once, at the
+/// largest call you will make (rows of q, pools a row can see, heads,
+/// head_dim), and reuse: score_select and select_tokens allocate nothing.
+/// Memory: max_tokens * max_visible keys of 4 bytes (8 for f64) and 8
+/// bytes a row, plus with ScoreEngine::blas about 12 MiB of staging at H =
+/// 32, D = 128.
 ///
 /// @tparam T the queries' storage type; scores are f64 when T is f64, f32
 /// otherwise.
@@ -47,25 +49,33 @@ class SelectWorkspace {
   SelectWorkspace() = default;
 
   /// Allocates the buffers on `space` (labelled
-  /// KPool::SelectWorkspace::keys; for max_visible above 65536 the long
-  /// rows' ...::segment_histograms and ...::split_plans, a quarter as many
-  /// 4-byte words as keys in all; on host memory spaces the BLAS staging
-  /// buffers).
+  /// KPool::SelectWorkspace::keys and ...::decode_rows; for max_visible
+  /// above 65536 the long rows' ...::segment_histograms and
+  /// ...::split_plans, a quarter as many 4-byte words as keys in all; for
+  /// the blas engine its staging buffers).
   /// @param space the execution space instance the allocation is queued on.
   /// @param max_tokens the most query rows (rows of q) a call will have.
   /// @param max_visible the most pools a query row will see.
   /// @param num_heads H, the query heads.
   /// @param head_dim D, the cache's head_dim.
+  /// @param engine the scoring engine the selections use when their
+  /// Options::score_engine is automatic (the default: automatic, the
+  /// execution space's own choice). ScoreEngine::blas stages its buffers
+  /// (hosts with Kokkos Kernels); a selection asking for blas from a
+  /// workspace built for another engine is refused by name.
   /// @throws KPool::InvalidArgument (entry point "KPool::SelectWorkspace")
-  /// for sizes below 1, max_visible above 2^31 - 1, or a key buffer past
-  /// the address space.
+  /// for sizes below 1, max_visible above 2^31 - 1, a key buffer past
+  /// the address space, or blas where it does not exist (a device memory
+  /// space, or no Kokkos Kernels).
   template <class ExecutionSpace>
   SelectWorkspace(ExecutionSpace const& space, std::size_t max_tokens,
-                  std::size_t max_visible, int num_heads, int head_dim)
+                  std::size_t max_visible, int num_heads, int head_dim,
+                  ScoreEngine engine = ScoreEngine::automatic)
       : max_tokens_(max_tokens),
         max_visible_(max_visible),
         num_heads_(num_heads),
-        head_dim_(head_dim) {
+        head_dim_(head_dim),
+        engine_(engine) {
     static_assert(Kokkos::SpaceAccessibility<ExecutionSpace, MemorySpace>::accessible,
                   "KPool::SelectWorkspace: the execution space must reach the memory space");
     Details::Checker const chk("KPool::SelectWorkspace");
@@ -76,6 +86,12 @@ class SelectWorkspace {
                "exceeds 2^31 - 1, more pools than an int32 position allows");
     if (num_heads < 1) chk.fail_scalar("num_heads", num_heads, "is not at least 1");
     if (head_dim < 1) chk.fail_scalar("head_dim", head_dim, "is not at least 1");
+    if (engine == ScoreEngine::blas && !KPOOL_HAS_KOKKOSKERNELS)
+      chk.fail("engine", "", -1, "blas",
+               "needs Kokkos Kernels, which this KPool was built without");
+    if (engine == ScoreEngine::blas &&
+        !Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible)
+      chk.fail("engine", "", -1, "blas", "is a host engine (this workspace is device memory)");
     if (max_tokens > (std::size_t(1) << 40) / max_visible)
       chk.fail("max_tokens", "", -1, std::to_string(max_tokens),
                "times max_visible = " + std::to_string(max_visible) +
@@ -101,9 +117,12 @@ class SelectWorkspace {
                              "KPool::SelectWorkspace::split_plans"),
           max_tokens * Details::split_plan_words(segs));
     }
-    // The blas engine's staging, on hosts and only where the engine exists.
-    if (KPOOL_HAS_KOKKOSKERNELS &&
-        Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
+    decode_rows_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+        Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                           "KPool::SelectWorkspace::decode_rows"),
+        2 * max_tokens + 1);
+    // The blas engine's staging: only for it, on hosts with Kokkos Kernels.
+    if (engine == ScoreEngine::blas) {
       chunks_ = Details::BlasChunks::for_shape(max_tokens, max_visible, num_heads);
       std::size_t const rows = chunks_.rows * static_cast<std::size_t>(num_heads);
       blas_queries_ = buffer(space, "KPool::SelectWorkspace::blas_queries",
@@ -124,12 +143,18 @@ class SelectWorkspace {
   int num_heads() const { return num_heads_; }
   /// @return D.
   int head_dim() const { return head_dim_; }
+  /// @return the engine the selections use for Options::score_engine
+  /// automatic (automatic: the execution space's own choice).
+  ScoreEngine engine() const { return engine_; }
   /// @return false for a default-constructed workspace.
   bool is_allocated() const { return keys_.data() != nullptr; }
 
   /// @return the keys, max_tokens() rows of max_visible() (the selection
   /// stage's own use).
   Kokkos::View<key_type*, MemorySpace> const& keys() const { return keys_; }
+  /// @return 2 * max_tokens() + 1 words: a decode batch's rows, as the
+  /// selection builds them (the selection stage's own use).
+  Kokkos::View<std::uint32_t*, MemorySpace> const& decode_rows() const { return decode_rows_; }
   /// @return the long rows' regions: per-segment counts, then their sure
   /// ids and candidates (null without long rows).
   std::uint32_t* segment_histograms() const { return seg_hist_.data(); }
@@ -165,6 +190,8 @@ class SelectWorkspace {
   std::size_t max_visible_ = 0;
   int num_heads_ = 0;
   int head_dim_ = 0;
+  ScoreEngine engine_ = ScoreEngine::automatic;
+  Kokkos::View<std::uint32_t*, MemorySpace> decode_rows_;
   Details::BlasChunks chunks_;
   Kokkos::View<key_type*, MemorySpace> keys_;
   Kokkos::View<std::uint32_t*, MemorySpace> seg_hist_;
@@ -236,6 +263,47 @@ void score_select(ExecutionSpace const& space,
                                       block_table, num_requests, kpool, q,
                                       weights, cache, topk, "pool_ids",
                                       pool_ids, workspace, options);
+  }
+}
+
+/// score_select with one batch argument (docs/api.md, "One batch
+/// argument"): space, the paged cache (state), q, weights and topk
+/// (inputs), the batch, pool_ids (output), the workspace, options. K is
+/// the cache's. A ragged batch is the positional form's; with a decode
+/// batch ([B, next_n] positions), query row r * next_n + i is entry (r, i)
+/// of positions, at position base_r + i with base_r = p - i for the row's
+/// first real entry (r, i) at p (a padding entry's row is selected as that
+/// position: its result means nothing, like the padding); the rows are
+/// built on the device, in one small launch per chunk of the workspace's
+/// max_tokens rows. Same selection, rules and errors as the positional
+/// form.
+/// @param space the execution space instance everything is queued on.
+/// @param cache the layer's pool cache and the batch rows' block table
+/// (KPool::paged), read only.
+/// @param q [T, H, D]: the indexer queries (T = B * next_n for a decode
+/// batch).
+/// @param weights [T, H] float.
+/// @param topk pools selected per query row, at least 1.
+/// @param batch a ragged or decode batch (slot_idx not read).
+/// @param pool_ids [T, topk] int32, written for the live rows.
+/// @param workspace at least one row of max_visible pools, H heads, D.
+/// @param options validate (with a decode batch also: a base_r below 0 is
+/// refused), team_size, score_engine.
+/// @throws KPool::InvalidArgument as the positional form.
+template <class ExecutionSpace, class C, class MemorySpace, class QView,
+          class WeightsView, class PoolIdsView, class T>
+void score_select(ExecutionSpace const& space, PagedCache<C, MemorySpace> const& cache,
+                  QView const& q, WeightsView const& weights, int topk,
+                  Batch<MemorySpace> const& batch, PoolIdsView const& pool_ids,
+                  SelectWorkspace<T, MemorySpace>& workspace,
+                  Options const& options = Options()) {
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
+  if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
+                !Details::view_facts<PoolIdsView>::is_const) {
+    Details::KokkosExt::ScopedProfileRegion region("KPool::score_select");
+    Details::score_select_batch<false>(Details::Checker("KPool::score_select"), space, cache,
+                                       q, weights, topk, batch, "pool_ids", pool_ids,
+                                       workspace, options);
   }
 }
 

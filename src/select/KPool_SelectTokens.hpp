@@ -68,6 +68,28 @@ void select_tokens(ExecutionSpace const& space,
   }
 }
 
+/// select_tokens with one batch argument (docs/api.md, "One batch
+/// argument"): the arguments, forms and rules of score_select's batch
+/// form, and tokens [T, select_tokens_width(topk, K)] int32 as the
+/// positional form writes it (K the cache's).
+/// @throws KPool::InvalidArgument as score_select.
+template <class ExecutionSpace, class C, class MemorySpace, class QView,
+          class WeightsView, class TokensView, class T>
+void select_tokens(ExecutionSpace const& space, PagedCache<C, MemorySpace> const& cache,
+                   QView const& q, WeightsView const& weights, int topk,
+                   Batch<MemorySpace> const& batch, TokensView const& tokens,
+                   SelectWorkspace<T, MemorySpace>& workspace,
+                   Options const& options = Options()) {
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TokensView, std::int32_t, 2, ExecutionSpace, "tokens");
+  if constexpr (Details::view_ok<TokensView, std::int32_t, 2, ExecutionSpace>() &&
+                !Details::view_facts<TokensView>::is_const) {
+    Details::KokkosExt::ScopedProfileRegion region("KPool::select_tokens");
+    Details::score_select_batch<true>(Details::Checker("KPool::select_tokens"), space, cache,
+                                      q, weights, topk, batch, "tokens", tokens, workspace,
+                                      options);
+  }
+}
+
 }  // namespace KPool
 
 #endif

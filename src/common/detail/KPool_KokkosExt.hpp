@@ -233,22 +233,20 @@ KOKKOS_FORCEINLINE_FUNCTION
 #define KPOOL_IMPL_HAS_FMA 0
 #endif
 
-KOKKOS_FORCEINLINE_FUNCTION float fmadd(float a, float b, float c) {
+// a * b + c, fused where the target has FMA (f32 and f64).
+template <class F>
+KOKKOS_FORCEINLINE_FUNCTION F fmadd(F a, F b, F c) {
+  static_assert(std::is_same<F, float>::value || std::is_same<F, double>::value,
+                "fmadd: float or double");
+  constexpr bool f32 = std::is_same<F, float>::value;
 #if KPOOL_IMPL_HAS_FMA && (defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__))
-  return ::fmaf(a, b, c);
+  if constexpr (f32) return ::fmaf(a, b, c);
+  else return ::fma(a, b, c);
 #elif KPOOL_IMPL_HAS_FMA
-  return __builtin_fmaf(a, b, c);
+  if constexpr (f32) return __builtin_fmaf(a, b, c);
+  else return __builtin_fma(a, b, c);
 #else
-  return a * b + c;
-#endif
-}
-
-KOKKOS_FORCEINLINE_FUNCTION double fmadd(double a, double b, double c) {
-#if KPOOL_IMPL_HAS_FMA && (defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__))
-  return ::fma(a, b, c);
-#elif KPOOL_IMPL_HAS_FMA
-  return __builtin_fma(a, b, c);
-#else
+  (void)f32;
   return a * b + c;
 #endif
 }

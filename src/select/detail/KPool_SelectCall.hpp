@@ -6,6 +6,8 @@
 // Options::validate), the selection's plan and launch, and the chunk loop
 // that scores (score/detail/KPool_ScoreLaunch.hpp) and selects.
 
+#include <cache/KPool_PagedCache.hpp>
+#include <common/KPool_Batch.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
@@ -269,70 +271,6 @@ void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
     chk.fail("q", "extent 0", -1, std::to_string(rows), "is too many query rows");
 }
 
-template <bool Expand, class ExecutionSpace, class RowOffsetsView,
-          class CacheLengthsView, class BlockTableView, class QView,
-          class WeightsView, class Cache, class OutView, class Workspace>
-void score_select_run(Checker const& chk, ExecutionSpace const& space,
-                      RowOffsetsView const& row_offsets,
-                      CacheLengthsView const& cache_lengths,
-                      BlockTableView const& block_table, int num_requests,
-                      int kpool, QView const& q, WeightsView const& weights,
-                      Cache const& cache, int topk, char const* out_name,
-                      OutView const& out, Workspace& workspace,
-                      Options const& options) {
-  using M = typename ExecutionSpace::memory_space;
-  using T = typename Workspace::storage_type;
-  using C = typename Cache::value_type;
-  using A = accumulator_t<T>;
-  using Key = score_key_t<A>;
-
-  check_select_shapes<Expand, T>(chk, row_offsets, cache_lengths, block_table,
-                                 num_requests, kpool, q, weights, cache, topk,
-                                 out_name, out, workspace);
-  int const D = cache.head_dim();
-  std::size_t const rows = q.extent(0);
-  int const H = static_cast<int>(q.extent(1));
-  ScoreEngine const engine = resolve_engine<ExecutionSpace, T, C>(
-      chk, options.score_engine, cache.rotated(),
-      cache.profile() == CacheProfile::serving, H, D);
-  if (options.validate)
-    check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
-                       num_requests, rows, kpool, cache.num_blocks(),
-                       cache.block_pools(), workspace.max_visible());
-  if (rows == 0 || num_requests == 0) return;
-
-  ScoreInputs<ExecutionSpace, T, C> in;
-  in.batch.row_offsets = row_offsets;
-  in.batch.cache_lengths = cache_lengths;
-  in.batch.num_requests = num_requests;
-  in.batch.kpool = kpool;
-  in.batch.total_rows = rows;
-  in.batch.max_visible = workspace.max_visible();
-  in.batch.row_begin = 0;
-  in.batch.row_end = rows;
-  in.q = q;
-  in.weights = weights;
-  in.cache = cache_target<C, A>(cache, block_table);
-  in.keys = workspace.keys().data();
-  in.heads = H;
-  SplitArgs split;
-  split.seg_hist = workspace.segment_histograms();
-  split.plans = workspace.split_plans();
-  split.segs = workspace.split_segments();
-  split.from = workspace.split_from();
-  split.segment = workspace.split_segment();
-  // Chunks of the workspace's max_tokens rows, in order, on the one
-  // instance: each chunk's keys are consumed before the next overwrites.
-  std::size_t const chunk = workspace.max_tokens();
-  for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
-    in.batch.row_begin = row_begin;
-    in.batch.row_end = std::min(rows, row_begin + chunk);
-    launch_score(chk, space, engine, in, workspace, options);
-    launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
-                          View2<std::int32_t, M>(out), topk, split, options);
-  }
-}
-
 // score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
 // (Expand = true, out = token indices [T, topk * K + K - 1]).
 template <bool Expand, class ExecutionSpace, class RowOffsetsView,
@@ -366,18 +304,188 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       KPOOL_IMPL_VIEW_OK(QView, T, 3, ExecutionSpace, "q") &&
       KPOOL_IMPL_VIEW_OK(WeightsView, float, 2, ExecutionSpace, "weights");
   // After a failed check, nothing else is compiled (one error, no cascade).
-  if constexpr (std::is_same<typename Cache::memory_space, M>::value &&
-                std::is_same<typename Workspace::memory_space, M>::value &&
-                (std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value) &&
-                views_ok)
-    score_select_run<Expand>(chk, space, row_offsets, cache_lengths,
-                             block_table, num_requests, kpool, q, weights,
-                             cache, topk, out_name, out, workspace, options);
-  else
+  if constexpr (!std::is_same<typename Cache::memory_space, M>::value ||
+                !std::is_same<typename Workspace::memory_space, M>::value ||
+                !(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value) ||
+                !views_ok) {
     (void)chk, (void)space, (void)row_offsets, (void)cache_lengths,
         (void)block_table, (void)num_requests, (void)kpool, (void)q,
         (void)weights, (void)cache, (void)topk, (void)out_name, (void)out,
         (void)workspace, (void)options;
+  } else {
+    using A = accumulator_t<T>;
+    using Key = score_key_t<A>;
+    check_select_shapes<Expand, T>(chk, row_offsets, cache_lengths, block_table,
+                                   num_requests, kpool, q, weights, cache, topk,
+                                   out_name, out, workspace);
+    int const D = cache.head_dim();
+    std::size_t const rows = q.extent(0);
+    int const H = static_cast<int>(q.extent(1));
+    // The call's engine, else the workspace's (built for it).
+    ScoreEngine const asked = options.score_engine == ScoreEngine::automatic
+                                  ? workspace.engine()
+                                  : options.score_engine;
+    ScoreEngine const engine = resolve_engine<ExecutionSpace, T, C>(
+        chk, asked, cache.rotated(), cache.profile() == CacheProfile::serving, H, D);
+    if (engine == ScoreEngine::blas && workspace.blas_queries() == nullptr)
+      chk.fail("options", "score_engine", -1, "blas",
+               "needs a workspace built for it: SelectWorkspace(space, max_tokens, "
+               "max_visible, num_heads, head_dim, ScoreEngine::blas)");
+    if (options.validate)
+      check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
+                         num_requests, rows, kpool, cache.num_blocks(),
+                         cache.block_pools(), workspace.max_visible());
+    if (rows == 0 || num_requests == 0) return;
+
+    ScoreInputs<ExecutionSpace, T, C> in;
+    in.batch.row_offsets = row_offsets;
+    in.batch.cache_lengths = cache_lengths;
+    in.batch.num_requests = num_requests;
+    in.batch.kpool = kpool;
+    in.batch.total_rows = rows;
+    in.batch.max_visible = workspace.max_visible();
+    in.batch.row_begin = 0;
+    in.batch.row_end = rows;
+    in.q = q;
+    in.weights = weights;
+    in.cache = cache_target<C, A>(cache, block_table);
+    in.keys = workspace.keys().data();
+    in.heads = H;
+    SplitArgs split;
+    split.seg_hist = workspace.segment_histograms();
+    split.plans = workspace.split_plans();
+    split.segs = workspace.split_segments();
+    split.from = workspace.split_from();
+    split.segment = workspace.split_segment();
+    // Chunks of the workspace's max_tokens rows, in order, on the one
+    // instance: each chunk's keys are consumed before the next overwrites.
+    std::size_t const chunk = workspace.max_tokens();
+    for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
+      in.batch.row_begin = row_begin;
+      in.batch.row_end = std::min(rows, row_begin + chunk);
+      launch_score(chk, space, engine, in, workspace, options);
+      launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
+                            View2<std::int32_t, M>(out), topk, split, options);
+    }
+  }
+}
+
+// A decode batch as the selection's rows: batch row r owns query rows
+// [r * next_n, (r + 1) * next_n), entry (r, i) at position base_r + i,
+// base_r = p - i for its first real entry (r, i) with position p (0 for a
+// row without one, or a base below 0, which validation refuses). Rows
+// [first, first + count) of the batch, as rows [0, count) of the views.
+template <class ExecutionSpace>
+struct DecodeSelectRows {
+  using M = typename ExecutionSpace::memory_space;
+  View2<const std::int32_t, M> positions;
+  View1<std::uint32_t, M> row_offsets;    // [count + 1]
+  View1<std::uint32_t, M> cache_lengths;  // [count]
+  int first;
+  int count;
+  int next_n;
+
+  KOKKOS_FUNCTION void operator()(int r) const {
+    row_offsets(r) = static_cast<std::uint32_t>(r) * static_cast<std::uint32_t>(next_n);
+    if (r >= count) return;
+    std::int64_t base = 0;
+    for (int i = 0; i < next_n; ++i) {
+      std::int32_t const p = positions(first + r, i);
+      if (p >= 0) {
+        base = static_cast<std::int64_t>(p) - i;
+        break;
+      }
+    }
+    cache_lengths(r) = static_cast<std::uint32_t>(base < 0 ? 0 : base);
+  }
+};
+
+// Validation only: a live decode row's first real entry (r, i) has its
+// position p >= i, so that base_r = p - i is a position.
+template <class ExecutionSpace, class M>
+void check_decode_select_rows(Checker const& chk, ExecutionSpace const& space,
+                              View2<const std::int32_t, M> const& positions, int num_requests) {
+  std::size_t const n = static_cast<std::size_t>(num_requests);
+  std::size_t const next_n = positions.extent(1);
+  if (n == 0 || next_n == 0) return;
+  auto const h = host_readable(
+      space, Kokkos::subview(positions, std::make_pair(std::size_t(0), n), Kokkos::ALL));
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < next_n; ++i) {
+      std::int32_t const p = h(r, i);
+      if (p < 0) continue;
+      if (static_cast<std::size_t>(p) < i)
+        chk.fail_row("positions", static_cast<std::int64_t>(r), p,
+                     "is the first real position of the row, at entry " + std::to_string(i) +
+                         ": the entries before it would be positions below 0");
+      break;
+    }
+}
+
+// The Batch forms of score_select and select_tokens: K is the cache's; a
+// ragged batch is the positional call; a decode batch runs as ragged
+// batches of up to the workspace's max_tokens rows each (its rows built on
+// the device into the workspace, one small launch each; one for the usual
+// batch of at most max_tokens rows).
+template <bool Expand, class ExecutionSpace, class C, class M, class QView,
+          class WeightsView, class OutView, class Workspace>
+void score_select_batch(Checker const& chk, ExecutionSpace const& space,
+                        PagedCache<C, M> const& paged, QView const& q,
+                        WeightsView const& weights, int topk, Batch<M> const& batch,
+                        char const* out_name, OutView const& out, Workspace& workspace,
+                        Options const& options) {
+  int const K = paged.cache.kpool();
+  if (!batch.is_decode()) {
+    score_select_call<Expand>(chk, space, batch.row_offsets, batch.cache_lengths,
+                              paged.block_table, batch.num_requests, K, q, weights,
+                              paged.cache, topk, out_name, out, workspace, options);
+    return;
+  }
+  if constexpr (Kokkos::is_view<QView>::value && QView::rank == 3 &&
+                Kokkos::is_view<WeightsView>::value && WeightsView::rank == 2 &&
+                Kokkos::is_view<OutView>::value && OutView::rank == 2) {
+    std::size_t const B = batch.size();
+    int const next_n = static_cast<int>(batch.next_n());
+    chk.num_requests_within(batch.num_requests, B);
+    if (next_n == 0) chk.fail("batch", "positions extent 1", -1, "0", "is no token a row");
+    chk.extent_is("q", 0, q.extent(0), B * static_cast<std::size_t>(next_n),
+                  "B * next_n of the decode batch");
+    if (!workspace.is_allocated())
+      chk.fail("workspace", "", -1, "an empty SelectWorkspace",
+               "has no storage (construct it with a size)");
+    if (options.validate) check_decode_select_rows(chk, space, batch.positions, batch.num_requests);
+    // Batch rows a chunk: the workspace's rows hold them, and their queries.
+    std::size_t const per =
+        std::max<std::size_t>(1, workspace.max_tokens() / static_cast<std::size_t>(next_n));
+    std::size_t const n = static_cast<std::size_t>(batch.num_requests);
+    std::size_t first = 0;
+    do {
+      std::size_t const count = std::min(per, n - first);
+      auto const rows = std::make_pair(first * next_n, (first + count) * next_n);
+      auto const reqs = std::make_pair(first, first + count);
+      View1<std::uint32_t, M> const ro =
+          Kokkos::subview(workspace.decode_rows(), std::make_pair(std::size_t(0), count + 1));
+      View1<std::uint32_t, M> const cl = Kokkos::subview(
+          workspace.decode_rows(), std::make_pair(count + 1, 2 * count + 1));
+      Kokkos::parallel_for(
+          "KPool::decode_select_rows",
+          Kokkos::RangePolicy<ExecutionSpace>(space, 0, static_cast<int>(count) + 1),
+          DecodeSelectRows<ExecutionSpace>{batch.positions, ro, cl, static_cast<int>(first),
+                                           static_cast<int>(count), next_n});
+      score_select_call<Expand>(
+          chk, space, View1<const std::uint32_t, M>(ro), View1<const std::uint32_t, M>(cl),
+          Kokkos::subview(paged.block_table, reqs, Kokkos::ALL), static_cast<int>(count), K,
+          Kokkos::subview(q, rows, Kokkos::ALL, Kokkos::ALL),
+          Kokkos::subview(weights, rows, Kokkos::ALL), paged.cache, topk, out_name,
+          Kokkos::subview(out, rows, Kokkos::ALL), workspace, options);
+      first += count;
+    } while (first < n);
+  } else {
+    // The positional call names the wrong argument at compile time.
+    score_select_call<Expand>(chk, space, batch.row_offsets, batch.cache_lengths,
+                              paged.block_table, batch.num_requests, K, q, weights,
+                              paged.cache, topk, out_name, out, workspace, options);
+  }
 }
 
 }  // namespace Details
