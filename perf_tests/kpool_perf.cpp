@@ -1032,7 +1032,7 @@ void cached_step(Space const& space, RaggedData<T>& data, CacheData& cd, int B,
                 data.row_offsets, data.cache_lengths, data.slot_idx, B,
                 data.out, cd.cache, cd.block_table, p);
   } else {
-    KPool::Details::check_step_views<Space, T, decltype(data.key), decltype(data.gate),
+    KPool::Details::check_step_views<Space, typename Space::memory_space, T, decltype(data.key), decltype(data.gate),
                                      decltype(data.ape), decltype(data.row_offsets),
                                      decltype(data.cache_lengths),
                                      decltype(data.slot_idx)>();

@@ -279,6 +279,59 @@ TEST(Batch, AWrongBatchIsRefusedByNameAndNothingIsWritten) {
     KPool::score_select(space, paged, q5, w5, 2, KPool::decode_batch(positions, 2), ids, ws,
                         opts);
   }, "KPool::score_select", "q", "5", "B * next_n of the decode batch");
+
+  // A decode selection in chunks (a workspace of one request's rows, so a
+  // chunk a request): a bad row in the second chunk is refused under its
+  // own batch row, 1, before the first chunk writes anything.
+  {
+    KPool::SelectWorkspace<float, M> ws1(space, 2, 8, H, D);
+    F3 q4("q", 4, H, D);
+    F2 w4("w", 4, H);
+    fill_uniform(rng, q4, -1, 1);
+    fill_uniform(rng, w4, 0, 1);
+    I2 ids4("ids", 4, 2);
+    Kokkos::deep_copy(ids4, -7);
+    auto const ids4_before = raw_bytes(ids4);
+    auto const refused_at_row_1 = [&](auto const& call, char const* argument,
+                                      char const* value, char const* words) {
+      try {
+        call();
+        ADD_FAILURE() << "a bad second chunk was taken";
+      } catch (KPool::InvalidArgument const& e) {
+        EXPECT_EQ(e.entry_point(), "KPool::select_tokens");
+        EXPECT_EQ(e.argument(), argument);
+        EXPECT_EQ(e.row(), 1) << e.what();
+        EXPECT_EQ(e.value(), value);
+        EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(raw_bytes(ids4), ids4_before) << "the first chunk was written";
+    };
+    // Row 1's block of pool 0 unassigned.
+    auto const bad = block_table();
+    auto const hbad = on_host(bad);
+    hbad(1, 0) = -1;
+    Kokkos::deep_copy(bad, hbad);
+    I2 tok("tokens", 4, KPool::select_tokens_width(2, K));
+    Kokkos::deep_copy(tok, -7);
+    auto const tok_before = raw_bytes(tok);
+    refused_at_row_1([&] {
+      KPool::select_tokens(space, KPool::paged(t.cache, bad), q4, w4, 2,
+                           KPool::decode_batch(positions, 2), tok, ws1, opts);
+    }, "block_table", "-1", "is not an assigned block");
+    // Row 1's first real position 0 at entry 1: its base would be -1.
+    I2 const below = positions_view<M>({8, 9, -1, 0}, 2);
+    refused_at_row_1([&] {
+      KPool::select_tokens(space, paged, q4, w4, 2, KPool::decode_batch(below, 2), tok, ws1,
+                           opts);
+    }, "positions", "0", "positions below 0");
+    // Row 1 sees 9 pools, more than the workspace's 8.
+    I2 const far = positions_view<M>({8, 9, 34, 35}, 2);
+    refused_at_row_1([&] {
+      KPool::select_tokens(space, paged, q4, w4, 2, KPool::decode_batch(far, 2), tok, ws1,
+                           opts);
+    }, "positions", "34", "more than the workspace's max_visible = 8");
+    EXPECT_EQ(raw_bytes(tok), tok_before) << "the first chunk's tokens were written";
+  }
 #if KPOOL_HAS_KOKKOSKERNELS
   if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
     F3 q("q", 8, H, D);

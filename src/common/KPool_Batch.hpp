@@ -165,6 +165,18 @@ void batch_has_slots(Checker const& chk, Batch<M> const& batch) {
              "slot_idx, n) or KPool::decode_batch(positions, slot_idx, n))");
 }
 
+// A writer's batch: the form the writer takes and, for a writer of the
+// ring, each row's slot; named errors otherwise.
+template <class M>
+void writer_batch_ok(char const* entry, Batch<M> const& batch, typename Batch<M>::Kind want,
+                     bool needs_slots) {
+  Checker const chk(entry);
+  batch_kind_is(chk, batch, want,
+                want == Batch<M>::Kind::ragged ? "is not the ragged batch the call takes"
+                                               : "is not the decode batch the call takes");
+  if (needs_slots) batch_has_slots(chk, batch);
+}
+
 }  // namespace Details
 
 }  // namespace KPool

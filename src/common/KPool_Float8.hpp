@@ -96,37 +96,16 @@ KOKKOS_INLINE_FUNCTION float e4m3_bits_to_float(std::uint8_t b) {
   std::uint32_t const sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
   std::uint32_t const e = (b >> 3) & 0xFu;
   std::uint32_t const m = b & 0x7u;
-  if (e == 0xFu && m == 0x7u)
-    return KokkosExt::bit_cast<float>(sign | 0x7FC00000u);
-  if (e == 0) {
-    // Subnormal or zero: m * 2^-9, exact in float.
-    float const mag = static_cast<float>(m) * 0.001953125f;
-    return KokkosExt::bit_cast<float>(sign |
-                                      KokkosExt::bit_cast<std::uint32_t>(mag));
-  }
-  return KokkosExt::bit_cast<float>(sign | ((e + 120u) << 23) | (m << 20));
+  if (e == 0xFu && m == 0x7u) return KokkosExt::bit_cast<float>(sign | 0x7FC00000u);
+  return small_float_fields_to_float<3, 7>(sign, e, m);
 }
 
 }  // namespace Details
 
-/// OCP FP8 E4M3FN, the fp8 pool cache's element type.
-struct float8_e4m3 {
-  std::uint8_t bits;
-
-  KOKKOS_DEFAULTED_FUNCTION float8_e4m3() = default;
-  /// Round to nearest even, saturating at +-448 (infinities too); NaN stays
-  /// NaN.
-  KOKKOS_INLINE_FUNCTION explicit float8_e4m3(float f)
-      : bits(Details::float_to_e4m3_bits(f)) {}
-  /// Exact.
-  KOKKOS_INLINE_FUNCTION explicit operator float() const {
-    return Details::e4m3_bits_to_float(bits);
-  }
-  KOKKOS_INLINE_FUNCTION static float8_e4m3 from_bits(std::uint8_t b) {
-    float8_e4m3 h;
-    h.bits = b;
-    return h;
-  }
+/// OCP FP8 E4M3FN, the fp8 pool cache's element type. From float: round to
+/// nearest even, saturating at +-448 (infinities too); NaN stays NaN.
+struct float8_e4m3 : Details::SmallFloat<float8_e4m3, Details::SmallFormat::e4m3> {
+  using SmallFloat::SmallFloat;
 };
 
 static_assert(sizeof(float8_e4m3) == 1 && alignof(float8_e4m3) == 1,

@@ -62,76 +62,94 @@ KOKKOS_INLINE_FUNCTION std::uint16_t float_to_f16_bits(float f) {
   return static_cast<std::uint16_t>(sign | (q + up));
 }
 
+// A finite value of a small float format (MBits mantissa bits, exponent
+// bias Bias) from its sign (already at bit 31), exponent and mantissa
+// fields: subnormals (e == 0) are m * 2^(1 - Bias - MBits), exact in float;
+// normals are rebiased to f32's 127.
+template <unsigned MBits, unsigned Bias>
+KOKKOS_INLINE_FUNCTION float small_float_fields_to_float(std::uint32_t sign, std::uint32_t e,
+                                                         std::uint32_t m) {
+  if (e == 0) {
+    float const step = KokkosExt::bit_cast<float>((128u - Bias - MBits) << 23);
+    float const mag = static_cast<float>(m) * step;
+    return KokkosExt::bit_cast<float>(sign | KokkosExt::bit_cast<std::uint32_t>(mag));
+  }
+  return KokkosExt::bit_cast<float>(sign | ((e + 127u - Bias) << 23) | (m << (23u - MBits)));
+}
+
 KOKKOS_INLINE_FUNCTION float f16_bits_to_float(std::uint16_t h) {
   std::uint32_t const sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t const e = (h >> 10) & 0x1Fu;
   std::uint32_t const m = h & 0x03FFu;
-  if (e == 0x1Fu) {
-    return KokkosExt::bit_cast<float>(sign | 0x7F800000u | (m << 13));
-  }
-  if (e == 0) {
-    // Subnormal or zero: m * 2^-24, exact in float.
-    float const mag = static_cast<float>(m) * 5.9604644775390625e-8f;
-    return KokkosExt::bit_cast<float>(sign |
-                                      KokkosExt::bit_cast<std::uint32_t>(mag));
-  }
-  return KokkosExt::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
+  if (e == 0x1Fu) return KokkosExt::bit_cast<float>(sign | 0x7F800000u | (m << 13));
+  return small_float_fields_to_float<10, 15>(sign, e, m);
 }
 
-}  // namespace Details
+// The conversions of KPool_Float8.hpp, declared here for SmallFloat.
+KOKKOS_INLINE_FUNCTION std::uint8_t float_to_e4m3_bits(float f);
+KOKKOS_INLINE_FUNCTION float e4m3_bits_to_float(std::uint8_t b);
 
-/// Brain floating point: 1 sign, 8 exponent, 7 mantissa bits (the top
-/// half of an f32). Host and device; two bytes, trivially copyable.
-struct bfloat16 {
+enum class SmallFormat { bf16, f16, e4m3 };
+
+// The body of a storage type holding one value of a small float format in
+// its bits: the constructor from float rounds as the format's rule says
+// (docs/pools.md and docs/indexer.md), the conversion to float is exact.
+// Host and device; trivially copyable. Each type derives from it (and
+// inherits its constructors), so it keeps its own name.
+template <class Derived, SmallFormat Format>
+struct SmallFloat {
+  using bits_type = typename std::conditional<Format == SmallFormat::e4m3, std::uint8_t,
+                                              std::uint16_t>::type;
   /// The raw bit pattern.
-  std::uint16_t bits;
+  bits_type bits;
 
   /// Uninitialized, like a float.
-  KOKKOS_DEFAULTED_FUNCTION bfloat16() = default;
-  /// Rounds `f` to nearest, ties to even; overflow gives infinity, NaN
-  /// stays NaN (quiet).
+  KOKKOS_DEFAULTED_FUNCTION SmallFloat() = default;
+  /// Rounds `f` into the format.
   /// @param f the value to store.
-  KOKKOS_INLINE_FUNCTION explicit bfloat16(float f)
-      : bits(Details::float_to_bf16_bits(f)) {}
+  KOKKOS_INLINE_FUNCTION explicit SmallFloat(float f) {
+    if constexpr (Format == SmallFormat::bf16)
+      bits = float_to_bf16_bits(f);
+    else if constexpr (Format == SmallFormat::f16)
+      bits = float_to_f16_bits(f);
+    else
+      bits = float_to_e4m3_bits(f);
+  }
   /// The stored value as a float, exactly.
   KOKKOS_INLINE_FUNCTION explicit operator float() const {
-    return Details::bf16_bits_to_float(bits);
+    if constexpr (Format == SmallFormat::bf16)
+      return bf16_bits_to_float(bits);
+    else if constexpr (Format == SmallFormat::f16)
+      return f16_bits_to_float(bits);
+    else
+      return e4m3_bits_to_float(bits);
   }
   /// The value whose bit pattern is `b`.
-  /// @param b a bf16 bit pattern.
+  /// @param b a bit pattern of the format.
   /// @return that value.
-  KOKKOS_INLINE_FUNCTION static bfloat16 from_bits(std::uint16_t b) {
-    bfloat16 h;
+  KOKKOS_INLINE_FUNCTION static Derived from_bits(bits_type b) {
+    Derived h;
     h.bits = b;
     return h;
   }
 };
 
-/// IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits, with
-/// subnormals. Host and device; two bytes, trivially copyable.
-struct float16 {
-  /// The raw bit pattern.
-  std::uint16_t bits;
+}  // namespace Details
 
-  /// Uninitialized, like a float.
-  KOKKOS_DEFAULTED_FUNCTION float16() = default;
-  /// Rounds `f` to nearest, ties to even, into normals or subnormals;
-  /// 65520 and above give infinity, NaN stays NaN (quiet).
-  /// @param f the value to store.
-  KOKKOS_INLINE_FUNCTION explicit float16(float f)
-      : bits(Details::float_to_f16_bits(f)) {}
-  /// The stored value as a float, exactly.
-  KOKKOS_INLINE_FUNCTION explicit operator float() const {
-    return Details::f16_bits_to_float(bits);
-  }
-  /// The value whose bit pattern is `b`.
-  /// @param b a binary16 bit pattern.
-  /// @return that value.
-  KOKKOS_INLINE_FUNCTION static float16 from_bits(std::uint16_t b) {
-    float16 h;
-    h.bits = b;
-    return h;
-  }
+/// Brain floating point: 1 sign, 8 exponent, 7 mantissa bits (the top
+/// half of an f32). Host and device; two bytes, trivially copyable. From
+/// float: round to nearest, ties to even; overflow gives infinity, NaN
+/// stays NaN (quiet).
+struct bfloat16 : Details::SmallFloat<bfloat16, Details::SmallFormat::bf16> {
+  using SmallFloat::SmallFloat;
+};
+
+/// IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits, with
+/// subnormals. Host and device; two bytes, trivially copyable. From float:
+/// round to nearest, ties to even, into normals or subnormals; 65520 and
+/// above give infinity, NaN stays NaN (quiet).
+struct float16 : Details::SmallFloat<float16, Details::SmallFormat::f16> {
+  using SmallFloat::SmallFloat;
 };
 
 static_assert(sizeof(bfloat16) == 2 && alignof(bfloat16) == 2,

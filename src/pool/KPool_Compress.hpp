@@ -142,12 +142,10 @@ void compress(ExecutionSpace const& space, KeyView const& key,
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 2, ExecutionSpace, "pooled");
   using M = typename ExecutionSpace::memory_space;
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::compress");
-  Details::Checker const chk("KPool::compress");
-  int const K = static_cast<int>(ape.extent(0));
-  int const D = static_cast<int>(ape.extent(1));
-  auto call = Details::ragged_call<ExecutionSpace, T>(
-      chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
+  Details::Entry const chk("KPool::compress");
+  auto call = Details::ragged_call<ExecutionSpace, T>(chk, key, gate, ape, row_offsets,
+                                                      cache_lengths, num_requests);
+  int const K = call.batch.kpool, D = call.head_dim;
   chk.extent_is("pool_row_offsets", 0, pool_row_offsets.extent(0),
                 call.batch_size + 1, "B + 1 (the extent of row_offsets)");
   chk.extent_is("pooled", 1, pooled.extent(1), D, "head_dim");
@@ -189,8 +187,7 @@ void compute_pool_row_offsets(ExecutionSpace const& space, Batch<MemorySpace> co
                               int kpool, std::size_t key_rows,
                               PoolRowOffsetsView const& pool_row_offsets,
                               Options const& options = Options()) {
-  Details::batch_kind_is(Details::Checker("KPool::compute_pool_row_offsets"), batch,
-                         Batch<MemorySpace>::Kind::ragged, "is not the ragged batch the call takes");
+  Details::writer_batch_ok("KPool::compute_pool_row_offsets", batch, Batch<MemorySpace>::Kind::ragged, false);
   compute_pool_row_offsets(space, batch.row_offsets, batch.cache_lengths, batch.num_requests,
                            kpool, key_rows, pool_row_offsets, options);
 }
@@ -206,8 +203,7 @@ void compress(ExecutionSpace const& space, KeyView const& key, GateView const& g
               ApeView const& ape, Batch<MemorySpace> const& batch,
               PoolRowOffsetsView const& pool_row_offsets, PooledView const& pooled,
               Options const& options = Options()) {
-  Details::batch_kind_is(Details::Checker("KPool::compress"), batch,
-                         Batch<MemorySpace>::Kind::ragged, "is not the ragged batch the call takes");
+  Details::writer_batch_ok("KPool::compress", batch, Batch<MemorySpace>::Kind::ragged, false);
   compress(space, key, gate, ape, batch.row_offsets, batch.cache_lengths, batch.num_requests,
            pool_row_offsets, pooled, options);
 }

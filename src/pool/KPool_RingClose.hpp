@@ -70,14 +70,11 @@ void ring_close(ExecutionSpace const& space, TailView const& tail,
                                "closed_pool");
   using M = typename ExecutionSpace::memory_space;
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::ring_close");
-  Details::Checker const chk("KPool::ring_close");
-  int const K = static_cast<int>(ape.extent(0));
-  int const D = static_cast<int>(ape.extent(1));
-  auto call = Details::ragged_call<ExecutionSpace, T>(
-      chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
-  Details::check_tail(chk, tail, K, D);
-  Details::attach_slots(chk, call, slot_idx, tail);
+  Details::Entry const chk("KPool::ring_close");
+  auto call = Details::ragged_call<ExecutionSpace, T>(chk, key, gate, ape, row_offsets,
+                                                      cache_lengths, num_requests);
+  int const K = call.batch.kpool, D = call.head_dim;
+  Details::attach_ring(chk, call, slot_idx, tail);
   chk.extent_is("pooled", 0, pooled.extent(0), call.batch_size, "B");
   chk.extent_is("pooled", 1, pooled.extent(1), D, "head_dim");
   chk.extent_is("closed_pool", 0, closed_pool.extent(0), call.batch_size, "B");
@@ -101,10 +98,7 @@ void ring_close(ExecutionSpace const& space, TailView const& tail,
     f.writer.tail = ring;
     f.writer.out.set_pooled(out);
     f.writer.closed_pool = closed_pool;
-    Details::LaunchShape const shape = Details::items_shape(
-        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
-        D, P::width, options.team_size);
-    Details::launch_items(space, "KPool::ring_close", shape, f);
+    Details::launch_rows<P>(chk, space, f, num_requests, D, options);
   });
 }
 
@@ -119,10 +113,7 @@ void ring_close(ExecutionSpace const& space, TailView const& tail, KeyView const
                 GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
                 PooledView const& pooled, ClosedView const& closed_pool,
                 Options const& options = Options()) {
-  Details::Checker const chk("KPool::ring_close");
-  Details::batch_kind_is(chk, batch, Batch<MemorySpace>::Kind::ragged,
-                         "is not the ragged batch the call takes");
-  Details::batch_has_slots(chk, batch);
+  Details::writer_batch_ok("KPool::ring_close", batch, Batch<MemorySpace>::Kind::ragged, true);
   ring_close(space, tail, key, gate, ape, batch.row_offsets, batch.cache_lengths,
              batch.slot_idx, batch.num_requests, pooled, closed_pool, options);
 }

@@ -56,8 +56,7 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
                         "slot_idx");
   using M = typename ExecutionSpace::memory_space;
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::seed_tail");
-  Details::Checker const chk("KPool::seed_tail");
+  Details::Entry const chk("KPool::seed_tail");
   // Only R matters here; it stands in for K in the shared checks.
   int const K = static_cast<int>(tail.extent(2));
   int const D = static_cast<int>(tail.extent(3));
@@ -67,10 +66,9 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
   Kokkos::View<const float**, Kokkos::LayoutRight, M,
                Kokkos::MemoryTraits<Kokkos::Unmanaged>> const no_ape(
       static_cast<float const*>(nullptr), K, D);
-  auto call = Details::ragged_call<ExecutionSpace, T>(
-      chk, key, gate, no_ape, row_offsets, cache_lengths, num_requests, K, D);
-  Details::check_tail(chk, tail, K, D);
-  Details::attach_slots(chk, call, slot_idx, tail);
+  auto call = Details::ragged_call<ExecutionSpace, T>(chk, key, gate, no_ape, row_offsets,
+                                                      cache_lengths, num_requests);
+  Details::attach_ring(chk, call, slot_idx, tail);
   if (options.validate)
     Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
                                 &slot_idx, num_requests, key.extent(0), K,
@@ -89,10 +87,7 @@ void seed_tail(ExecutionSpace const& space, TailView const& tail,
     using Writer = Details::RaggedWriter<ExecutionSpace, T, P, false>;
     Details::SeedTailFunctor<Writer> f{Details::ragged_writer<Writer>(call)};
     f.writer.tail = ring;
-    Details::LaunchShape const shape = Details::items_shape(
-        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
-        D, P::width, options.team_size);
-    Details::launch_items(space, "KPool::seed_tail", shape, f);
+    Details::launch_rows<P>(chk, space, f, num_requests, D, options);
   });
 }
 
@@ -106,10 +101,7 @@ template <class ExecutionSpace, class TailView, class KeyView, class GateView,
 void seed_tail(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
                GateView const& gate, Batch<MemorySpace> const& batch,
                Options const& options = Options()) {
-  Details::Checker const chk("KPool::seed_tail");
-  Details::batch_kind_is(chk, batch, Batch<MemorySpace>::Kind::ragged,
-                         "is not the ragged batch the call takes");
-  Details::batch_has_slots(chk, batch);
+  Details::writer_batch_ok("KPool::seed_tail", batch, Batch<MemorySpace>::Kind::ragged, true);
   seed_tail(space, tail, key, gate, batch.row_offsets, batch.cache_lengths, batch.slot_idx,
             batch.num_requests, options);
 }

@@ -78,11 +78,7 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
           CacheLengthsView const& cache_lengths, SlotView const& slot_idx,
           int num_requests, StepOutput<T, MemorySpace>& out,
           Options const& options = Options()) {
-  static_assert(std::is_same<MemorySpace,
-                             typename ExecutionSpace::memory_space>::value,
-                "KPool::step: the ring and the output must live in the "
-                "execution space's memory space");
-  if constexpr (Details::check_step_views<ExecutionSpace, T, KeyView, GateView,
+  if constexpr (Details::check_step_views<ExecutionSpace, MemorySpace, T, KeyView, GateView,
                                           ApeView, RowOffsetsView,
                                           CacheLengthsView, SlotView>())
     Details::step_impl(space, ring, key, gate, ape, row_offsets, cache_lengths,
@@ -130,31 +126,21 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
           int num_requests, StepOutput<T, MemorySpace>& out,
           PoolCache<C, MemorySpace>& cache, BlockTableView const& block_table,
           Options const& options = Options()) {
-  static_assert(std::is_same<MemorySpace,
-                             typename ExecutionSpace::memory_space>::value,
-                "KPool::step: the ring, the output and the cache must live "
-                "in the execution space's memory space");
-  constexpr bool views_ok =
-      Details::check_step_views<ExecutionSpace, T, KeyView, GateView, ApeView,
-                                RowOffsetsView, CacheLengthsView, SlotView>();
-  constexpr bool cache_ok =
-      Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>();
-  if constexpr (!views_ok || !cache_ok) {
-    (void)space, (void)ring, (void)key, (void)gate, (void)ape,
-        (void)row_offsets, (void)cache_lengths, (void)slot_idx,
-        (void)num_requests, (void)out, (void)cache, (void)block_table,
-        (void)options;
-  } else if constexpr (is_cache_type<C, T>::value) {
-    Details::step_impl(
-        space, ring, key, gate, ape, row_offsets, cache_lengths, slot_idx,
-        num_requests, out,
-        Details::CacheArg<C, MemorySpace, BlockTableView>{&cache, &block_table},
-        options);
-  } else {
-    // fp8 of f64 pools: refused, before anything runs.
-    Details::check_cache_shapes<ExecutionSpace, T>(
-        Details::Checker("KPool::step"), space, cache, block_table,
-        static_cast<int>(ape.extent(1)), block_table.extent(0));
+  if constexpr (Details::check_step_views<ExecutionSpace, MemorySpace, T, KeyView, GateView, ApeView,
+                                RowOffsetsView, CacheLengthsView, SlotView>() &&
+                Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>()) {
+    if constexpr (is_cache_type<C, T>::value) {
+      Details::step_impl(
+          space, ring, key, gate, ape, row_offsets, cache_lengths, slot_idx,
+          num_requests, out,
+          Details::CacheArg<C, MemorySpace, BlockTableView>{&cache, &block_table},
+          options);
+    } else {
+      // fp8 of f64 pools: refused, before anything runs.
+      Details::check_cache_shapes<ExecutionSpace, T>(
+          Details::Checker("KPool::step"), space, cache, block_table,
+          static_cast<int>(ape.extent(1)), block_table.extent(0));
+    }
   }
 }
 
@@ -205,11 +191,7 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                  PositionsView const& positions, SlotView const& slot_idx,
                  int num_requests, StepOutput<T, MemorySpace>& out,
                  Options const& options = Options()) {
-  static_assert(std::is_same<MemorySpace,
-                             typename ExecutionSpace::memory_space>::value,
-                "KPool::decode_step: the ring and the output must live in "
-                "the execution space's memory space");
-  if constexpr (Details::check_decode_views<ExecutionSpace, T, KeyView,
+  if constexpr (Details::check_decode_views<ExecutionSpace, MemorySpace, T, KeyView,
                                             GateView, ApeView, PositionsView,
                                             SlotView>())
     Details::decode_step_impl(space, ring, key, gate, ape, positions, slot_idx,
@@ -239,28 +221,19 @@ void decode_step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
                  PoolCache<C, MemorySpace>& cache,
                  BlockTableView const& block_table,
                  Options const& options = Options()) {
-  static_assert(std::is_same<MemorySpace,
-                             typename ExecutionSpace::memory_space>::value,
-                "KPool::decode_step: the ring, the output and the cache must "
-                "live in the execution space's memory space");
-  constexpr bool views_ok =
-      Details::check_decode_views<ExecutionSpace, T, KeyView, GateView,
-                                  ApeView, PositionsView, SlotView>();
-  constexpr bool cache_ok =
-      Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>();
-  if constexpr (!views_ok || !cache_ok) {
-    (void)space, (void)ring, (void)key, (void)gate, (void)ape,
-        (void)positions, (void)slot_idx, (void)num_requests, (void)out,
-        (void)cache, (void)block_table, (void)options;
-  } else if constexpr (is_cache_type<C, T>::value) {
-    Details::decode_step_impl(
-        space, ring, key, gate, ape, positions, slot_idx, num_requests, out,
-        Details::CacheArg<C, MemorySpace, BlockTableView>{&cache, &block_table},
-        options);
-  } else {
-    Details::check_cache_shapes<ExecutionSpace, T>(
-        Details::Checker("KPool::decode_step"), space, cache, block_table,
-        static_cast<int>(ape.extent(1)), block_table.extent(0));
+  if constexpr (Details::check_decode_views<ExecutionSpace, MemorySpace, T, KeyView, GateView,
+                                  ApeView, PositionsView, SlotView>() &&
+                Details::check_cache_arg<ExecutionSpace, T, C, BlockTableView>()) {
+    if constexpr (is_cache_type<C, T>::value) {
+      Details::decode_step_impl(
+          space, ring, key, gate, ape, positions, slot_idx, num_requests, out,
+          Details::CacheArg<C, MemorySpace, BlockTableView>{&cache, &block_table},
+          options);
+    } else {
+      Details::check_cache_shapes<ExecutionSpace, T>(
+          Details::Checker("KPool::decode_step"), space, cache, block_table,
+          static_cast<int>(ape.extent(1)), block_table.extent(0));
+    }
   }
 }
 

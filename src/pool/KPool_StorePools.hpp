@@ -64,8 +64,7 @@ void store_pools(ExecutionSpace const& space,
                         "block_table");
   using A = accumulator_t<T>;
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::store_pools");
-  Details::Checker const chk("KPool::store_pools");
+  Details::Entry const chk("KPool::store_pools");
   if (out.max_batch() < 0)
     chk.fail("out", "", -1, "an empty StepOutput",
              "has no storage (construct it with a capacity)");
@@ -172,8 +171,7 @@ void load_pools(ExecutionSpace const& space, PoolCache<C, MemorySpace> const& ca
   KPOOL_IMPL_CHECK_VIEW(NumPoolsView, std::int32_t, 1, ExecutionSpace, "num_pools");
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(OutView, O, 3, ExecutionSpace, "out");
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::load_pools");
-  Details::Checker const chk("KPool::load_pools");
+  Details::Entry const chk("KPool::load_pools");
   if (num_requests < 0) chk.fail_scalar("num_requests", num_requests, "is negative");
   std::size_t const n = static_cast<std::size_t>(num_requests);
   using TC = std::conditional_t<std::is_same<C, float8_e4m3>::value, float, C>;

@@ -110,8 +110,7 @@ void tail_update(ExecutionSpace const& space, TailView const& tail,
                                "closed_pool");
   using M = typename ExecutionSpace::memory_space;
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::tail_update");
-  Details::Checker const chk("KPool::tail_update");
+  Details::Entry const chk("KPool::tail_update");
   Details::check_decode_shapes(chk, key, gate, ape, positions, tail,
                                num_requests);
   int const K = static_cast<int>(ape.extent(0));
@@ -163,10 +162,7 @@ void tail_update(ExecutionSpace const& space, TailView const& tail,
     f.head_dim = D;
     f.max_slots = max_slots;
     f.ring_length = static_cast<int>(tail.extent(2));
-    Details::LaunchShape const shape = Details::items_shape(
-        chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
-        D, P::width, options.team_size);
-    Details::launch_items(space, "KPool::tail_update", shape, f);
+    Details::launch_rows<P>(chk, space, f, num_requests, D, options);
   });
 }
 
@@ -181,10 +177,7 @@ void tail_update(ExecutionSpace const& space, TailView const& tail, KeyView cons
                  GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
                  PooledView const& pooled, ClosedView const& closed_pool,
                  Options const& options = Options()) {
-  Details::Checker const chk("KPool::tail_update");
-  Details::batch_kind_is(chk, batch, Batch<MemorySpace>::Kind::decode,
-                         "is not the decode batch the call takes");
-  Details::batch_has_slots(chk, batch);
+  Details::writer_batch_ok("KPool::tail_update", batch, Batch<MemorySpace>::Kind::decode, true);
   tail_update(space, tail, key, gate, ape, batch.positions, batch.slot_idx, batch.num_requests,
               pooled, closed_pool, options);
 }

@@ -75,8 +75,7 @@ void expand_topk(ExecutionSpace const& space, PoolIdsView const& pool_ids,
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(OutView, std::int32_t, 2, ExecutionSpace,
                                "out");
 
-  Details::KokkosExt::ScopedProfileRegion region("KPool::expand_topk");
-  Details::Checker const chk("KPool::expand_topk");
+  Details::Entry const chk("KPool::expand_topk");
   if (kpool < 1)
     chk.fail_scalar("kpool", kpool,
                     "is not a valid kpool (K must be at least 1)");

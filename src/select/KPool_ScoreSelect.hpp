@@ -257,8 +257,7 @@ void score_select(ExecutionSpace const& space,
                                "pool_ids");
   if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
                 !Details::view_facts<PoolIdsView>::is_const) {
-    Details::KokkosExt::ScopedProfileRegion region("KPool::score_select");
-    Details::Checker const chk("KPool::score_select");
+    Details::Entry const chk("KPool::score_select");
     Details::score_select_call<false>(chk, space, row_offsets, cache_lengths,
                                       block_table, num_requests, kpool, q,
                                       weights, cache, topk, "pool_ids",
@@ -300,10 +299,9 @@ void score_select(ExecutionSpace const& space, PagedCache<C, MemorySpace> const&
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
   if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
                 !Details::view_facts<PoolIdsView>::is_const) {
-    Details::KokkosExt::ScopedProfileRegion region("KPool::score_select");
-    Details::score_select_batch<false>(Details::Checker("KPool::score_select"), space, cache,
-                                       q, weights, topk, batch, "pool_ids", pool_ids,
-                                       workspace, options);
+    Details::score_select_batch<false>(Details::Entry("KPool::score_select"), space, cache, q,
+                                       weights, topk, batch, "pool_ids", pool_ids, workspace,
+                                       options);
   }
 }
 

@@ -59,8 +59,7 @@ void select_tokens(ExecutionSpace const& space,
                                "tokens");
   if constexpr (Details::view_ok<TokensView, std::int32_t, 2, ExecutionSpace>() &&
                 !Details::view_facts<TokensView>::is_const) {
-    Details::KokkosExt::ScopedProfileRegion region("KPool::select_tokens");
-    Details::Checker const chk("KPool::select_tokens");
+    Details::Entry const chk("KPool::select_tokens");
     Details::score_select_call<true>(chk, space, row_offsets, cache_lengths,
                                      block_table, num_requests, kpool, q,
                                      weights, cache, topk, "tokens", tokens,
@@ -83,8 +82,7 @@ void select_tokens(ExecutionSpace const& space, PagedCache<C, MemorySpace> const
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(TokensView, std::int32_t, 2, ExecutionSpace, "tokens");
   if constexpr (Details::view_ok<TokensView, std::int32_t, 2, ExecutionSpace>() &&
                 !Details::view_facts<TokensView>::is_const) {
-    Details::KokkosExt::ScopedProfileRegion region("KPool::select_tokens");
-    Details::score_select_batch<true>(Details::Checker("KPool::select_tokens"), space, cache,
+    Details::score_select_batch<true>(Details::Entry("KPool::select_tokens"), space, cache,
                                       q, weights, topk, batch, "tokens", tokens, workspace,
                                       options);
   }

@@ -98,19 +98,15 @@ struct max_vector_lanes {
 };
 
 // Backend names, where releases moved them.
-#if defined(KOKKOS_ENABLE_HIP)
-#if KOKKOS_VERSION >= 40000
+#if defined(KOKKOS_ENABLE_HIP) && KOKKOS_VERSION >= 40000
 using HIP = Kokkos::HIP;
-#else
+#elif defined(KOKKOS_ENABLE_HIP)
 using HIP = Kokkos::Experimental::HIP;
 #endif
-#endif
-#if defined(KOKKOS_ENABLE_SYCL)
-#if KOKKOS_VERSION >= 40500
+#if defined(KOKKOS_ENABLE_SYCL) && KOKKOS_VERSION >= 40500
 using SYCL = Kokkos::SYCL;
-#else
+#elif defined(KOKKOS_ENABLE_SYCL)
 using SYCL = Kokkos::Experimental::SYCL;
-#endif
 #endif
 
 #if defined(KOKKOS_ENABLE_CUDA)

@@ -240,6 +240,16 @@ class Checker {
   std::string entry_;
 };
 
+// An entry point's profiling region and its checker, opened under its one
+// name: the region covers the entry's whole body.
+class Entry : public Checker {
+ public:
+  explicit Entry(std::string const& name) : Checker(name), region_(name) {}
+
+ private:
+  KokkosExt::ScopedProfileRegion region_;
+};
+
 // A small index array (already cut to the rows that matter) readable on
 // the host, after the work queued on `space` (which may have written it)
 // has finished. Only `space` is waited for and the copy runs on it: other

@@ -5,6 +5,7 @@
 // the normalized views, the shape checks (free, always on), and the path
 // choice from strides and alignment.
 
+#include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
 #include <common/detail/KPool_Launch.hpp>
 #include <common/detail/KPool_Validate.hpp>
@@ -18,38 +19,36 @@
 namespace KPool {
 namespace Details {
 
-// The views of a ragged batch, checked at compile time: the one list the
-// writers and the steps share. Prefill-shaped (compress, ring_close,
-// seed_tail, step): key and gate [rows, D] of T, row_offsets [B + 1] and
-// cache_lengths [B] of uint32. Decode-shaped (tail_update, decode_step):
-// key and gate [B, next_n, D] of T, positions [B, next_n] of int32,
-// slot_idx [B] of uint32. Each returns whether every check holds.
-template <class ExecutionSpace, class T, class KeyView, class GateView,
-          class RowOffsetsView, class CacheLengthsView>
-constexpr bool ragged_views_ok() {
+// The views of a call, checked at compile time: the one list the writers
+// and the steps share. key and gate are [rows, D] (Rank 2) or [B, next_n,
+// D] (Rank 3) of T; ragged_views_ok adds row_offsets [B + 1] and
+// cache_lengths [B] of uint32, decode_views_ok positions [B, next_n] of
+// int32 and slot_idx [B] of uint32. Each returns whether every check holds.
+template <class ExecutionSpace, class T, int Rank, class KeyView, class GateView>
+constexpr bool key_gate_ok() {
   static_assert(is_storage_type<T>::value,
                 "KPool: key must hold float, double, KPool::bfloat16 or "
                 "KPool::float16");
-  return KPOOL_IMPL_VIEW_OK(KeyView, T, 2, ExecutionSpace, "key") &&
-         KPOOL_IMPL_VIEW_OK(GateView, T, 2, ExecutionSpace, "gate") &&
-         KPOOL_IMPL_VIEW_OK(RowOffsetsView, std::uint32_t, 1, ExecutionSpace,
-                            "row_offsets") &&
-         KPOOL_IMPL_VIEW_OK(CacheLengthsView, std::uint32_t, 1, ExecutionSpace,
-                            "cache_lengths");
+  return KPOOL_IMPL_VIEW_OK(KeyView, T, Rank, ExecutionSpace, "key") &&
+         KPOOL_IMPL_VIEW_OK(GateView, T, Rank, ExecutionSpace, "gate");
 }
 
-template <class ExecutionSpace, class T, class KeyView, class GateView,
-          class PositionsView, class SlotView>
+template <class ExecutionSpace, class T, class KeyView, class GateView, class IndexView,
+          class RowView, bool Decode = false>
+constexpr bool ragged_views_ok() {
+  if constexpr (Decode)
+    return key_gate_ok<ExecutionSpace, T, 3, KeyView, GateView>() &&
+           KPOOL_IMPL_VIEW_OK(IndexView, std::int32_t, 2, ExecutionSpace, "positions") &&
+           KPOOL_IMPL_VIEW_OK(RowView, std::uint32_t, 1, ExecutionSpace, "slot_idx");
+  else
+    return key_gate_ok<ExecutionSpace, T, 2, KeyView, GateView>() &&
+           KPOOL_IMPL_VIEW_OK(IndexView, std::uint32_t, 1, ExecutionSpace, "row_offsets") &&
+           KPOOL_IMPL_VIEW_OK(RowView, std::uint32_t, 1, ExecutionSpace, "cache_lengths");
+}
+template <class ExecutionSpace, class T, class KeyView, class GateView, class PositionsView,
+          class SlotView>
 constexpr bool decode_views_ok() {
-  static_assert(is_storage_type<T>::value,
-                "KPool: key must hold float, double, KPool::bfloat16 or "
-                "KPool::float16");
-  return KPOOL_IMPL_VIEW_OK(KeyView, T, 3, ExecutionSpace, "key") &&
-         KPOOL_IMPL_VIEW_OK(GateView, T, 3, ExecutionSpace, "gate") &&
-         KPOOL_IMPL_VIEW_OK(PositionsView, std::int32_t, 2, ExecutionSpace,
-                            "positions") &&
-         KPOOL_IMPL_VIEW_OK(SlotView, std::uint32_t, 1, ExecutionSpace,
-                            "slot_idx");
+  return ragged_views_ok<ExecutionSpace, T, KeyView, GateView, PositionsView, SlotView, true>();
 }
 
 template <class ExecutionSpace, class T>
@@ -76,20 +75,16 @@ struct RaggedCall {
 
 // Shapes of a ragged call, checked whatever Options::validate says: they
 // cost nothing, and with them the kernels never index past an index array.
+// K and D are ape's extents.
 template <class ExecutionSpace, class T, class KeyView, class GateView,
           class ApeView, class Offsets, class Lengths>
-RaggedCall<ExecutionSpace, T> ragged_call(Checker const& chk,
-                                          KeyView const& key,
-                                          GateView const& gate,
-                                          ApeView const& ape,
+RaggedCall<ExecutionSpace, T> ragged_call(Checker const& chk, KeyView const& key,
+                                          GateView const& gate, ApeView const& ape,
                                           Offsets const& row_offsets,
-                                          Lengths const& cache_lengths,
-                                          int num_requests, int kpool,
-                                          int head_dim) {
-  chk.pool_shape(static_cast<std::size_t>(kpool),
-                 static_cast<std::size_t>(head_dim));
-  chk.extent_is("ape", 0, ape.extent(0), kpool, "kpool");
-  chk.extent_is("ape", 1, ape.extent(1), head_dim, "head_dim");
+                                          Lengths const& cache_lengths, int num_requests) {
+  chk.pool_shape(ape.extent(0), ape.extent(1));
+  int const kpool = static_cast<int>(ape.extent(0));
+  int const head_dim = static_cast<int>(ape.extent(1));
   chk.extent_is("key", 1, key.extent(1), head_dim, "head_dim");
   chk.extent_is("gate", 0, gate.extent(0), key.extent(0), "the rows of key");
   chk.extent_is("gate", 1, gate.extent(1), head_dim, "head_dim");
@@ -109,19 +104,6 @@ RaggedCall<ExecutionSpace, T> ragged_call(Checker const& chk,
   call.batch_size = static_cast<int>(B);
   call.head_dim = head_dim;
   return call;
-}
-
-// The ring a ragged writer uses: its slots and its length R (a tail
-// already passed check_tail).
-template <class ExecutionSpace, class T, class Slots, class Tail>
-void attach_slots(Checker const& chk, RaggedCall<ExecutionSpace, T>& call,
-                  Slots const& slot_idx, Tail const& tail) {
-  chk.extent_is("slot_idx", 0, slot_idx.extent(0),
-                static_cast<std::size_t>(call.batch_size),
-                "the batch size B (row_offsets has B + 1 entries)");
-  call.batch.slot_idx = slot_idx;
-  call.batch.max_slots = static_cast<int>(tail.extent(0));
-  call.batch.ring_length = static_cast<int>(tail.extent(2));
 }
 
 // The ring [max_slots, 2, R, D]: R, the ring length, a multiple of kpool
@@ -147,6 +129,20 @@ void check_tail(Checker const& chk, Tail const& tail, int kpool, int head_dim) {
              "is too many slots");
 }
 
+// The ring a ragged writer or step uses: its tail's shape (check_tail),
+// its slots and its length R.
+template <class ExecutionSpace, class T, class Slots, class Tail>
+void attach_ring(Checker const& chk, RaggedCall<ExecutionSpace, T>& call,
+                 Slots const& slot_idx, Tail const& tail) {
+  check_tail(chk, tail, call.batch.kpool, call.head_dim);
+  chk.extent_is("slot_idx", 0, slot_idx.extent(0),
+                static_cast<std::size_t>(call.batch_size),
+                "the batch size B (row_offsets has B + 1 entries)");
+  call.batch.slot_idx = slot_idx;
+  call.batch.max_slots = static_cast<int>(tail.extent(0));
+  call.batch.ring_length = static_cast<int>(tail.extent(2));
+}
+
 // A ragged writer reading this call's batch, key, gate and ape; the caller
 // adds the ring and the outputs it uses.
 template <class Writer, class ExecutionSpace, class T>
@@ -169,6 +165,17 @@ void launch_ragged_offsets(ExecutionSpace const& space, std::string const& label
       space, label,
       RaggedPoolCount<StepMode>{call.batch},
       offsets, call.batch_size);
+}
+
+// A writer's one launch: an item a live row (num_requests), on the
+// caller's instance, named as its entry point.
+template <class P, class ExecutionSpace, class F>
+void launch_rows(Checker const& chk, ExecutionSpace const& space, F const& f, int num_requests,
+                 int head_dim, Options const& options) {
+  LaunchShape const shape =
+      items_shape(chk, "num_requests", space, f, static_cast<std::uint64_t>(num_requests),
+                  head_dim, P::width, options.team_size);
+  launch_items(space, chk.entry_point(), shape, f);
 }
 
 }  // namespace Details

@@ -125,20 +125,30 @@ constexpr bool cache_second_pass() {
 // with and without a cache.
 // Each returns whether every check holds; the entry points skip their body
 // otherwise (`if constexpr`), so one static_assert is the only error.
-template <class ExecutionSpace, class T, class KeyView, class GateView,
+// The ring, the output and the cache live in the execution space's memory
+// space M.
+template <class ExecutionSpace, class M>
+constexpr bool step_space_ok() {
+  static_assert(std::is_same<M, typename ExecutionSpace::memory_space>::value,
+                "KPool::step: the ring, the output and the cache must live in the "
+                "execution space's memory space");
+  return std::is_same<M, typename ExecutionSpace::memory_space>::value;
+}
+
+template <class ExecutionSpace, class M, class T, class KeyView, class GateView,
           class ApeView, class RowOffsetsView, class CacheLengthsView,
           class SlotView>
 constexpr bool check_step_views() {
-  return ragged_views_ok<ExecutionSpace, T, KeyView, GateView, RowOffsetsView,
+  return step_space_ok<ExecutionSpace, M>() && ragged_views_ok<ExecutionSpace, T, KeyView, GateView, RowOffsetsView,
                          CacheLengthsView>() &&
          KPOOL_IMPL_VIEW_OK(ApeView, float, 2, ExecutionSpace, "ape") &&
          KPOOL_IMPL_VIEW_OK(SlotView, std::uint32_t, 1, ExecutionSpace, "slot_idx");
 }
 
-template <class ExecutionSpace, class T, class KeyView, class GateView,
+template <class ExecutionSpace, class M, class T, class KeyView, class GateView,
           class ApeView, class PositionsView, class SlotView>
 constexpr bool check_decode_views() {
-  return decode_views_ok<ExecutionSpace, T, KeyView, GateView, PositionsView,
+  return step_space_ok<ExecutionSpace, M>() && decode_views_ok<ExecutionSpace, T, KeyView, GateView, PositionsView,
                          SlotView>() &&
          KPOOL_IMPL_VIEW_OK(ApeView, float, 2, ExecutionSpace, "ape");
 }
@@ -277,14 +287,12 @@ void step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
                CacheLengthsView const& cache_lengths, SlotView const& slot_idx,
                int num_requests, StepOutput<T, M>& out, Arg const& arg,
                Options const& options) {
-  KokkosExt::ScopedProfileRegion region("KPool::step");
-  Checker const chk("KPool::step");
-  int const K = static_cast<int>(ape.extent(0));
-  int const D = static_cast<int>(ape.extent(1));
-  auto call = ragged_call<ExecutionSpace, T>(
-      chk, key, gate, ape, row_offsets, cache_lengths, num_requests, K, D);
+  Entry const chk("KPool::step");
+  auto call = ragged_call<ExecutionSpace, T>(chk, key, gate, ape, row_offsets, cache_lengths,
+                                             num_requests);
+  int const K = call.batch.kpool, D = call.head_dim;
   check_ring(chk, ring, K, D);
-  attach_slots(chk, call, slot_idx, ring.tail());
+  attach_ring(chk, call, slot_idx, ring.tail());
   std::size_t const bound =
       StepOutput<T, M>::capacity_for(key.extent(0), num_requests, K);
   check_step_output(
@@ -392,8 +400,7 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
                       SlotView const& slot_idx, int num_requests,
                       StepOutput<T, M>& out, Arg const& arg,
                       Options const& options) {
-  KokkosExt::ScopedProfileRegion region("KPool::decode_step");
-  Checker const chk("KPool::decode_step");
+  Entry const chk("KPool::decode_step");
   check_decode_shapes(chk, key, gate, ape, positions, ring.tail(),
                       num_requests);
   int const K = static_cast<int>(ape.extent(0));

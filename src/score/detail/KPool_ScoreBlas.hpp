@@ -33,37 +33,37 @@ namespace Details {
 // columns the compiler vectorizes over.
 constexpr int blas_reduce_pools = 64;
 
+// The piece of a call one stage-gemm-reduce round covers: request
+// `request`'s pools from pool0 and its rows from query row row0.
+template <class C, class A, class MemorySpace>
+struct BlasTile {
+  SelectBatch batch;
+  SelectCache<C, A, MemorySpace> cache;
+  int request;
+  std::uint64_t pool0;
+  std::uint64_t row0;
+  int heads;
+};
+
 template <class ExecutionSpace, class T, class C>
-struct BlasStageFunctor {
+struct BlasStageFunctor : BlasTile<C, accumulator_t<T>, typename ExecutionSpace::memory_space> {
   using memory_space = typename ExecutionSpace::memory_space;
   using A = accumulator_t<T>;
+  using Tile = BlasTile<C, A, memory_space>;
+  using Tile::batch, Tile::cache, Tile::request, Tile::pool0, Tile::row0, Tile::heads;
 
-  SelectBatch batch;
   Strided<const T, 3> q;
-  SelectCache<C, A, memory_space> cache;
   Strided<const float, 2> weights;
   A* keys_out;     // [pools, D]
   A* queries_out;  // [rows * H, D]
   A* weights_out;  // [rows * H]: each query head row's folding weight
-  int request;
-  std::uint64_t pool0;
-  std::uint64_t row0;
   int pools;  // items [0, pools) stage keys, the rest query head rows
-  int heads;
 
   KOKKOS_INLINE_FUNCTION void operator()(int item) const {
     int const D = cache.head_dim();
     if (item < pools) {
-      CacheSlot const slot =
-          cache.locate(request, static_cast<std::int64_t>(pool0 + item));
-      A* k = keys_out + static_cast<std::size_t>(item) * D;
-      if (slot.block < 0) {
-        for (int c = 0; c < D; ++c) k[c] = A(0);
-        return;
-      }
-      C const* v = cache.row(slot);
-      KPOOL_IMPL_IVDEP
-      for (int c = 0; c < D; ++c) k[c] = cache_value<A>(v[c]);
+      stage_key_row(cache, cache.locate(request, static_cast<std::int64_t>(pool0 + item)),
+                    keys_out + static_cast<std::size_t>(item) * D, D);
     } else {
       int const ih = item - pools;
       std::uint64_t const t = row0 + ih / heads;
@@ -76,23 +76,19 @@ struct BlasStageFunctor {
 };
 
 template <class ExecutionSpace, class C, class A>
-struct BlasReduceFunctor {
+struct BlasReduceFunctor : BlasTile<C, A, typename ExecutionSpace::memory_space> {
   using memory_space = typename ExecutionSpace::memory_space;
   using Key = score_key_t<A>;
+  using Tile = BlasTile<C, A, memory_space>;
+  using Tile::batch, Tile::cache, Tile::request, Tile::pool0, Tile::row0, Tile::heads;
   static constexpr int W = blas_reduce_pools;
 
-  SelectBatch batch;
   SelectRequest req;
   A const* weights;   // [rows * H], as the stage prepared them
-  SelectCache<C, A, memory_space> cache;
   A const* products;  // [rows * H, pools]
   Key* keys;
-  int request;
-  std::uint64_t pool0;
-  std::uint64_t row0;
   int pools;
   int runs;  // ceil(pools / W)
-  int heads;
 
   KOKKOS_INLINE_FUNCTION void operator()(int item) const {
     int const i = item / runs;
@@ -149,8 +145,7 @@ struct BlasChunks {
 template <class ExecutionSpace, class T, class C, class Key>
 void score_blas(std::string const& entry, ExecutionSpace const& space,
                 SelectBatch const& batch,
-                View3<const T, typename ExecutionSpace::memory_space> const& q,
-                View2<const float, typename ExecutionSpace::memory_space> const& weights,
+                Strided<const T, 3> const& q, Strided<const float, 2> const& weights,
                 SelectCache<C, accumulator_t<T>, typename ExecutionSpace::memory_space> const& cache,
                 Key* keys, accumulator_t<T>* queries, accumulator_t<T>* pool_keys,
                 accumulator_t<T>* products, accumulator_t<T>* query_weights,
@@ -189,20 +184,11 @@ void score_blas(std::string const& entry, ExecutionSpace const& space,
         int const rows = static_cast<int>(i1 - i0);
         std::uint64_t const vis_last = batch.visible(req, req.begin + i1 - 1);
         int const np = static_cast<int>((vis_last < p0 + chunk ? vis_last : p0 + chunk) - p0);
-        BlasStageFunctor<ExecutionSpace, T, C> stage;
-        stage.batch = batch;
-        stage.q = q;
-        stage.weights = weights;
-        stage.weights_out = query_weights;
-        stage.cache = cache;
-        stage.keys_out = pool_keys;
-        stage.queries_out = queries;
-        stage.request = r;
-        stage.pool0 = p0;
-        stage.row0 = req.begin + i0;
+        BlasTile<C, A, M> const tile{batch, cache, r, p0, req.begin + i0, heads};
         // The chunk's keys once, for its first rows; later rows reuse them.
-        stage.pools = keys_staged ? 0 : static_cast<int>(chunk);
-        stage.heads = heads;
+        BlasStageFunctor<ExecutionSpace, T, C> const stage{
+            tile, q, weights, pool_keys, queries, query_weights,
+            keys_staged ? 0 : static_cast<int>(chunk)};
         launch_range(space, entry + "::blas_stage",
                      static_cast<std::size_t>(stage.pools) +
                          static_cast<std::size_t>(rows) * heads,
@@ -214,19 +200,9 @@ void score_blas(std::string const& entry, ExecutionSpace const& space,
         Matrix const prod(products, static_cast<std::size_t>(rows) * heads, np);
         KokkosBlas::gemm("N", "T", A(1), a, b, A(0), prod);
 
-        BlasReduceFunctor<ExecutionSpace, C, A> reduce;
-        reduce.batch = batch;
-        reduce.req = req;
-        reduce.weights = query_weights;
-        reduce.cache = cache;
-        reduce.products = products;
-        reduce.keys = keys;
-        reduce.request = r;
-        reduce.pool0 = p0;
-        reduce.row0 = req.begin + i0;
-        reduce.pools = np;
-        reduce.runs = (np + blas_reduce_pools - 1) / blas_reduce_pools;
-        reduce.heads = heads;
+        BlasReduceFunctor<ExecutionSpace, C, A> const reduce{
+            tile, req, query_weights, products, keys, np,
+            (np + blas_reduce_pools - 1) / blas_reduce_pools};
         launch_range(space, entry + "::blas_reduce",
                      static_cast<std::size_t>(rows) * reduce.runs, reduce);
         // The next gemm overwrites the products.

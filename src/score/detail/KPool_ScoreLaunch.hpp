@@ -156,28 +156,14 @@ int tile_splits(ExecutionSpace const& space, std::size_t groups, std::size_t max
   return static_cast<int>(splits);
 }
 
-// What every scoring engine reads, built once per call.
+// What every scoring engine reads, built once per call; a functor takes
+// it as its base (its launch then sets the team layout).
 template <class ExecutionSpace, class T, class C>
-struct ScoreInputs {
-  using M = typename ExecutionSpace::memory_space;
-  using A = accumulator_t<T>;
-  SelectBatch batch;
-  View3<const T, M> q;
-  View2<const float, M> weights;
-  SelectCache<C, A, M> cache;
-  score_key_t<A>* keys;
-  int heads;
-};
+using ScoreInputs = ScoreTeamInputs<ExecutionSpace, T, C>;
 
-// What every scoring functor reads, from the call's ScoreInputs.
 template <class F, class In>
 void set_score_inputs(F& f, In const& in) {
-  f.batch = in.batch;
-  f.q = in.q;
-  f.weights = in.weights;
-  f.cache = in.cache;
-  f.keys = in.keys;
-  f.heads = in.heads;
+  static_cast<In&>(f) = in;
 }
 
 #if KPOOL_HAS_KOKKOSKERNELS
@@ -200,6 +186,15 @@ void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& spac
   launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
 }
 #endif
+
+// A scoring engine whose tiles do not fit any team scratch: refused by
+// name, with the engine to use instead.
+[[noreturn]] inline void fail_team_scratch(Checker const& chk, char const* engine, char const* advice,
+                              int heads, int D) {
+  chk.fail("q", "extent 1", -1, std::to_string(heads),
+           "heads of " + std::to_string(D) + " channels do not fit the team scratch of the " +
+               engine + " engine (" + advice + ")");
+}
 
 // A scoring engine whose smallest tile does not fit a device team's fast
 // scratch: refused by name (a device never takes level-1 scratch; on CUDA
@@ -231,10 +226,7 @@ void launch_score_team_gemm(Checker const& chk, ExecutionSpace const& space,
     fail_device_scratch<ExecutionSpace>(chk, "team_gemm", "one query row and one pool",
                                         in.heads, D, tiles.bytes);
   if (tiles.bytes > scratch_max<ExecutionSpace>(1))
-    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
-             "heads of " + std::to_string(D) +
-                 " channels do not fit the team scratch of the team_gemm "
-                 "engine (use the blas engine)");
+    fail_team_scratch(chk, "team_gemm", "use the blas engine", in.heads, D);
   if (tiles.level == 0)
     launch_score_team_gemm_level<ExecutionSpace, T, C, 0>(chk, space, in, tiles, options);
   else
@@ -290,10 +282,7 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
   else if (bytes <= scratch_max<ExecutionSpace>(1))
     launch_score_tiles_level<ExecutionSpace, T, C, 1>(chk, space, in, rows, bytes, options);
   else
-    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
-             "heads of " + std::to_string(D) +
-                 " channels do not fit the team scratch of the tiles engine "
-                 "(use the blas engine)");
+    fail_team_scratch(chk, "tiles", "use the blas engine", in.heads, D);
 }
 
 // The tensor-core engine (score/detail/KPool_ScoreMmaFunctor.hpp): teams of
@@ -339,10 +328,7 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
                                         in.heads, D, bytes);
   f.scratch_level = bytes > max0 ? 1 : 0;
   if (bytes > scratch_max<ExecutionSpace>(1))
-    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
-             "heads of " + std::to_string(D) +
-                 " channels do not fit the team scratch of the tensor_cores engine "
-                 "(use tiles)");
+    fail_team_scratch(chk, "tensor_cores", "use tiles", in.heads, D);
   std::size_t const groups = row_groups(in.batch, f.rows_per_team);
   f.splits = tile_splits(space, groups, in.batch.max_visible, mma_tile_pools * f.warps);
   LaunchShape shape;
@@ -408,10 +394,7 @@ void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
   std::size_t const bytes = F::scratch_bytes(f.rows_per_team, in.heads, D);
   f.scratch_level = bytes > scratch_max<ExecutionSpace>(0) ? 1 : 0;
   if (bytes > scratch_max<ExecutionSpace>(1))
-    chk.fail("q", "extent 1", -1, std::to_string(in.heads),
-             "heads of " + std::to_string(D) +
-                 " channels do not fit the team scratch of the register_tiles "
-                 "engine (use the blas engine)");
+    fail_team_scratch(chk, "register_tiles", "use the blas engine", in.heads, D);
   std::size_t const groups = row_groups(in.batch, f.rows_per_team);
   f.splits = tile_splits(space, groups, in.batch.max_visible, register_tile_pools);
   // One thread a team: the tile kernel is the team's whole work.

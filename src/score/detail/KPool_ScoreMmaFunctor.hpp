@@ -81,10 +81,11 @@ KOKKOS_INLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[
 }
 
 template <class ExecutionSpace, class T, class C, MmaKind Kind>
-struct ScoreMmaFunctor {
-  using memory_space = typename ExecutionSpace::memory_space;
-  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
-  using Key = score_key_t<float>;
+struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
+  KPOOL_IMPL_SCORE_TEAM_INPUTS(ExecutionSpace, T, C);
+  static_assert(std::is_same<A, float>::value, "the tensor-core engine scores in f32");
+  int terms;  // query operand terms, 1 to 3
+  int warps;  // warps a team
   using S = MmaShape<Kind>;
   static constexpr int L = mma_lanes<ExecutionSpace>::value;
   static constexpr int TM = mma_tile_pools;
@@ -92,16 +93,6 @@ struct ScoreMmaFunctor {
   // Query rows a team rotates at once (their f32 rows in scratch).
   static constexpr int rotate_rows = 4;
 
-  SelectBatch batch;
-  Strided<const T, 3> q;            // [T, H, D]
-  Strided<const float, 2> weights;  // [T, H]
-  SelectCache<C, float, memory_space> cache;
-  Key* keys;  // [chunk rows * max_visible]
-  int heads;
-  int terms;  // query operand terms, 1 to 3
-  int rows_per_team;
-  int warps;  // warps a team
-  int splits;
   int scratch_level;
 
   // Heads padded to the MMA's N, channels to its K, and a scratch row of

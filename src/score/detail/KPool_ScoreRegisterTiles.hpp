@@ -28,24 +28,11 @@ namespace Details {
 constexpr int register_tile_pools = 32;
 
 template <class ExecutionSpace, class T, class C, int HB>
-struct ScoreRegisterFunctor {
-  using memory_space = typename ExecutionSpace::memory_space;
-  using member_type =
-      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
-  using A = accumulator_t<T>;
-  using Key = score_key_t<A>;
-  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+struct ScoreRegisterFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
+  KPOOL_IMPL_SCORE_TEAM_INPUTS(ExecutionSpace, T, C);
   using Buffer = Kokkos::View<A*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   static constexpr int PT = register_tile_pools;
 
-  SelectBatch batch;
-  Strided<const T, 3> q;            // [T, H, D]
-  Strided<const float, 2> weights;  // [T, H]
-  SelectCache<C, A, memory_space> cache;
-  Key* keys;  // [rows of q * max_visible]
-  int heads;
-  int rows_per_team;
-  int splits;
   int scratch_level;
 
   KOKKOS_INLINE_FUNCTION static constexpr int padded_heads(int heads) { return (heads + HB - 1) / HB * HB; }

@@ -33,13 +33,9 @@ namespace Details {
 // Level: the team scratch level, a template argument so that no scratch
 // pointer is chosen at run time (which keeps a stack frame on devices).
 template <class ExecutionSpace, class T, class C, int Level = 0>
-struct ScoreTeamGemmFunctor {
-  using memory_space = typename ExecutionSpace::memory_space;
-  using member_type =
-      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
-  using A = accumulator_t<T>;
-  using Key = score_key_t<A>;
-  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+struct ScoreTeamGemmFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
+  KPOOL_IMPL_SCORE_TEAM_INPUTS(ExecutionSpace, T, C);
+  int tile_pools;
   using Tile = Kokkos::View<A**, Kokkos::LayoutRight, scratch_space,
                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using Column = Kokkos::View<A*, scratch_space,
@@ -54,15 +50,6 @@ struct ScoreTeamGemmFunctor {
       KokkosBatched::Algo::Gemm::Unblocked,
       KokkosBatched::Algo::Gemm::Blocked>::type;
 
-  SelectBatch batch;
-  Strided<const T, 3> q;            // [T, H, D]
-  Strided<const float, 2> weights;  // [T, H]
-  SelectCache<C, A, memory_space> cache;
-  Key* keys;  // [rows of q * max_visible]
-  int heads;
-  int rows_per_team;
-  int tile_pools;
-  int splits;
 
   static std::size_t scratch_bytes(int rows, int tile, int heads, int D) {
     return Tile::shmem_size(rows * heads, D) + Tile::shmem_size(rows, heads) +
@@ -147,19 +134,13 @@ struct ScoreTeamGemmFunctor {
                                             c_tile);
       member.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, nrows * np), [&](int ij) {
-        int const i = ij / np;
-        int const j = ij % np;
-        std::uint64_t const t = t0 + i;
-        std::uint64_t const p = p0 + j;
-        if (p >= batch.visible(req, t)) return;
-        Key key = key_not_visible;
-        if (ok(j)) {
+        int const i = ij / np, j = ij % np;
+        write_key(req, t0 + i, p0 + j, ok(j) != 0, [&] {
           A const s = sc(j);
           A score = 0;
           for (int h = 0; h < H; ++h) score += ws(i, h) * relu(s * cs(i * H + h, j));
-          key = score_key(score);
-        }
-        keys[batch.key_offset(t) + p] = key;
+          return score;
+        });
       });
       member.team_barrier();
     }

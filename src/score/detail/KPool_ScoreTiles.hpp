@@ -70,13 +70,8 @@ struct TilesShape {
 };
 
 template <class ExecutionSpace, class T, class C, int Level>
-struct ScoreTilesFunctor {
-  using memory_space = typename ExecutionSpace::memory_space;
-  using member_type =
-      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
-  using A = accumulator_t<T>;
-  using Key = score_key_t<A>;
-  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+struct ScoreTilesFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
+  KPOOL_IMPL_SCORE_TEAM_INPUTS(ExecutionSpace, T, C);
   using Buffer = Kokkos::View<A*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using Shape = TilesShape<ExecutionSpace>;
   static constexpr int TP = Shape::TP;
@@ -89,14 +84,6 @@ struct ScoreTilesFunctor {
   // stored row where it is aligned.
   static constexpr int packet = static_cast<int>(16 / sizeof(C));
 
-  SelectBatch batch;
-  Strided<const T, 3> q;            // [T, H, D]
-  Strided<const float, 2> weights;  // [T, H]
-  SelectCache<C, A, memory_space> cache;
-  Key* keys;
-  int heads;
-  int rows_per_team;
-  int splits;     // teams per group at most
   int min_tiles;  // tiles a team at least
   bool packets;   // rows are 16-byte aligned and D a multiple of `packet`
 
@@ -232,37 +219,31 @@ struct ScoreTilesFunctor {
   // Pools [p0, p0 + TP) of request r into kt (transposed on devices, a
   // row a pool on hosts); zeros past vis_hi and for bad blocks (read
   // nowhere).
+  // Pool p's slot (block -1 past vis_hi or for a bad block), and its
+  // usable flag and scale into the tile's column j.
+  KOKKOS_INLINE_FUNCTION CacheSlot stage_pool(Layout const& L, int r, std::uint64_t p,
+                                              std::uint64_t vis_hi, int j) const {
+    CacheSlot const slot =
+        p < vis_hi ? cache.locate(r, static_cast<std::int64_t>(p)) : CacheSlot{-1, 0};
+    bool const usable = slot.block >= 0;
+    L.ok[j] = usable ? A(1) : A(0);
+    L.sc[j] = usable ? static_cast<A>(cache.scale_at(slot)) : A(0);
+    return slot;
+  }
+
   KOKKOS_INLINE_FUNCTION void stage_keys(member_type const& member, Layout const& L, int r,
                                          std::uint64_t p0, std::uint64_t vis_hi) const {
     int const D = cache.head_dim();
     if constexpr (!device) {
       // A pool a thread: its row in one contiguous pass.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TP), [&](int j) {
-        std::uint64_t const p = p0 + j;
-        CacheSlot const slot =
-            p < vis_hi ? cache.locate(r, static_cast<std::int64_t>(p)) : CacheSlot{-1, 0};
-        bool const usable = slot.block >= 0;
-        L.ok[j] = usable ? A(1) : A(0);
-        L.sc[j] = usable ? static_cast<A>(cache.scale_at(slot)) : A(0);
-        A* k = L.kt + static_cast<std::size_t>(j) * D;
-        if (!usable) {
-          for (int c = 0; c < D; ++c) k[c] = A(0);
-          return;
-        }
-        C const* v = cache.row(slot);
-        KPOOL_IMPL_IVDEP
-        for (int c = 0; c < D; ++c) k[c] = cache_value<A>(v[c]);
+        stage_key_row(cache, stage_pool(L, r, p0 + j, vis_hi, j),
+                      L.kt + static_cast<std::size_t>(j) * D, D);
       });
       return;
     }
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TP), [&](int j) {
-      std::uint64_t const p = p0 + j;
-      CacheSlot const slot =
-          p < vis_hi ? cache.locate(r, static_cast<std::int64_t>(p)) : CacheSlot{-1, 0};
-      bool const usable = slot.block >= 0;
-      L.ok[j] = usable ? A(1) : A(0);
-      L.sc[j] = usable ? static_cast<A>(cache.scale_at(slot)) : A(0);
-    });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TP),
+                         [&](int j) { stage_pool(L, r, p0 + j, vis_hi, j); });
     member.team_barrier();
     if (packets) {
       int const npk = D / packet;
@@ -325,12 +306,7 @@ struct ScoreTilesFunctor {
                                                        int g) const {
     int const HP = padded_heads(heads);
     int const D = cache.head_dim();
-    A acc[RH][RP];
-    KPOOL_IMPL_UNROLL
-    for (int h = 0; h < RH; ++h) {
-      KPOOL_IMPL_UNROLL
-      for (int e = 0; e < RP; ++e) acc[h][e] = A(0);
-    }
+    A acc[RH][RP] = {};
     A const* qi = L.qt + static_cast<std::size_t>(i) * D * HP + hb * RH;
     A const* kg = L.kt + pool_of(g, 0);
     for (int c = 0; c < D; ++c) {
@@ -367,12 +343,7 @@ struct ScoreTilesFunctor {
                                                        int g) const {
     int const HP = padded_heads(heads);
     int const D = cache.head_dim();
-    A acc[RP][RH];
-    KPOOL_IMPL_UNROLL
-    for (int e = 0; e < RP; ++e) {
-      KPOOL_IMPL_IVDEP
-      for (int h = 0; h < RH; ++h) acc[e][h] = A(0);
-    }
+    A acc[RP][RH] = {};
     A const* qi = L.qt + static_cast<std::size_t>(i) * D * HP + hb * RH;
     A const* kg = L.kt + static_cast<std::size_t>(g) * RP * D;
     for (int c = 0; c < D; ++c) {
@@ -408,19 +379,13 @@ struct ScoreTilesFunctor {
                                          int nrows, std::uint64_t p0) const {
     int const NB = padded_heads(heads) / RH;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, nrows * TP), [&](int x) {
-      int const i = x / TP;
-      int const j = x % TP;
-      std::uint64_t const t = t0 + i;
-      std::uint64_t const p = p0 + j;
-      if (p >= batch.visible(req, t)) return;
-      Key key = key_not_visible;
-      if (L.ok[j] != A(0)) {
+      int const i = x / TP, j = x % TP;
+      write_key(req, t0 + i, p0 + j, L.ok[j] != A(0), [&] {
         A score = A(0);
         for (int hb = 0; hb < NB; ++hb)
           score += L.part[(static_cast<std::size_t>(hb) * rows_per_team + i) * TP + j];
-        key = score_key(score);
-      }
-      keys[batch.key_offset(t) + p] = key;
+        return score;
+      });
     });
   }
 };

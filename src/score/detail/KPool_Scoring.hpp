@@ -168,6 +168,60 @@ struct SelectBatch {
 template <class C, class A, class MemorySpace>
 using SelectCache = CacheTarget<C, A, MemorySpace>;
 
+// Pool `slot`'s key row as A values (unscaled) into k[0, D): zeros for a
+// bad block (slot.block < 0).
+template <class A, class Cache>
+KOKKOS_INLINE_FUNCTION void stage_key_row(Cache const& cache, CacheSlot const& slot, A* k,
+                                          int D) {
+  if (slot.block < 0) {
+    for (int c = 0; c < D; ++c) k[c] = A(0);
+    return;
+  }
+  auto const* v = cache.row(slot);
+  KPOOL_IMPL_IVDEP
+  for (int c = 0; c < D; ++c) k[c] = cache_value<A>(v[c]);
+}
+
+// What every scoring engine's team functor reads, and the layout of its
+// teams: each engine's functor derives from it (one using-declaration
+// line names the members it reads) and its launch fills it from the
+// call's ScoreInputs (set_score_inputs).
+template <class ExecutionSpace, class T, class C>
+struct ScoreTeamInputs {
+  using memory_space = typename ExecutionSpace::memory_space;
+  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+  using A = accumulator_t<T>;
+  using Key = score_key_t<A>;
+
+  SelectBatch batch;
+  Strided<const T, 3> q;            // [T, H, D]
+  Strided<const float, 2> weights;  // [T, H]
+  SelectCache<C, A, memory_space> cache;
+  Key* keys = nullptr;    // [chunk rows * max_visible]
+  int heads = 0;          // H
+  int rows_per_team = 0;  // query rows of one request a team scores
+  int splits = 0;         // teams a group of rows at most
+
+  // The key of pool p for query row t, where t sees p: score_key of
+  // score() for a usable pool, key_not_visible (score() not called) for a
+  // pool of a bad block.
+  template <class Score>
+  KOKKOS_INLINE_FUNCTION void write_key(SelectRequest const& req, std::uint64_t t,
+                                        std::uint64_t p, bool usable, Score const& score) const {
+    if (p >= batch.visible(req, t)) return;
+    keys[batch.key_offset(t) + p] = usable ? score_key(score()) : static_cast<Key>(key_not_visible);
+  }
+};
+
+// The members of ScoreTeamInputs a derived functor names unqualified.
+#define KPOOL_IMPL_SCORE_TEAM_INPUTS(ExecSpace, T, C)                                        \
+  using Inputs = ::KPool::Details::ScoreTeamInputs<ExecSpace, T, C>;                        \
+  using typename Inputs::memory_space, typename Inputs::member_type,                        \
+      typename Inputs::scratch_space, typename Inputs::A, typename Inputs::Key;             \
+  using Inputs::batch, Inputs::q, Inputs::weights, Inputs::cache, Inputs::keys, Inputs::heads, \
+      Inputs::rows_per_team, Inputs::splits, Inputs::write_key
+
 }  // namespace Details
 }  // namespace KPool
 

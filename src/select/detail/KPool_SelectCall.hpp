@@ -32,6 +32,22 @@
 namespace KPool {
 namespace Details {
 
+// A request whose rows see `visible` pools: within the workspace's
+// max_visible (else named by `argument` and `value`, `what` leading the
+// words), and every block they live in assigned and below num_blocks.
+inline void check_visible_pools(Checker const& chk, HostBlockTable const& table,
+                                std::int64_t row, char const* argument, std::int64_t value,
+                                std::string const& what, std::uint64_t visible,
+                                std::size_t max_visible, int num_blocks, int block_pools) {
+  if (visible > max_visible)
+    chk.fail_row(argument, row, value,
+                 what + " makes " + std::to_string(visible) +
+                     " visible pools, more than the workspace's max_visible = " +
+                     std::to_string(max_visible));
+  check_pool_blocks(chk, table, row, 0, static_cast<std::int64_t>(visible), num_blocks,
+                    block_pools, "visible");
+}
+
 // The data rules (docs/indexer.md, "Bad input"): the ragged batch's own rules,
 // then per live request with rows: its visible pools fit the workspace's
 // rows, and every block they live in is assigned and below num_blocks.
@@ -52,14 +68,9 @@ void check_select_batch(Checker const& chk, ExecutionSpace const& space,
     std::uint64_t const c = hb.cache_lengths[r];
     std::uint64_t const visible = (c + count) / static_cast<std::uint64_t>(kpool);
     auto const row = static_cast<std::int64_t>(r);
-    if (visible > max_visible)
-      chk.fail_row("cache_lengths", row, static_cast<std::int64_t>(c),
-                   "plus the request's " + std::to_string(count) +
-                       " query rows makes " + std::to_string(visible) +
-                       " visible pools, more than the workspace's max_visible = " +
-                       std::to_string(max_visible));
-    check_pool_blocks(chk, table, row, 0, static_cast<std::int64_t>(visible), num_blocks,
-                      block_pools, "visible");
+    check_visible_pools(chk, table, row, "cache_lengths", static_cast<std::int64_t>(c),
+                        "plus the request's " + std::to_string(count) + " query rows",
+                        visible, max_visible, num_blocks, block_pools);
   }
 }
 
@@ -126,14 +137,20 @@ SelectPlan select_plan(int topk, std::size_t max_visible) {
   return p;
 }
 
-template <class F, class Key, class OutView>
+template <class ExecutionSpace, class F, class Key, class OutView>
 void set_select_args(F& f, SelectBatch const& batch, Key const* keys, OutView const& out,
                      int topk) {
-  f.batch = batch;
-  f.keys = keys;
-  f.out = out;
-  f.out_columns = static_cast<int>(out.extent(1));
-  f.topk = topk;
+  static_cast<SelectTeamInputs<ExecutionSpace, Key>&>(f) = SelectTeamInputs<ExecutionSpace, Key>{
+      batch, keys, out, static_cast<int>(out.extent(1)), topk};
+}
+
+// A split-aware functor's view of the long rows' segments.
+template <class F>
+void set_split_args(F& f, SplitArgs const& split) {
+  f.seg_hist = split.seg_hist;
+  f.split_from = split.from;
+  f.segment = split.segment;
+  f.segs = split.segs;
 }
 
 // The selection of rows [row_begin, row_end) from their keys: with split
@@ -151,17 +168,14 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
   std::string const name = chk.entry_point() + "::select";
   if (plan.kernel == SelectKernel::wide) {
     SelectWideFunctor<ExecutionSpace, Key, Expand> f;
-    set_select_args(f, batch, keys, out, topk);
+    set_select_args<ExecutionSpace>(f, batch, keys, out, topk);
     launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
     return;
   }
   if (split.segs > 0) {
     auto split_args = [&](auto& f) {
       f.batch = batch;
-      f.seg_hist = split.seg_hist;
-      f.split_from = split.from;
-      f.segment = split.segment;
-      f.segs = split.segs;
+      set_split_args(f, split);
     };
     std::uint64_t const segments = rows * static_cast<std::uint64_t>(split.segs);
     SegmentHistFunctor<ExecutionSpace, Key> h;
@@ -189,12 +203,9 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     launch(space, chk.entry_point() + "::select_split_partitions", pshape, pa);
   }
   auto run = [&](auto f) {
-    set_select_args(f, batch, keys, out, topk);
+    set_select_args<ExecutionSpace>(f, batch, keys, out, topk);
+    set_split_args(f, split);
     f.cap = plan.cap;
-    f.segs = split.segs;
-    f.split_from = split.from;
-    f.segment = split.segment;
-    f.seg_hist = split.seg_hist;
     f.plans = split.plans;
     launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
   };
@@ -400,26 +411,48 @@ struct DecodeSelectRows {
   }
 };
 
-// Validation only: a live decode row's first real entry (r, i) has its
-// position p >= i, so that base_r = p - i is a position.
-template <class ExecutionSpace, class M>
-void check_decode_select_rows(Checker const& chk, ExecutionSpace const& space,
-                              View2<const std::int32_t, M> const& positions, int num_requests) {
+// Validation of a decode batch's selection, whole, before any chunk runs
+// (so a bad row in a later chunk writes nothing, and errors name the
+// batch's own rows): a live row's first real entry (r, i) has its position
+// p >= i, so that base_r = p - i is a position; its next_n rows see
+// (base_r + next_n) / K pools, within the workspace's max_visible and
+// int32 positions; and every block they live in is assigned and below
+// num_blocks.
+template <class ExecutionSpace, class M, class Table>
+void check_decode_select_batch(Checker const& chk, ExecutionSpace const& space,
+                               View2<const std::int32_t, M> const& positions,
+                               Table const& block_table, int num_requests, int kpool,
+                               int num_blocks, int block_pools, std::size_t max_visible) {
   std::size_t const n = static_cast<std::size_t>(num_requests);
   std::size_t const next_n = positions.extent(1);
   if (n == 0 || next_n == 0) return;
   auto const h = host_readable(
       space, Kokkos::subview(positions, std::make_pair(std::size_t(0), n), Kokkos::ALL));
-  for (std::size_t r = 0; r < n; ++r)
+  HostBlockTable const table = host_block_table(space, block_table, n);
+  for (std::size_t r = 0; r < n; ++r) {
+    auto const row = static_cast<std::int64_t>(r);
+    std::uint64_t base = 0;
     for (std::size_t i = 0; i < next_n; ++i) {
       std::int32_t const p = h(r, i);
       if (p < 0) continue;
       if (static_cast<std::size_t>(p) < i)
-        chk.fail_row("positions", static_cast<std::int64_t>(r), p,
+        chk.fail_row("positions", row, p,
                      "is the first real position of the row, at entry " + std::to_string(i) +
                          ": the entries before it would be positions below 0");
+      base = static_cast<std::uint64_t>(p) - i;
       break;
     }
+    if (base + next_n > max_sequence_length)
+      chk.fail_row("positions", row, static_cast<std::int64_t>(base),
+                   "is the row's first position; with its " + std::to_string(next_n) +
+                       " rows it passes " + std::to_string(max_sequence_length) +
+                       ", the longest sequence KPool indexes (int32 positions)");
+    std::uint64_t const visible = (base + next_n) / static_cast<std::uint64_t>(kpool);
+    check_visible_pools(chk, table, row, "positions", static_cast<std::int64_t>(base),
+                        "is the row's first position, and with its " +
+                            std::to_string(next_n) + " rows it",
+                        visible, max_visible, num_blocks, block_pools);
+  }
 }
 
 // The Batch forms of score_select and select_tokens: K is the cache's; a
@@ -453,7 +486,16 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
     if (!workspace.is_allocated())
       chk.fail("workspace", "", -1, "an empty SelectWorkspace",
                "has no storage (construct it with a size)");
-    if (options.validate) check_decode_select_rows(chk, space, batch.positions, batch.num_requests);
+    chk.extent_at_least("block_table", 0, paged.block_table.extent(0),
+                        static_cast<std::size_t>(batch.num_requests),
+                        "rows of the live requests");
+    // Validated whole here; the chunks' own calls then check shapes only.
+    if (options.validate)
+      check_decode_select_batch(chk, space, batch.positions, paged.block_table,
+                                batch.num_requests, K, paged.cache.num_blocks(),
+                                paged.cache.block_pools(), workspace.max_visible());
+    Options chunk_options = options;
+    chunk_options.validate = false;
     // Batch rows a chunk: the workspace's rows hold them, and their queries.
     std::size_t const per =
         std::max<std::size_t>(1, workspace.max_tokens() / static_cast<std::size_t>(next_n));
@@ -477,7 +519,7 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
           Kokkos::subview(paged.block_table, reqs, Kokkos::ALL), static_cast<int>(count), K,
           Kokkos::subview(q, rows, Kokkos::ALL, Kokkos::ALL),
           Kokkos::subview(weights, rows, Kokkos::ALL), paged.cache, topk, out_name,
-          Kokkos::subview(out, rows, Kokkos::ALL), workspace, options);
+          Kokkos::subview(out, rows, Kokkos::ALL), workspace, chunk_options);
       first += count;
     } while (first < n);
   } else {

@@ -39,6 +39,7 @@
 //   KPool_TopkWide.hpp   SelectWideFunctor, any topk in level-0 scratch.
 
 #include <common/detail/KPool_KokkosExt.hpp>
+#include <common/detail/KPool_Strided.hpp>
 #include <score/detail/KPool_Scoring.hpp>
 
 #include <cstddef>
@@ -75,6 +76,49 @@ KOKKOS_INLINE_FUNCTION void check_select_team_size(Member const& member) {
       Kokkos::abort("KPool: the selection's team scan needs a power-of-two team size");
   }
 }
+
+// What every selection team functor reads (set_select_args fills it) and
+// its team types: SelectFunctor and SelectWideFunctor derive from it.
+template <class ExecutionSpace, class Key>
+struct SelectTeamInputs {
+  using memory_space = typename ExecutionSpace::memory_space;
+  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  template <class V>
+  using Scratch = Kokkos::View<V*, typename ExecutionSpace::scratch_memory_space,
+                               Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  SelectBatch batch;
+  Key const* keys;  // [chunk rows * max_visible]
+  // pool_ids [T, topk], or with Expand the token rows [T, topk * K + K - 1].
+  Strided<std::int32_t, 2> out;
+  int out_columns = 0;
+  int topk = 0;
+};
+
+// The members of SelectTeamInputs a derived functor names unqualified.
+#define KPOOL_IMPL_SELECT_TEAM_INPUTS(ExecSpace, Key)                                 \
+  using Inputs = ::KPool::Details::SelectTeamInputs<ExecSpace, Key>;                 \
+  using typename Inputs::memory_space, typename Inputs::member_type;                 \
+  template <class V>                                                                 \
+  using Scratch = typename Inputs::template Scratch<V>;                              \
+  using Inputs::batch, Inputs::keys, Inputs::out, Inputs::out_columns, Inputs::topk
+
+// The row a selection team has (its league rank): chunk row i, query row
+// t, its request and its n visible pools. find is false for a team past
+// the chunk's rows or on a dead row.
+struct SelectRow {
+  std::uint64_t i, t, n;
+  SelectRequest req;
+  template <class ExecutionSpace, class Member>
+  KOKKOS_INLINE_FUNCTION bool find(Member const& member, SelectBatch const& batch) {
+    check_select_team_size<ExecutionSpace>(member);
+    i = static_cast<std::uint64_t>(member.league_rank());
+    t = batch.row_begin + i;
+    if (t >= batch.row_end || batch.owner(t, req) < 0) return false;
+    n = batch.visible(req, t);
+    return true;
+  }
+};
 
 // A split row's plan (SplitPlanFunctor), split_plan_words(segs) words:
 // what the row takes, its first digit, what is left to take in that

@@ -118,12 +118,9 @@ struct SplitPlanFunctor {
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    check_select_team_size<ExecutionSpace>(member);
-    std::uint64_t const i = member.league_rank();
-    std::uint64_t const t = batch.row_begin + i;
-    SelectRequest req;
-    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
-    std::uint64_t const n = batch.visible(req, t);
+    SelectRow r;
+    if (!r.find<ExecutionSpace>(member, batch)) return;
+    std::uint64_t const i = r.i, n = r.n;
     if (n <= split_from) return;
     std::uint64_t const used = (n + segment - 1) / segment;
     std::uint32_t const* cum = seg_hist + i * split_region_words(segs);

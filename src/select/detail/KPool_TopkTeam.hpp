@@ -37,24 +37,12 @@ namespace Details {
 // Level-0 team scratch always. Staged: every row fits team scratch next to
 // the buffers and is copied there on its first read.
 template <class ExecutionSpace, class Key, bool Expand, bool Staged = false>
-struct SelectFunctor {
-  using memory_space = typename ExecutionSpace::memory_space;
-  using member_type =
-      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
-  using scratch_space = typename ExecutionSpace::scratch_memory_space;
-  template <class V>
-  using Scratch =
-      Kokkos::View<V*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
+  KPOOL_IMPL_SELECT_TEAM_INPUTS(ExecutionSpace, Key);
 
   static constexpr int bins = select_bins;
   static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
 
-  SelectBatch batch;
-  Key const* keys;  // [chunk rows * max_visible]
-  // pool_ids [T, topk], or with Expand the token rows [T, topk * K + K - 1].
-  Strided<std::int32_t, 2> out;
-  int out_columns;
-  int topk;
   int segs;  // segments a split row's histograms hold (0: no split rows)
   std::uint64_t split_from;
   std::uint64_t segment;  // pools a segment of a split row
@@ -124,12 +112,10 @@ struct SelectFunctor {
   };
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    check_select_team_size<ExecutionSpace>(member);
-    std::uint64_t const i = member.league_rank();
-    std::uint64_t const t = batch.row_begin + i;
-    SelectRequest req;
-    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
-    std::uint64_t const n = batch.visible(req, t);
+    SelectRow r;
+    if (!r.find<ExecutionSpace>(member, batch)) return;
+    std::uint64_t const i = r.i, t = r.t, n = r.n;
+    SelectRequest const& req = r.req;
     Key const* row = keys + i * batch.max_visible;
     bool const split = segs > 0 && n > split_from;
 

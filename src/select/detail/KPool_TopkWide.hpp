@@ -27,25 +27,12 @@ namespace Details {
 // at its column. Slower than SelectFunctor (four reads of the row), it is
 // what a topk whose buffers do not fit level 0 takes.
 template <class ExecutionSpace, class Key, bool Expand>
-struct SelectWideFunctor {
-  using memory_space = typename ExecutionSpace::memory_space;
-  using member_type =
-      typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
-  using scratch_space = typename ExecutionSpace::scratch_memory_space;
-  template <class V>
-  using Scratch =
-      Kokkos::View<V*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+struct SelectWideFunctor : SelectTeamInputs<ExecutionSpace, Key> {
+  KPOOL_IMPL_SELECT_TEAM_INPUTS(ExecutionSpace, Key);
 
   static constexpr int digit_bits = 8;
   static constexpr int bins = 1 << digit_bits;
   static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
-
-  SelectBatch batch;
-  Key const* keys;  // [chunk rows * max_visible]
-  // pool_ids [T, topk], or with Expand the token rows [T, topk * K + K - 1].
-  Strided<std::int32_t, 2> out;
-  int out_columns;
-  int topk;
 
   // Level-0 team scratch, the same for every topk.
   static std::size_t scratch_bytes() {
@@ -53,15 +40,13 @@ struct SelectWideFunctor {
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    check_select_team_size<ExecutionSpace>(member);
-    std::uint64_t const i = member.league_rank();
-    std::uint64_t const t = batch.row_begin + i;
-    SelectRequest req;
-    if (t >= batch.row_end || batch.owner(t, req) < 0) return;
+    SelectRow r;
+    if (!r.find<ExecutionSpace>(member, batch)) return;
+    std::uint64_t const i = r.i, t = r.t, n = r.n;
+    SelectRequest const& req = r.req;
     Scratch<std::uint32_t> hist(member.team_scratch(0), bins);
     Scratch<Key> shared(member.team_scratch(0), 2);
 
-    std::uint64_t const n = batch.visible(req, t);
     Key const* row = keys + i * batch.max_visible;
     std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
 
