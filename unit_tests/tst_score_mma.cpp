@@ -280,10 +280,10 @@ TEST(MmaNumerics, ServingQueryCodes) {
 
 // The team's scratch fits the level-0 scratch a GPU reports (40,936 bytes
 // with Kokkos 4.6 on an H200, what device-shapes builds check against):
-// the rotation rows share the key tiles' bytes (they live only while the
-// queries are staged), and the warps come off one at a time, so a rotated
-// fp8 decode call of the exact profile (H = 32, D = 128, three bf16 query
-// terms, one row) runs 3-warp teams there rather than 2.
+// the queries arrive prepared (no rotation rows in scratch), and the warps
+// come off one at a time, so a rotated fp8 decode call of the exact
+// profile (H = 32, D = 128, three bf16 query terms, one row) runs 3-warp
+// teams there rather than 2.
 TEST(MmaEngine, ARotatedFp8DecodeCallTakesThreeWarpsInAnH200sScratch) {
   using F = KPool::Details::ScoreMmaFunctor<Kokkos::DefaultHostExecutionSpace, KPool::bfloat16,
                                             KPool::float8_e4m3, MmaKind::bf16>;
@@ -293,12 +293,63 @@ TEST(MmaEngine, ARotatedFp8DecodeCallTakesThreeWarpsInAnH200sScratch) {
   EXPECT_GT(F::scratch_bytes(1, 3, 32, 128, 4), h200);
   for (int warps : {1, 2, 4}) {
     auto const l = F::layout(1, 3, 32, 128, warps);
-    EXPECT_EQ(l.rot, l.k) << warps << " warps";
-    // The shared region holds the larger of the two.
-    EXPECT_GE(l.meta - l.k, std::max<std::size_t>(F::rotate_rows * 128 * 4,
-                                                  static_cast<std::size_t>(warps) * 16 *
-                                                      F::row_words(128) * 4));
+    // Each warp's key tile, and nothing else, between k and meta.
+    EXPECT_EQ(l.meta - l.k, static_cast<std::size_t>(warps) * 16 * F::row_words(128) * 4)
+        << warps << " warps";
   }
+}
+
+// ------------------------------------------------ queries prepared once
+
+// The prepare launch (score/detail/KPool_ScorePrepare.hpp), on the default
+// execution space (teams sharing a row under device shapes), leaves every
+// (row, head) of the chunk bit for bit as prepare_query_row, the serial
+// definition every engine used before, leaves it: both profiles, rotated
+// or not, f32, bf16 and f64 queries, a chunk that starts past row 0.
+template <class T>
+void expect_prepared_rows(bool rotate, bool serving, int D) {
+  using E = Kokkos::DefaultExecutionSpace;
+  using M = E::memory_space;
+  using A = KPool::accumulator_t<T>;
+  int const rows = 5, H = 3, row0 = 2, chunk = 3;
+  Rng rng(static_cast<std::uint64_t>(D) * 7 + (rotate ? 1 : 0) + (serving ? 2 : 0));
+  Kokkos::View<T***, Kokkos::LayoutRight, M> q("q", rows, H, D);
+  Kokkos::View<float**, Kokkos::LayoutRight, M> w("w", rows, H);
+  KPoolTest::fill_uniform(rng, q, -3, 3);
+  KPoolTest::fill_uniform(rng, w, 0, 2);
+  KPool::Details::QueryPrep<A> const prep{static_cast<A>(1 / std::sqrt(static_cast<double>(D))),
+                                          rotate, serving};
+  Kokkos::View<A*, M> out("prepared", chunk * H * D), out_w("prepared_w", chunk * H);
+  E space;
+  KPool::Details::launch_prepare_queries<E, T, A>(
+      KPool::Details::Checker("test"), space, q, w, prep, row0, chunk, H, D, out.data(),
+      out_w.data());
+  space.fence();
+  auto const hq = KPoolTest::on_host(q);
+  auto const hw = KPoolTest::on_host(w);
+  auto const ho = KPoolTest::on_host(out);
+  auto const how = KPoolTest::on_host(out_w);
+  for (int i = 0; i < chunk; ++i)
+    for (int h = 0; h < H; ++h) {
+      std::vector<A> x(D);
+      for (int c = 0; c < D; ++c) x[c] = KPool::to_accumulator(hq(row0 + i, h, c));
+      A const wt = KPool::Details::prepare_query_row(x.data(), D, prep, hw(row0 + i, h));
+      int const at = i * H + h;
+      ASSERT_EQ(std::memcmp(&wt, &how(at), sizeof(A)), 0) << "weight of row " << i << " head " << h;
+      ASSERT_EQ(std::memcmp(x.data(), &ho(at * D), D * sizeof(A)), 0)
+          << "row " << i << " head " << h << (rotate ? " rotated" : "")
+          << (serving ? " serving" : " exact") << " D " << D;
+    }
+}
+
+TEST(PreparedQueries, AreThoseOfPrepareQueryRowBitForBit) {
+  for (int D : {16, 128})
+    for (bool rotate : {false, true}) {
+      expect_prepared_rows<float>(rotate, false, D);
+      expect_prepared_rows<float>(rotate, true, D);
+      expect_prepared_rows<KPool::bfloat16>(rotate, true, D);
+      expect_prepared_rows<double>(rotate, false, D);
+    }
 }
 
 // ------------------------------------------------ the hardware MMA

@@ -21,9 +21,10 @@ namespace KPool {
 /// engine's buffers (the blas engine's staging). Allocate once, at the
 /// largest call you will make (rows of q, pools a row can see, heads,
 /// head_dim), and reuse: score_select and select_tokens allocate nothing.
-/// Memory: max_tokens * max_visible keys of 4 bytes (8 for f64) and 8
-/// bytes a row, plus with ScoreEngine::blas about 12 MiB of staging at H =
-/// 32, D = 128.
+/// Memory: max_tokens * max_visible keys of 4 bytes (8 for f64), the
+/// prepared queries, max_tokens * H * (D + 1) values of 4 bytes (8 for
+/// f64), and 8 bytes a row, plus with ScoreEngine::blas about 12 MiB of
+/// staging at H = 32, D = 128.
 ///
 /// @tparam T the queries' storage type; scores are f64 when T is f64, f32
 /// otherwise.
@@ -49,7 +50,8 @@ class SelectWorkspace {
   SelectWorkspace() = default;
 
   /// Allocates the buffers on `space` (labelled
-  /// KPool::SelectWorkspace::keys and ...::decode_rows; for max_visible
+  /// KPool::SelectWorkspace::keys, ...::prepared_queries,
+  /// ...::prepared_weights and ...::decode_rows; for max_visible
   /// above 65536 the long rows' ...::segment_histograms and
   /// ...::split_plans, a quarter as many 4-byte words as keys in all; for
   /// the blas engine its staging buffers).
@@ -117,6 +119,13 @@ class SelectWorkspace {
                              "KPool::SelectWorkspace::split_plans"),
           max_tokens * Details::split_plan_words(segs));
     }
+    // Every (query row, head) of a chunk, prepared once for the scoring
+    // engines (docs/indexer.md, "Scoring").
+    std::size_t const row_heads = max_tokens * static_cast<std::size_t>(num_heads);
+    prepared_ = buffer(space, "KPool::SelectWorkspace::prepared_queries",
+                       row_heads * static_cast<std::size_t>(head_dim));
+    prepared_weights_ =
+        buffer(space, "KPool::SelectWorkspace::prepared_weights", row_heads);
     decode_rows_ = Kokkos::View<std::uint32_t*, MemorySpace>(
         Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
                            "KPool::SelectWorkspace::decode_rows"),
@@ -166,6 +175,11 @@ class SelectWorkspace {
   std::uint64_t split_from() const { return split_from_; }
   /// @return pools a segment of a long row.
   std::uint64_t split_segment() const { return split_segment_; }
+  /// @return the chunk's queries as the scoring engines read them,
+  /// [max_tokens][H][D] (the selection stage's own use).
+  score_type* prepared_queries() const { return prepared_.data(); }
+  /// @return their weights, [max_tokens][H].
+  score_type* prepared_weights() const { return prepared_weights_.data(); }
   /// @return the BLAS engine's chunk sizes.
   Details::BlasChunks const& blas_chunks() const { return chunks_; }
   /// @return the BLAS engine's staged queries (host memory spaces).
@@ -192,6 +206,8 @@ class SelectWorkspace {
   int head_dim_ = 0;
   ScoreEngine engine_ = ScoreEngine::automatic;
   Kokkos::View<std::uint32_t*, MemorySpace> decode_rows_;
+  Kokkos::View<score_type*, MemorySpace> prepared_;
+  Kokkos::View<score_type*, MemorySpace> prepared_weights_;
   Details::BlasChunks chunks_;
   Kokkos::View<key_type*, MemorySpace> keys_;
   Kokkos::View<std::uint32_t*, MemorySpace> seg_hist_;
@@ -235,12 +251,11 @@ class SelectWorkspace {
 /// (with options.validate), before anything is written (docs/indexer.md,
 /// "Bad input").
 /// @par Launches and synchronization
-/// Two (score, select) on `space` with ScoreEngine::register_tiles (the
-/// host default) or team_gemm (the device default), which wait for
-/// nothing without validation; with ScoreEngine::blas, per request and
-/// chunk of up to 8192 pools and ~256 query head rows one staging launch,
-/// one gemm on the calling thread and one reduction launch, with fences,
-/// then the select launch.
+/// Per chunk of the workspace's rows, three on `space` (prepare the
+/// queries, score, select), which wait for nothing without validation;
+/// with ScoreEngine::blas the scoring is, per request and chunk of up to
+/// 8192 pools and ~256 query head rows, one staging launch, one gemm on
+/// the calling thread and one reduction launch, with fences.
 template <class ExecutionSpace, class RowOffsetsView, class CacheLengthsView,
           class BlockTableView, class QView, class WeightsView, class C,
           class MemorySpace, class PoolIdsView, class T>

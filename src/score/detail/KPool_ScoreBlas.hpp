@@ -52,8 +52,8 @@ struct BlasStageFunctor : BlasTile<C, accumulator_t<T>, typename ExecutionSpace:
   using Tile = BlasTile<C, A, memory_space>;
   using Tile::batch, Tile::cache, Tile::request, Tile::pool0, Tile::row0, Tile::heads;
 
-  Strided<const T, 3> q;
-  Strided<const float, 2> weights;
+  A const* prepared;          // the chunk's prepared queries [rows][H][D]
+  A const* prepared_weights;  // and weights [rows][H]
   A* keys_out;     // [pools, D]
   A* queries_out;  // [rows * H, D]
   A* weights_out;  // [rows * H]: each query head row's folding weight
@@ -69,8 +69,11 @@ struct BlasStageFunctor : BlasTile<C, accumulator_t<T>, typename ExecutionSpace:
       std::uint64_t const t = row0 + ih / heads;
       int const h = ih % heads;
       A* x = queries_out + static_cast<std::size_t>(ih) * D;
-      for (int c = 0; c < D; ++c) x[c] = to_accumulator(q(t, h, c));
-      weights_out[ih] = prepare_query_row(x, D, cache.query_prep(), weights(t, h));
+      std::uint64_t const at = (t - batch.row_begin) * static_cast<std::uint64_t>(heads) +
+                               static_cast<std::uint64_t>(h);
+      A const* p = prepared + at * static_cast<std::uint64_t>(D);
+      for (int c = 0; c < D; ++c) x[c] = p[c];
+      weights_out[ih] = prepared_weights[at];
     }
   }
 };
@@ -145,7 +148,7 @@ struct BlasChunks {
 template <class ExecutionSpace, class T, class C, class Key>
 void score_blas(std::string const& entry, ExecutionSpace const& space,
                 SelectBatch const& batch,
-                Strided<const T, 3> const& q, Strided<const float, 2> const& weights,
+                accumulator_t<T> const* prepared, accumulator_t<T> const* prepared_weights,
                 SelectCache<C, accumulator_t<T>, typename ExecutionSpace::memory_space> const& cache,
                 Key* keys, accumulator_t<T>* queries, accumulator_t<T>* pool_keys,
                 accumulator_t<T>* products, accumulator_t<T>* query_weights,
@@ -187,7 +190,7 @@ void score_blas(std::string const& entry, ExecutionSpace const& space,
         BlasTile<C, A, M> const tile{batch, cache, r, p0, req.begin + i0, heads};
         // The chunk's keys once, for its first rows; later rows reuse them.
         BlasStageFunctor<ExecutionSpace, T, C> const stage{
-            tile, q, weights, pool_keys, queries, query_weights,
+            tile, prepared, prepared_weights, pool_keys, queries, query_weights,
             keys_staged ? 0 : static_cast<int>(chunk)};
         launch_range(space, entry + "::blas_stage",
                      static_cast<std::size_t>(stage.pools) +

@@ -433,7 +433,7 @@ void launch_score(Checker const& chk, ExecutionSpace const& space, ScoreEngine e
     using M = typename ExecutionSpace::memory_space;
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
       score_blas<ExecutionSpace, T, C>(
-          chk.entry_point(), space, in.batch, in.q, in.weights, in.cache, in.keys,
+          chk.entry_point(), space, in.batch, in.prepared, in.prepared_weights, in.cache, in.keys,
           workspace.blas_queries(), workspace.blas_keys(), workspace.blas_products(),
           workspace.blas_weights(), workspace.blas_chunks(), in.heads);
     }

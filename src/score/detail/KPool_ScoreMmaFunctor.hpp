@@ -90,8 +90,6 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   static constexpr int L = mma_lanes<ExecutionSpace>::value;
   static constexpr int TM = mma_tile_pools;
   static constexpr bool serving = Kind == MmaKind::e4m3;
-  // Query rows a team rotates at once (their f32 rows in scratch).
-  static constexpr int rotate_rows = 4;
 
   int scratch_level;
 
@@ -106,7 +104,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
   // Byte offsets of the team's scratch regions, each 16-byte aligned.
   struct Layout {
-    std::size_t entry, q, w, rot, k, meta, total;
+    std::size_t entry, q, w, k, meta, total;
   };
   KOKKOS_INLINE_FUNCTION static std::size_t align16(std::size_t b) { return (b + 15) / 16 * 16; }
   KOKKOS_INLINE_FUNCTION static Layout layout(int rows, int terms, int H, int D, int warps) {
@@ -118,12 +116,8 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     o += align16(query_words(rows, terms, H, D) * 4);
     l.w = o;
     o += align16(static_cast<std::size_t>(rows) * padded_heads(H) * 4);
-    // The rotation rows live only while the queries are staged (between
-    // barriers, before any key tile): they share the key tiles' bytes.
-    l.rot = l.k = o;
-    std::size_t const rot = static_cast<std::size_t>(rotate_rows) * D * 4;
-    std::size_t const k = static_cast<std::size_t>(warps) * TM * row_words(D) * 4;
-    o += align16(rot > k ? rot : k);
+    l.k = o;
+    o += align16(static_cast<std::size_t>(warps) * TM * row_words(D) * 4);
     l.meta = o;
     o += align16(static_cast<std::size_t>(warps) * 2 * TM * 4);
     l.total = o;
@@ -142,7 +136,6 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
                            : member.team_scratch(1).get_shmem_aligned(lay.total, 16));
     Tiles const tiles{reinterpret_cast<std::uint32_t*>(base + lay.q),
                       reinterpret_cast<float*>(base + lay.w),
-                      reinterpret_cast<float*>(base + lay.rot),
                       reinterpret_cast<std::uint32_t*>(base + lay.k),
                       reinterpret_cast<float*>(base + lay.meta),
                       reinterpret_cast<std::int64_t*>(base + lay.entry)};
@@ -158,7 +151,6 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   struct Tiles {
     std::uint32_t* q;      // [rows][terms][HP][RW]
     float* w;              // [rows][HP]: effective weights, 0 past H
-    float* rot;            // [rotate_rows][D], in the bytes of k
     std::uint32_t* k;      // [warps][TM][RW]
     float* meta;           // [warps][2][TM]: scale, usable (1 or 0)
     std::int64_t* entry;   // [warps][TM]: offset of each pool's values in the cache
@@ -176,8 +168,8 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
 #endif
   }
 
-  // Query operands of rows [t0, t1) into scratch: rotate_rows rows of f32
-  // at a time, one (row, head) a thread.
+  // Query operands of rows [t0, t1) into scratch from the prepared rows,
+  // one (row, head) a thread.
   KOKKOS_INLINE_FUNCTION void stage_queries(member_type const& member, Tiles const& s,
                                             std::uint64_t t0, int nrows) const {
     int const H = heads;
@@ -186,37 +178,28 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     int const DP = padded_dim(D);
     int const RW = row_words(D);
     int const items = nrows * HP;
-    for (int base = 0; base < items; base += rotate_rows) {
-      int const n = items - base < rotate_rows ? items - base : rotate_rows;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int j) {
-        int const ih = base + j;
-        int const i = ih / HP;
-        int const h = ih % HP;
-        float* x = s.rot + static_cast<std::size_t>(j) * D;
-        float w = 0.0f;
-        if (h < H) {
-          for (int c = 0; c < D; ++c) x[c] = to_accumulator(q(t0 + i, h, c));
-          // Exact profile: R(q), the weight as given; serving profile: the
-          // E4M3 codes and the weight times s_q (as every engine).
-          w = prepare_query_row(x, D, cache.query_prep(), weights(t0 + i, h));
-        }
-        s.w[i * HP + h] = w;
-        for (int term = 0; term < terms; ++term) {
-          std::uint32_t* out =
-              s.q + ((static_cast<std::size_t>(i) * terms + term) * HP + h) * RW;
-          for (int wd = 0; wd < DP / S::per_reg; ++wd) {
-            std::uint32_t word = 0;
-            for (int e = 0; e < S::per_reg; ++e) {
-              int const c = wd * S::per_reg + e;
-              float const v = (h < H && c < D) ? x[c] : 0.0f;
-              word |= operand_bits(v, term) << (e * (32 / S::per_reg));
-            }
-            out[wd] = word;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items), [&](int ih) {
+      int const i = ih / HP;
+      int const h = ih % HP;
+      // The row as prepared once (exact profile: R(q), the weight as
+      // given; serving profile: the E4M3 codes and the weight times s_q).
+      float const* x = h < H ? prepared_row(t0 + i, h) : nullptr;
+      s.w[ih] = h < H ? prepared_weight(t0 + i, h) : 0.0f;
+      for (int term = 0; term < terms; ++term) {
+        std::uint32_t* out =
+            s.q + ((static_cast<std::size_t>(i) * terms + term) * HP + h) * RW;
+        for (int wd = 0; wd < DP / S::per_reg; ++wd) {
+          std::uint32_t word = 0;
+          for (int e = 0; e < S::per_reg; ++e) {
+            int const c = wd * S::per_reg + e;
+            float const v = (h < H && c < D) ? x[c] : 0.0f;
+            word |= operand_bits(v, term) << (e * (32 / S::per_reg));
           }
+          out[wd] = word;
         }
-      });
-      member.team_barrier();
-    }
+      }
+    });
+    member.team_barrier();
   }
 
   // Term `term` of query value v as an operand's bits.

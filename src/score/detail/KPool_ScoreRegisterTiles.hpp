@@ -92,13 +92,12 @@ struct ScoreRegisterFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         A* qi = qt + static_cast<std::size_t>(i) * D * HP;
         for (int h = 0; h < HP; ++h) {
           if (h < H) {
-            for (int c = 0; c < D; ++c) rot[c] = to_accumulator(q(t0 + i, h, c));
-            w[i * H + h] =
-                prepare_query_row(rot, D, cache.query_prep(), weights(t0 + i, h));
+            A const* x = prepared_row(t0 + i, h);
+            for (int c = 0; c < D; ++c) qi[c * HP + h] = x[c];
+            w[i * H + h] = prepared_weight(t0 + i, h);
           } else {
-            for (int c = 0; c < D; ++c) rot[c] = A(0);
+            for (int c = 0; c < D; ++c) qi[c * HP + h] = A(0);
           }
-          for (int c = 0; c < D; ++c) qi[c * HP + h] = rot[c];
         }
       }
     });

@@ -96,9 +96,9 @@ struct ScoreTeamGemmFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, nrows * H), [&](int ih) {
       int const i = ih / H;
       int const h = ih % H;
-      A* row = &qs(ih, 0);
-      for (int c = 0; c < D; ++c) row[c] = to_accumulator(q(t0 + i, h, c));
-      ws(i, h) = prepare_query_row(row, D, cache.query_prep(), weights(t0 + i, h));
+      A const* x = prepared_row(t0 + i, h);
+      for (int c = 0; c < D; ++c) qs(ih, c) = x[c];
+      ws(i, h) = prepared_weight(t0 + i, h);
     });
     member.team_barrier();
 

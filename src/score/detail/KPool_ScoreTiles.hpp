@@ -162,58 +162,26 @@ struct ScoreTilesFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     }
   }
 
-  // A query row as the products read it, with its weight: prepare_query_row
-  // (rotated and scaled in the exact profile; E4M3 codes and the weight
-  // times the query's scale in the serving profile).
-  KOKKOS_INLINE_FUNCTION void prepare_query(std::uint64_t t, int h, A* row, A& w) const {
-    int const D = cache.head_dim();
-    for (int c = 0; c < D; ++c) row[c] = to_accumulator(q(t, h, c));
-    w = prepare_query_row(row, D, cache.query_prep(), weights(t, h));
-  }
-
-  // The group's queries, once: a thread per (row, head) prepares one row
-  // (prepare_query) into the key tile's space, which is free until the
-  // first tile; the team then copies them
-  // transposed into [row][D][HP], consecutive threads consecutive heads.
-  // Padded heads are zero.
+  // The group's queries, as the call prepared them once (prepared_row):
+  // copied transposed into [row][D][HP], consecutive threads consecutive
+  // heads, with their weights. Padded heads are zero.
   KOKKOS_INLINE_FUNCTION void stage_queries(member_type const& member, Layout const& L,
                                             std::uint64_t t0, int nrows) const {
     int const H = heads;
     int const HP = padded_heads(H);
     int const D = cache.head_dim();
-    // Rows D + 1 apart, so that threads preparing rows side by side touch
-    // different banks: as many as the tile's space holds.
-    int const stride = D + 1;
-    int const per = D * TP / stride;
-    int const items = nrows * HP;
-    for (int base = 0; base < items; base += per) {
-      int const n = items - base < per ? items - base : per;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int x) {
-        int const ih = base + x;
-        int const i = ih / HP;
-        int const h = ih % HP;
-        A* row = L.kt + static_cast<std::size_t>(x) * stride;
-        A w = A(0);
-        if (h < H) {
-          prepare_query(t0 + i, h, row, w);
-        } else {
-          for (int c = 0; c < D; ++c) row[c] = A(0);
-        }
-        L.w[i * HP + h] = w;
-      });
-      member.team_barrier();
-      // Transposed copy: consecutive threads take consecutive heads.
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n * D), [&](int y) {
-        int const c = y / n;
-        int const x = y % n;
-        int const ih = base + x;
-        int const i = ih / HP;
-        int const h = ih % HP;
-        L.qt[(static_cast<std::size_t>(i) * D + c) * HP + h] =
-            L.kt[static_cast<std::size_t>(x) * stride + c];
-      });
-      member.team_barrier();
-    }
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, nrows * HP), [&](int ih) {
+      int const i = ih / HP;
+      int const h = ih % HP;
+      L.w[ih] = h < H ? prepared_weight(t0 + i, h) : A(0);
+    });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, nrows * D * HP), [&](int y) {
+      int const h = y % HP;
+      int const c = (y / HP) % D;
+      int const i = y / (HP * D);
+      L.qt[y] = h < H ? prepared_row(t0 + i, h)[c] : A(0);
+    });
+    member.team_barrier();
   }
 
   // Pools [p0, p0 + TP) of request r into kt (transposed on devices, a

@@ -202,6 +202,22 @@ struct ScoreTeamInputs {
   int heads = 0;          // H
   int rows_per_team = 0;  // query rows of one request a team scores
   int splits = 0;         // teams a group of rows at most
+  // The chunk's queries and weights as prepare_query_row leaves them,
+  // prepared once (score/detail/KPool_ScorePrepare.hpp): [chunk rows][H][D]
+  // and [chunk rows][H].
+  A const* prepared = nullptr;
+  A const* prepared_weights = nullptr;
+
+  // Query row t's head h as prepared: its D values, and its weight.
+  KOKKOS_INLINE_FUNCTION A const* prepared_row(std::uint64_t t, int h) const {
+    return prepared + ((t - batch.row_begin) * static_cast<std::uint64_t>(heads) +
+                       static_cast<std::uint64_t>(h)) *
+                          static_cast<std::uint64_t>(cache.head_dim());
+  }
+  KOKKOS_INLINE_FUNCTION A prepared_weight(std::uint64_t t, int h) const {
+    return prepared_weights[(t - batch.row_begin) * static_cast<std::uint64_t>(heads) +
+                            static_cast<std::uint64_t>(h)];
+  }
 
   // The key of pool p for query row t, where t sees p: score_key of
   // score() for a usable pool, key_not_visible (score() not called) for a
@@ -220,7 +236,8 @@ struct ScoreTeamInputs {
   using typename Inputs::memory_space, typename Inputs::member_type,                        \
       typename Inputs::scratch_space, typename Inputs::A, typename Inputs::Key;             \
   using Inputs::batch, Inputs::q, Inputs::weights, Inputs::cache, Inputs::keys, Inputs::heads, \
-      Inputs::rows_per_team, Inputs::splits, Inputs::write_key
+      Inputs::rows_per_team, Inputs::splits, Inputs::write_key, Inputs::prepared_row, \
+      Inputs::prepared_weight
 
 }  // namespace Details
 }  // namespace KPool

@@ -16,6 +16,7 @@
 #include <common/detail/KPool_Validate.hpp>
 #include <common/detail/KPool_Views.hpp>
 #include <score/detail/KPool_ScoreLaunch.hpp>
+#include <score/detail/KPool_ScorePrepare.hpp>
 #include <score/detail/KPool_Scoring.hpp>
 #include <select/detail/KPool_TopkCore.hpp>
 #include <select/detail/KPool_TopkSplit.hpp>
@@ -362,6 +363,8 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     in.cache = cache_target<C, A>(cache, block_table);
     in.keys = workspace.keys().data();
     in.heads = H;
+    in.prepared = workspace.prepared_queries();
+    in.prepared_weights = workspace.prepared_weights();
     SplitArgs split;
     split.seg_hist = workspace.segment_histograms();
     split.plans = workspace.split_plans();
@@ -374,6 +377,10 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
       in.batch.row_begin = row_begin;
       in.batch.row_end = std::min(rows, row_begin + chunk);
+      launch_prepare_queries<ExecutionSpace, T, A>(
+          chk, space, in.q, in.weights, in.cache.query_prep(), in.batch.row_begin,
+          in.batch.row_end - in.batch.row_begin, H, D, workspace.prepared_queries(),
+          workspace.prepared_weights());
       launch_score(chk, space, engine, in, workspace, options);
       launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
                             View2<std::int32_t, M>(out), topk, split, options);

@@ -1,0 +1,138 @@
+#ifndef KPOOL_DETAILS_SCORE_PREPARE_HPP
+#define KPOOL_DETAILS_SCORE_PREPARE_HPP
+
+// Queries prepared once (docs/indexer.md, "Scoring"): before a chunk of
+// query rows is scored, one launch prepares every (row, head) of the chunk
+// exactly once into the workspace, as prepare_query_row defines it (exact
+// profile: R(q) times the nearest 1/sqrt(D), the weight as given; serving
+// profile: the E4M3 codes of bf16(R(q)) as values, the weight times the
+// query's scale s_q), and every scoring team of every engine reads the
+// prepared row and weight instead of preparing them again for each split
+// of the row's pools.
+//
+// A team prepares one (row, head). With device shapes the team's threads
+// share the row: the butterflies a stage at a time over the channel pairs
+// (a barrier between stages), the serving amax as a team max of integer
+// magnitudes, the rounding and E4M3 codes a channel a thread. Every value
+// goes through the same operations as in prepare_query_row (a stage's
+// pairs are independent; the max of integers is exact in any order), so
+// the prepared bytes are the same whatever the team size; the unit suite
+// compares them with prepare_query_row on every profile. On a host a team
+// is one thread and runs prepare_query_row itself.
+
+#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_KokkosExt.hpp>
+#include <common/detail/KPool_Launch.hpp>
+#include <common/detail/KPool_Strided.hpp>
+#include <score/detail/KPool_Scoring.hpp>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace KPool {
+namespace Details {
+
+template <class ExecutionSpace, class T, class A>
+struct PrepareQueriesFunctor {
+  using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
+  using Row = Kokkos::View<A*, typename ExecutionSpace::scratch_memory_space,
+                           Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  static constexpr bool team_rows = device_shapes<ExecutionSpace>::value;
+
+  Strided<const T, 3> q;            // [T, H, D]
+  Strided<const float, 2> weights;  // [T, H]
+  QueryPrep<A> prep;
+  A* prepared;           // [chunk rows][H][D]
+  A* prepared_weights;   // [chunk rows][H]
+  std::uint64_t row0;    // the chunk's first query row
+  int heads;
+  int head_dim;
+
+  static std::size_t scratch_bytes(int head_dim) {
+    return team_rows ? Row::shmem_size(static_cast<std::size_t>(head_dim)) : 0;
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    std::uint64_t const item = static_cast<std::uint64_t>(member.league_rank());
+    std::uint64_t const t = row0 + item / static_cast<std::uint64_t>(heads);
+    int const h = static_cast<int>(item % static_cast<std::uint64_t>(heads));
+    int const D = head_dim;
+    A* const out = prepared + item * static_cast<std::uint64_t>(D);
+    if constexpr (!team_rows) {
+      for (int c = 0; c < D; ++c) out[c] = to_accumulator(q(t, h, c));
+      prepared_weights[item] = prepare_query_row(out, D, prep, weights(t, h));
+    } else {
+      Row const v(member.team_scratch(0), D);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D),
+                           [&](int c) { v(c) = to_accumulator(q(t, h, c)); });
+      member.team_barrier();
+      if (prep.rotate) {
+        for (int s = 1; s < D; s *= 2) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D / 2), [&](int p) {
+            int const lo = (p / s) * 2 * s + p % s;
+            A const a = v(lo), b = v(lo + s);
+            v(lo) = a + b;
+            v(lo + s) = a - b;
+          });
+          member.team_barrier();
+        }
+      }
+      A w = static_cast<A>(weights(t, h));
+      bool serving = false;
+      if constexpr (std::is_same<A, float>::value) serving = prep.serving;
+      if (serving) {
+        float const factor = prep.rotate ? static_cast<float>(prep.rsqrt) : 1.0f;
+        std::uint32_t m = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, D),
+            [&](int c, std::uint32_t& local) {
+              float const r = round_to_bf16(static_cast<float>(v(c)) * factor);
+              v(c) = static_cast<A>(r);
+              std::uint32_t const a = serving_magnitude_bits(r);
+              local = a > local ? a : local;
+            },
+            Kokkos::Max<std::uint32_t>(m));
+        float const scale = serving_scale(m);
+        float const inv = 1.0f / scale;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D), [&](int c) {
+          out[c] = static_cast<A>(static_cast<float>(serving_code(static_cast<float>(v(c)), inv)));
+        });
+        w = static_cast<A>(static_cast<float>(weights(t, h)) * scale);
+      } else {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D), [&](int c) {
+          out[c] = prep.rotate ? v(c) * prep.rsqrt : v(c);
+        });
+      }
+      Kokkos::single(Kokkos::PerTeam(member), [&]() { prepared_weights[item] = w; });
+    }
+  }
+};
+
+// Prepares query rows [row0, row0 + rows) of q into `prepared` ([rows][H]
+// [D]) and their weights into `prepared_weights` ([rows][H]), one team a
+// (row, head), on the caller's instance.
+template <class ExecutionSpace, class T, class A>
+void launch_prepare_queries(Checker const& chk, ExecutionSpace const& space,
+                            Strided<const T, 3> const& q, Strided<const float, 2> const& weights,
+                            QueryPrep<A> const& prep, std::uint64_t row0, std::uint64_t rows,
+                            int heads, int head_dim, A* prepared, A* prepared_weights) {
+  using F = PrepareQueriesFunctor<ExecutionSpace, T, A>;
+  if (rows == 0) return;
+  F const f{q, weights, prep, prepared, prepared_weights, row0, heads, head_dim};
+  LaunchShape shape;
+  shape.league = league_for(chk, "q", rows * static_cast<std::uint64_t>(heads), 1);
+  if constexpr (F::team_rows) {
+    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+    int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
+    int const want = head_dim / 2 < 64 ? head_dim / 2 : 64;
+    shape.team_size = want < 1 ? 1 : (want < max ? want : max);
+  }
+  shape.scratch_bytes = F::scratch_bytes(head_dim);
+  launch(space, chk.entry_point() + "::prepare_queries", shape, f);
+}
+
+}  // namespace Details
+}  // namespace KPool
+
+#endif
