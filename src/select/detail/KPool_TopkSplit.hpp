@@ -118,7 +118,7 @@ struct SplitPlanFunctor {
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    SelectRow r;
+    SelectRow r{};
     if (!r.find<ExecutionSpace>(member, batch)) return;
     std::uint64_t const i = r.i, n = r.n;
     if (n <= split_from) return;

@@ -112,7 +112,7 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
   };
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    SelectRow r;
+    SelectRow r{};
     if (!r.find<ExecutionSpace>(member, batch)) return;
     std::uint64_t const i = r.i, t = r.t, n = r.n;
     SelectRequest const& req = r.req;
