@@ -185,7 +185,8 @@ KOKKOS_INLINE_FUNCTION void stage_key_row(Cache const& cache, CacheSlot const& s
 // What every scoring engine's team functor reads, and the layout of its
 // teams: each engine's functor derives from it (one using-declaration
 // line names the members it reads) and its launch fills it from the
-// call's ScoreInputs (set_score_inputs).
+// call's ScoreInputs (set_score_inputs). The queries reach the teams only
+// as prepared rows; q and weights themselves go to the prepare launch.
 template <class ExecutionSpace, class T, class C>
 struct ScoreTeamInputs {
   using memory_space = typename ExecutionSpace::memory_space;
@@ -195,8 +196,6 @@ struct ScoreTeamInputs {
   using Key = score_key_t<A>;
 
   SelectBatch batch;
-  Strided<const T, 3> q;            // [T, H, D]
-  Strided<const float, 2> weights;  // [T, H]
   SelectCache<C, A, memory_space> cache;
   Key* keys = nullptr;    // [chunk rows * max_visible]
   int heads = 0;          // H
@@ -235,7 +234,7 @@ struct ScoreTeamInputs {
   using Inputs = ::KPool::Details::ScoreTeamInputs<ExecSpace, T, C>;                        \
   using typename Inputs::memory_space, typename Inputs::member_type,                        \
       typename Inputs::scratch_space, typename Inputs::A, typename Inputs::Key;             \
-  using Inputs::batch, Inputs::q, Inputs::weights, Inputs::cache, Inputs::keys, Inputs::heads, \
+  using Inputs::batch, Inputs::cache, Inputs::keys, Inputs::heads, \
       Inputs::rows_per_team, Inputs::splits, Inputs::write_key, Inputs::prepared_row, \
       Inputs::prepared_weight
 

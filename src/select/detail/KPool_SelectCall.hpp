@@ -358,8 +358,6 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     in.batch.max_visible = workspace.max_visible();
     in.batch.row_begin = 0;
     in.batch.row_end = rows;
-    in.q = q;
-    in.weights = weights;
     in.cache = cache_target<C, A>(cache, block_table);
     in.keys = workspace.keys().data();
     in.heads = H;
@@ -378,7 +376,8 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       in.batch.row_begin = row_begin;
       in.batch.row_end = std::min(rows, row_begin + chunk);
       launch_prepare_queries<ExecutionSpace, T, A>(
-          chk, space, in.q, in.weights, in.cache.query_prep(), in.batch.row_begin,
+          chk, space, Strided<const T, 3>(q), Strided<const float, 2>(weights),
+          in.cache.query_prep(), in.batch.row_begin,
           in.batch.row_end - in.batch.row_begin, H, D, workspace.prepared_queries(),
           workspace.prepared_weights());
       launch_score(chk, space, engine, in, workspace, options);
