@@ -50,6 +50,24 @@ enum class ScoreEngine {
   tensor_cores
 };
 
+/// How a decode selection (KPool::score_select or KPool::select_tokens with
+/// a decode Batch) launches its scoring and its top-k (docs/indexer.md,
+/// "One launch for a decode selection"). Both give the same bits.
+enum class DecodeSelection {
+  /// fused with device shapes (device backends, and a
+  /// KPool_TEST_DEVICE_SHAPES build) where the call allows it, else
+  /// separate.
+  automatic,
+  /// One launch: each group of rows is scored by its teams, and the team
+  /// that finishes last selects the group's rows. Refused by name where
+  /// the call does not allow it: the blas engine, a workspace for rows
+  /// longer than 65536 pools (max_visible), or a topk past the level-0
+  /// team scratch.
+  fused,
+  /// Two launches: the scoring, then the top-k (a team a row).
+  separate
+};
+
 /// Per-call settings, the optional last argument of every entry point.
 ///
 /// A plain aggregate; in C++17 set fields one by one:
@@ -74,6 +92,10 @@ struct Options {
   /// KPool::score_select and KPool::select_tokens only: the scoring
   /// engine (see ScoreEngine).
   ScoreEngine score_engine = ScoreEngine::automatic;
+  /// KPool::score_select and KPool::select_tokens with a decode Batch
+  /// only: the scoring and the top-k in one launch or two (see
+  /// DecodeSelection).
+  DecodeSelection decode_selection = DecodeSelection::automatic;
 };
 
 }  // namespace KPool

@@ -147,6 +147,12 @@ struct LaunchShape {
   // A host-only kernel (ScoreEngine::register_tiles), exempt from the
   // device scratch rule even under device shapes.
   bool host_only = false;
+  // Level-1 scratch besides level 0's scratch_bytes (the fused decode
+  // selection, whose scoring tiles take level 1 on a host).
+  std::size_t level1_bytes = 0;
+  // The kernel's layout is its team size (the tensor-core engine's warps,
+  // register_tiles' one thread): a launch wrapping it keeps it.
+  bool exact_team = false;
 };
 
 // The usual shape: `items` work items, items_per_team of them a team.
@@ -202,6 +208,7 @@ void launch(ExecutionSpace const& space, std::string const& label,
   if (shape.scratch_bytes > 0)
     policy.set_scratch_size(shape.scratch_level,
                             Kokkos::PerTeam(shape.scratch_bytes));
+  if (shape.level1_bytes > 0) policy.set_scratch_size(1, Kokkos::PerTeam(shape.level1_bytes));
 #if defined(KPOOL_IMPL_CHECK_WIDE_COPIES)
   // Host backends run the kernel before parallel_for returns.
   KokkosExt::running_kernel() = label;

@@ -167,10 +167,11 @@ void set_score_inputs(F& f, In const& in) {
 }
 
 #if KPOOL_HAS_KOKKOSKERNELS
-template <class ExecutionSpace, class T, class C, int Level>
+template <class ExecutionSpace, class T, class C, int Level, class Run>
 void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& space,
                                   ScoreInputs<ExecutionSpace, T, C> const& in,
-                                  TileShape const& tiles, Options const& options) {
+                                  TileShape const& tiles, Options const& options,
+                                  Run const& run) {
   using F = ScoreTeamGemmFunctor<ExecutionSpace, T, C, Level>;
   F f;
   set_score_inputs(f, in);
@@ -183,7 +184,7 @@ void launch_score_team_gemm_level(Checker const& chk, ExecutionSpace const& spac
   shape.team_size = team_size_for(space, f, 1, options.team_size);
   shape.scratch_bytes = tiles.bytes;
   shape.scratch_level = Level;
-  launch(space, chk.entry_point() + "::score_team_gemm", shape, f);
+  run(chk.entry_point() + "::score_team_gemm", shape, f);
 }
 #endif
 
@@ -213,10 +214,10 @@ template <class ExecutionSpace>
 }
 
 #if KPOOL_HAS_KOKKOSKERNELS
-template <class ExecutionSpace, class T, class C>
+template <class ExecutionSpace, class T, class C, class Run>
 void launch_score_team_gemm(Checker const& chk, ExecutionSpace const& space,
-                        ScoreInputs<ExecutionSpace, T, C> const& in,
-                        Options const& options) {
+                            ScoreInputs<ExecutionSpace, T, C> const& in,
+                            Options const& options, Run const& run) {
   using F = ScoreTeamGemmFunctor<ExecutionSpace, T, C>;
   int const D = in.cache.head_dim();
   TileShape const tiles = tile_shape<ExecutionSpace, F>(
@@ -228,16 +229,16 @@ void launch_score_team_gemm(Checker const& chk, ExecutionSpace const& space,
   if (tiles.bytes > scratch_max<ExecutionSpace>(1))
     fail_team_scratch(chk, "team_gemm", "use the blas engine", in.heads, D);
   if (tiles.level == 0)
-    launch_score_team_gemm_level<ExecutionSpace, T, C, 0>(chk, space, in, tiles, options);
+    launch_score_team_gemm_level<ExecutionSpace, T, C, 0>(chk, space, in, tiles, options, run);
   else
-    launch_score_team_gemm_level<ExecutionSpace, T, C, 1>(chk, space, in, tiles, options);
+    launch_score_team_gemm_level<ExecutionSpace, T, C, 1>(chk, space, in, tiles, options, run);
 }
 #endif
 
-template <class ExecutionSpace, class T, class C, int Level>
+template <class ExecutionSpace, class T, class C, int Level, class Run>
 void launch_score_tiles_level(Checker const& chk, ExecutionSpace const& space,
                               ScoreInputs<ExecutionSpace, T, C> const& in, int rows,
-                              std::size_t bytes, Options const& options) {
+                              std::size_t bytes, Options const& options, Run const& run) {
   using F = ScoreTilesFunctor<ExecutionSpace, T, C, Level>;
   F f;
   set_score_inputs(f, in);
@@ -253,16 +254,16 @@ void launch_score_tiles_level(Checker const& chk, ExecutionSpace const& space,
   shape.team_size = team_size_for(space, f, 1, options.team_size);
   shape.scratch_bytes = bytes;
   shape.scratch_level = Level;
-  launch(space, chk.entry_point() + "::score_tiles", shape, f);
+  run(chk.entry_point() + "::score_tiles", shape, f);
 }
 
 // The portable engine: rows a team as the request sizes allow (up to 8),
 // fewer on devices until they fit fast scratch; the level is a template
 // argument of the kernel.
-template <class ExecutionSpace, class T, class C>
+template <class ExecutionSpace, class T, class C, class Run>
 void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
-                           ScoreInputs<ExecutionSpace, T, C> const& in,
-                           Options const& options) {
+                        ScoreInputs<ExecutionSpace, T, C> const& in, Options const& options,
+                        Run const& run) {
   using F = ScoreTilesFunctor<ExecutionSpace, T, C, 0>;
   int const D = in.cache.head_dim();
   int rows = rows_per_team_for(in.batch.total_rows, in.batch.num_requests);
@@ -278,9 +279,9 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
   }
   std::size_t const bytes = F::scratch_bytes(rows, in.heads, D);
   if (bytes <= max0)
-    launch_score_tiles_level<ExecutionSpace, T, C, 0>(chk, space, in, rows, bytes, options);
+    launch_score_tiles_level<ExecutionSpace, T, C, 0>(chk, space, in, rows, bytes, options, run);
   else if (bytes <= scratch_max<ExecutionSpace>(1))
-    launch_score_tiles_level<ExecutionSpace, T, C, 1>(chk, space, in, rows, bytes, options);
+    launch_score_tiles_level<ExecutionSpace, T, C, 1>(chk, space, in, rows, bytes, options, run);
   else
     fail_team_scratch(chk, "tiles", "use the blas engine", in.heads, D);
 }
@@ -291,16 +292,17 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
 // visible pools to fill the machine. The serving profile takes the E4M3
 // MMA on an fp8 cache (queries quantized per row and head by
 // prepare_query_row). Level-0 scratch on devices, as every engine.
-template <class ExecutionSpace, class T, class C, MmaKind Kind>
+template <class ExecutionSpace, class T, class C, MmaKind Kind, class Run>
 void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
                            ScoreInputs<ExecutionSpace, T, C> const& in,
-                           Options const& options, int terms) {
+                           Options const& options, int terms, Run const& run) {
   using F = ScoreMmaFunctor<ExecutionSpace, T, C, Kind>;
   constexpr bool warp_lanes = mma_lanes<ExecutionSpace>::value == 1;
   int const D = in.cache.head_dim();
   F f;
   set_score_inputs(f, in);
   f.terms = terms;
+  f.packets = D % F::packet == 0 && in.cache.rows_aligned(16);
   if (warp_lanes) {
     f.warps = mma_team_warps;
   } else {
@@ -322,6 +324,9 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
     f.rows_per_team /= 2;
   while (f.warps > 1 && F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
     --f.warps;
+  // A launch whose kernel scans over its team (the fused decode
+  // selection) takes a power-of-two team.
+  if (run.power_of_two_team) f.warps = power_of_two_floor(f.warps);
   std::size_t const bytes = F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps);
   if (device_shapes<ExecutionSpace>::value && bytes > budget)
     fail_device_scratch<ExecutionSpace>(chk, "tensor_cores", "one query row and a warp's tiles",
@@ -336,7 +341,8 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   shape.team_size = warp_lanes ? 32 * f.warps : f.warps;
   shape.scratch_bytes = bytes;
   shape.scratch_level = f.scratch_level;
-  launch(space, chk.entry_point() + "::score_tensor_cores", shape, f);
+  shape.exact_team = true;
+  run(chk.entry_point() + "::score_tensor_cores", shape, f);
 }
 
 // Whether the engine's kernel of Kind can run on ExecutionSpace, so that it
@@ -351,9 +357,10 @@ constexpr bool mma_kernel_runs() {
     return true;
 }
 
-template <class ExecutionSpace, class T, class C>
+template <class ExecutionSpace, class T, class C, class Run>
 void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
-                      ScoreInputs<ExecutionSpace, T, C> const& in, Options const& options) {
+                      ScoreInputs<ExecutionSpace, T, C> const& in, Options const& options,
+                      Run const& run) {
   if constexpr (mma_types<T, C>::value) {
     MmaPlan const plan = mma_plan<ExecutionSpace, T, C>(in.cache.rotate, in.cache.serving);
     if (!plan.usable)
@@ -363,28 +370,29 @@ void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
     if (plan.kind == MmaKind::e4m3) {
       if constexpr (std::is_same<C, float8_e4m3>::value &&
                     mma_kernel_runs<ExecutionSpace, MmaKind::e4m3>())
-        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::e4m3>(chk, space, in, options, 1);
+        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::e4m3>(chk, space, in, options, 1,
+                                                                   run);
     } else if (plan.kind == MmaKind::f16) {
       if constexpr (std::is_same<C, float16>::value &&
                     mma_kernel_runs<ExecutionSpace, MmaKind::f16>())
         launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::f16>(chk, space, in, options,
-                                                                  plan.terms);
+                                                                  plan.terms, run);
     } else {
       if constexpr (!std::is_same<C, float16>::value &&
                     mma_kernel_runs<ExecutionSpace, MmaKind::bf16>())
         launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::bf16>(chk, space, in, options,
-                                                                   plan.terms);
+                                                                   plan.terms, run);
     }
   } else {
-    (void)space, (void)in, (void)options;
+    (void)space, (void)in, (void)options, (void)run;
     chk.fail("options", "score_engine", -1, "tensor_cores",
              "does not take f32 or f64 caches (use tiles)");
   }
 }
 
-template <class ExecutionSpace, class T, class C, int HB>
+template <class ExecutionSpace, class T, class C, int HB, class Run>
 void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
-                               ScoreInputs<ExecutionSpace, T, C> const& in) {
+                               ScoreInputs<ExecutionSpace, T, C> const& in, Run const& run) {
   using F = ScoreRegisterFunctor<ExecutionSpace, T, C, HB>;
   int const D = in.cache.head_dim();
   F f;
@@ -404,30 +412,47 @@ void launch_score_registers_hb(Checker const& chk, ExecutionSpace const& space,
   shape.scratch_bytes = bytes;
   shape.scratch_level = f.scratch_level;
   shape.host_only = true;
-  launch(space, chk.entry_point() + "::score_register_tiles", shape, f);
+  shape.exact_team = true;
+  run(chk.entry_point() + "::score_register_tiles", shape, f);
 }
 
 // Register blocks of 8 heads (4, 2, 1 for fewer heads; the last block is
 // padded with zero heads).
-template <class ExecutionSpace, class T, class C>
+template <class ExecutionSpace, class T, class C, class Run>
 void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
-                            ScoreInputs<ExecutionSpace, T, C> const& in) {
+                            ScoreInputs<ExecutionSpace, T, C> const& in, Run const& run) {
   if (in.heads >= 8)
-    launch_score_registers_hb<ExecutionSpace, T, C, 8>(chk, space, in);
+    launch_score_registers_hb<ExecutionSpace, T, C, 8>(chk, space, in, run);
   else if (in.heads >= 4)
-    launch_score_registers_hb<ExecutionSpace, T, C, 4>(chk, space, in);
+    launch_score_registers_hb<ExecutionSpace, T, C, 4>(chk, space, in, run);
   else if (in.heads >= 2)
-    launch_score_registers_hb<ExecutionSpace, T, C, 2>(chk, space, in);
+    launch_score_registers_hb<ExecutionSpace, T, C, 2>(chk, space, in, run);
   else
-    launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in);
+    launch_score_registers_hb<ExecutionSpace, T, C, 1>(chk, space, in, run);
 }
 
+// How a scoring kernel is launched: alone (LaunchScore), or wrapped with
+// the top-k in the fused decode selection's kernel
+// (select/detail/KPool_TopkFused.hpp). run(label, shape, f) launches
+// functor f of the shape the engine planned; power_of_two_team asks the
+// engines whose layout is their team (tensor_cores) for a power-of-two one.
+template <class ExecutionSpace>
+struct LaunchScore {
+  ExecutionSpace space;
+  static constexpr bool power_of_two_team = false;
+  template <class F>
+  void operator()(std::string const& label, LaunchShape const& shape, F const& f) const {
+    launch(space, label, shape, f);
+  }
+};
+
 // Scores rows [in.batch.row_begin, in.batch.row_end) into the workspace's
-// keys with the engine resolve_engine chose, on the caller's instance.
-template <class ExecutionSpace, class T, class C, class Workspace>
+// keys with the engine resolve_engine chose, on the caller's instance (the
+// team engines through `run`; blas is its own launches).
+template <class ExecutionSpace, class T, class C, class Workspace, class Run>
 void launch_score(Checker const& chk, ExecutionSpace const& space, ScoreEngine engine,
                   ScoreInputs<ExecutionSpace, T, C> const& in, Workspace& workspace,
-                  Options const& options) {
+                  Options const& options, Run const& run) {
   if (engine == ScoreEngine::blas) {
 #if KPOOL_HAS_KOKKOSKERNELS
     using M = typename ExecutionSpace::memory_space;
@@ -440,18 +465,18 @@ void launch_score(Checker const& chk, ExecutionSpace const& space, ScoreEngine e
 #endif
   } else if (engine == ScoreEngine::register_tiles) {
     if constexpr (!KokkosExt::is_device_backend<ExecutionSpace>::value) {
-      launch_score_registers<ExecutionSpace, T, C>(chk, space, in);
+      launch_score_registers<ExecutionSpace, T, C>(chk, space, in, run);
     }
   } else if (engine == ScoreEngine::tiles) {
-    launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options);
+    launch_score_tiles<ExecutionSpace, T, C>(chk, space, in, options, run);
   } else if (engine == ScoreEngine::tensor_cores) {
-    launch_score_mma<ExecutionSpace, T, C>(chk, space, in, options);
+    launch_score_mma<ExecutionSpace, T, C>(chk, space, in, options, run);
   } else {
 #if KPOOL_HAS_KOKKOSKERNELS
-    launch_score_team_gemm<ExecutionSpace, T, C>(chk, space, in, options);
+    launch_score_team_gemm<ExecutionSpace, T, C>(chk, space, in, options, run);
 #endif
   }
-  (void)workspace;
+  (void)workspace, (void)run;
 }
 
 }  // namespace Details

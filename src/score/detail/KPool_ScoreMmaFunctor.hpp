@@ -92,6 +92,10 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   static constexpr bool serving = Kind == MmaKind::e4m3;
 
   int scratch_level;
+  // Every pool's row starts 16-byte aligned and D is a multiple of a
+  // packet: the key tiles are staged in 16-byte packets.
+  bool packets = false;
+  static constexpr int packet = static_cast<int>(16 / sizeof(C));
 
   // Heads padded to the MMA's N, channels to its K, and a scratch row of
   // operands in 32-bit words with 16 bytes of padding.
@@ -273,24 +277,10 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
       }
     }
     warp_sync();
-    // The keys as operands, one word (2 or 4 channels) a lane at a time.
-    int const words = DP / S::per_reg;
-    for (int l = 0; l < L; ++l) {
-      int const lane = lane_of(member, l);
-      for (int idx = lane; idx < TM * words; idx += 32) {
-        int const j = idx / words;
-        int const wd = idx % words;
-        std::uint32_t word = 0;
-        if (entry[j] >= 0) {
-          C const* v = cache.values + entry[j];
-          for (int e = 0; e < S::per_reg; ++e) {
-            int const c = wd * S::per_reg + e;
-            if (c < D) word |= key_bits(v[c]) << (e * (32 / S::per_reg));
-          }
-        }
-        kt[j * RW + wd] = word;
-      }
-    }
+    if (packets)
+      stage_key_packets(member, kt, entry, D, DP, RW);
+    else
+      stage_key_words(member, kt, entry, D, DP, RW);
     warp_sync();
 
     for (int i = 0; i < nrows; ++i) {
@@ -365,6 +355,64 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     }
     // The warp's tile scratch is restaged for its next tile.
     warp_sync();
+  }
+
+  // A warp's key tile as operands, one word (2 or 4 channels) a lane at a
+  // time from the channels' own loads (any row alignment, any D).
+  KOKKOS_INLINE_FUNCTION void stage_key_words(member_type const& member, std::uint32_t* kt,
+                                              std::int64_t const* entry, int D, int DP,
+                                              int RW) const {
+    int const words = DP / S::per_reg;
+    for (int l = 0; l < L; ++l) {
+      int const lane = lane_of(member, l);
+      for (int idx = lane; idx < TM * words; idx += 32) {
+        int const j = idx / words;
+        int const wd = idx % words;
+        std::uint32_t word = 0;
+        if (entry[j] >= 0) {
+          C const* v = cache.values + entry[j];
+          for (int e = 0; e < S::per_reg; ++e) {
+            int const c = wd * S::per_reg + e;
+            if (c < D) word |= key_bits(v[c]) << (e * (32 / S::per_reg));
+          }
+        }
+        kt[j * RW + wd] = word;
+      }
+    }
+  }
+
+  // The same words from 16-byte packets (rows 16-byte aligned, D a
+  // multiple of `packet`): consecutive lanes load consecutive packets of a
+  // row, one wide load each, then the padding words past D are zeroed.
+  KOKKOS_INLINE_FUNCTION void stage_key_packets(member_type const& member, std::uint32_t* kt,
+                                                std::int64_t const* entry, int D, int DP,
+                                                int RW) const {
+    constexpr int per_packet = packet / S::per_reg;  // words a packet
+    int const npk = D / packet;
+    int const pad = DP / S::per_reg - npk * per_packet;
+    for (int l = 0; l < L; ++l) {
+      int const lane = lane_of(member, l);
+      for (int idx = lane; idx < TM * npk; idx += 32) {
+        int const j = idx / npk;
+        int const pk = idx % npk;
+        std::uint32_t* out = kt + j * RW + pk * per_packet;
+        if (entry[j] < 0) {
+          for (int w = 0; w < per_packet; ++w) out[w] = 0;
+          continue;
+        }
+        alignas(16) C v[packet];
+        KokkosExt::copy_aligned_bytes<16>(v, cache.values + entry[j] + pk * packet);
+        KPOOL_IMPL_UNROLL
+        for (int w = 0; w < per_packet; ++w) {
+          std::uint32_t word = 0;
+          for (int e = 0; e < S::per_reg; ++e)
+            word |= key_bits(v[w * S::per_reg + e]) << (e * (32 / S::per_reg));
+          out[w] = word;
+        }
+      }
+      for (int idx = lane; idx < TM * pad; idx += 32)
+        kt[(idx / pad) * RW + npk * per_packet + idx % pad] = 0;
+    }
   }
 
   // v[l] = (v[l] + v[l ^ 1]) + (v[l ^ 2] + v[l ^ 3]) over each group of

@@ -19,6 +19,7 @@
 #include <score/detail/KPool_ScorePrepare.hpp>
 #include <score/detail/KPool_Scoring.hpp>
 #include <select/detail/KPool_TopkCore.hpp>
+#include <select/detail/KPool_TopkFused.hpp>
 #include <select/detail/KPool_TopkSplit.hpp>
 #include <select/detail/KPool_TopkTeam.hpp>
 #include <select/detail/KPool_TopkWide.hpp>
@@ -283,9 +284,37 @@ void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
     chk.fail("q", "extent 0", -1, std::to_string(rows), "is too many query rows");
 }
 
+// Whether a decode selection scores and selects in one launch
+// (Options::decode_selection; select/detail/KPool_TopkFused.hpp): fused
+// when asked, or by default with device shapes, where the call allows it;
+// asked for where it does not, refused by name before anything runs.
+template <class ExecutionSpace, class Key, bool Expand, class Workspace>
+bool fuse_decode_selection(Checker const& chk, Options const& options, ScoreEngine engine,
+                           Workspace const& workspace, int topk) {
+  DecodeSelection const asked = options.decode_selection;
+  if (asked == DecodeSelection::separate) return false;
+  if (asked == DecodeSelection::automatic && !device_shapes<ExecutionSpace>::value) return false;
+  std::string why;
+  if (engine == ScoreEngine::blas)
+    why = "the blas engine scores on the calling thread, not in a team kernel";
+  else if (workspace.split_segments() > 0)
+    why = "the workspace's max_visible = " + std::to_string(workspace.max_visible()) +
+          " is past " + std::to_string(workspace.split_from()) +
+          " pools, whose rows select in split segments";
+  else if (select_plan<ExecutionSpace, Key, Expand>(topk, workspace.max_visible()).kernel ==
+           SelectKernel::wide)
+    why = "topk = " + std::to_string(topk) +
+          " takes the wide selection, whose buffers a fused team does not hold";
+  if (why.empty()) return true;
+  if (asked == DecodeSelection::fused)
+    chk.fail("options", "decode_selection", -1, "fused", "does not take this call: " + why);
+  return false;
+}
+
 // score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
-// (Expand = true, out = token indices [T, topk * K + K - 1]).
-template <bool Expand, class ExecutionSpace, class RowOffsetsView,
+// (Expand = true, out = token indices [T, topk * K + K - 1]); Decode: a
+// chunk of a decode batch (the fused selection is compiled for those only).
+template <bool Expand, bool Decode = false, class ExecutionSpace, class RowOffsetsView,
           class CacheLengthsView, class BlockTableView, class QView,
           class WeightsView, class Cache, class OutView, class Workspace>
 void score_select_call(Checker const& chk, ExecutionSpace const& space,
@@ -343,6 +372,10 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       chk.fail("options", "score_engine", -1, "blas",
                "needs a workspace built for it: SelectWorkspace(space, max_tokens, "
                "max_visible, num_heads, head_dim, ScoreEngine::blas)");
+    bool fuse = false;
+    if constexpr (Decode)
+      fuse = fuse_decode_selection<ExecutionSpace, Key, Expand>(chk, options, engine, workspace,
+                                                                topk);
     if (options.validate)
       check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
                          num_requests, rows, kpool, cache.num_blocks(),
@@ -380,7 +413,24 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
           in.cache.query_prep(), in.batch.row_begin,
           in.batch.row_end - in.batch.row_begin, H, D, workspace.prepared_queries(),
           workspace.prepared_weights());
-      launch_score(chk, space, engine, in, workspace, options);
+      if constexpr (Decode) {
+        if (fuse) {
+          SelectPlan const plan =
+              select_plan<ExecutionSpace, Key, Expand>(topk, in.batch.max_visible);
+          FuseScoreSelect<ExecutionSpace, Key, Expand> run;
+          run.space = space;
+          run.out = View2<std::int32_t, M>(out);
+          run.out_columns = static_cast<int>(out.extent(1));
+          run.topk = topk;
+          run.staged = plan.kernel == SelectKernel::staged;
+          run.cap = plan.cap;
+          run.select_bytes = plan.scratch_bytes;
+          run.tickets = workspace.fused_tickets();
+          launch_score(chk, space, engine, in, workspace, options, run);
+          continue;
+        }
+      }
+      launch_score(chk, space, engine, in, workspace, options, LaunchScore<ExecutionSpace>{space});
       launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
                             View2<std::int32_t, M>(out), topk, split, options);
     }
@@ -520,7 +570,7 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
           Kokkos::RangePolicy<ExecutionSpace>(space, 0, static_cast<int>(count) + 1),
           DecodeSelectRows<ExecutionSpace>{batch.positions, ro, cl, static_cast<int>(first),
                                            static_cast<int>(count), next_n});
-      score_select_call<Expand>(
+      score_select_call<Expand, true>(
           chk, space, View1<const std::uint32_t, M>(ro), View1<const std::uint32_t, M>(cl),
           Kokkos::subview(paged.block_table, reqs, Kokkos::ALL), static_cast<int>(count), K,
           Kokkos::subview(q, rows, Kokkos::ALL, Kokkos::ALL),

@@ -103,16 +103,18 @@ struct SelectTeamInputs {
   using Scratch = typename Inputs::template Scratch<V>;                              \
   using Inputs::batch, Inputs::keys, Inputs::out, Inputs::out_columns, Inputs::topk
 
-// The row a selection team has (its league rank): chunk row i, query row
-// t, its request and its n visible pools. find is false for a team past
-// the chunk's rows or on a dead row.
+// The row a selection team has (its league rank, or the fused decode
+// selection's row): chunk row i, query row t, its request and its n
+// visible pools. find is false for a row past the chunk's rows or a dead
+// row.
 struct SelectRow {
   std::uint64_t i, t, n;
   SelectRequest req;
   template <class ExecutionSpace, class Member>
-  KOKKOS_INLINE_FUNCTION bool find(Member const& member, SelectBatch const& batch) {
+  KOKKOS_INLINE_FUNCTION bool find(Member const& member, SelectBatch const& batch,
+                                   std::uint64_t chunk_row) {
     check_select_team_size<ExecutionSpace>(member);
-    i = static_cast<std::uint64_t>(member.league_rank());
+    i = chunk_row;
     t = batch.row_begin + i;
     if (t >= batch.row_end || batch.owner(t, req) < 0) return false;
     n = batch.visible(req, t);

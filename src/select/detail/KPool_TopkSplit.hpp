@@ -119,7 +119,7 @@ struct SplitPlanFunctor {
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     SelectRow r{};
-    if (!r.find<ExecutionSpace>(member, batch)) return;
+    if (!r.find<ExecutionSpace>(member, batch, member.league_rank())) return;
     std::uint64_t const i = r.i, n = r.n;
     if (n <= split_from) return;
     std::uint64_t const used = (n + segment - 1) / segment;

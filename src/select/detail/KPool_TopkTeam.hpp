@@ -113,21 +113,31 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     SelectRow r{};
-    if (!r.find<ExecutionSpace>(member, batch)) return;
+    if (!r.find<ExecutionSpace>(member, batch, member.league_rank())) return;
+    select_row(member, member.team_scratch(0), r);
+  }
+
+  // Row r by the team, its buffers taken from `scratch` (the team's
+  // level-0 scratch; the fused decode selection passes it as it stood
+  // before the team scored, so that the selection reuses the scoring
+  // tiles' bytes).
+  KOKKOS_INLINE_FUNCTION void select_row(member_type const& member,
+                                         typename ExecutionSpace::scratch_memory_space const& scratch,
+                                         SelectRow const& r) const {
     std::uint64_t const i = r.i, t = r.t, n = r.n;
     SelectRequest const& req = r.req;
     Key const* row = keys + i * batch.max_visible;
     bool const split = segs > 0 && n > split_from;
 
     Buffers b;
-    b.hist = Scratch<std::uint32_t>(member.team_scratch(0), bins);
-    b.shared = Scratch<std::uint64_t>(member.team_scratch(0), 8);
-    b.sure = Scratch<std::int32_t>(member.team_scratch(0), topk);
-    b.chosen = Scratch<std::int32_t>(member.team_scratch(0), topk);
-    b.cand_ids = Scratch<std::int32_t>(member.team_scratch(0), cap);
-    b.cand_keys = Scratch<Key>(member.team_scratch(0), cap);
+    b.hist = Scratch<std::uint32_t>(scratch, bins);
+    b.shared = Scratch<std::uint64_t>(scratch, 8);
+    b.sure = Scratch<std::int32_t>(scratch, topk);
+    b.chosen = Scratch<std::int32_t>(scratch, topk);
+    b.cand_ids = Scratch<std::int32_t>(scratch, cap);
+    b.cand_keys = Scratch<Key>(scratch, cap);
     if (Staged)
-      b.row = Scratch<Key>(member.team_scratch(0), split ? 0 : n);
+      b.row = Scratch<Key>(scratch, split ? 0 : n);
     // A split row whose ids its segments have partitioned (its plan says
     // so) goes on from its candidates.
     if (split && plans[i * split_plan_words(segs) + SplitPlan::state] != SplitPlan::fallback) {

@@ -41,7 +41,7 @@ struct SelectWideFunctor : SelectTeamInputs<ExecutionSpace, Key> {
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     SelectRow r{};
-    if (!r.find<ExecutionSpace>(member, batch)) return;
+    if (!r.find<ExecutionSpace>(member, batch, member.league_rank())) return;
     std::uint64_t const i = r.i, t = r.t, n = r.n;
     SelectRequest const& req = r.req;
     Scratch<std::uint32_t> hist(member.team_scratch(0), bins);
