@@ -1517,7 +1517,7 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
     // tensor-core work is 3x `flops` (three bf16 terms of the rotated query).
     engines.push_back({"select_tensor_cores", KPool::ScoreEngine::tensor_cores});
   }
-  bool any = run.selected(prefix + "select_serving");
+  bool any = run.selected(prefix + "select_serving") || run.selected(prefix + "select_fused");
   for (auto const& e : engines) any = any || run.selected(prefix + e.first);
   if (!any) return;
   SelectData data(run.space(), d, rng);
@@ -1555,6 +1555,33 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
       data.gemm_flops(),
       [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); },
       "select", [&](KPool::Options const& o) { select_over(o, data.cache); });
+  // select_fused: a decode batch (one row a request) through the Batch
+  // form, scoring and top-k in one launch, timed beside the same call in
+  // two (Options::decode_selection): its overhead + 1 is the fused
+  // kernel's cost against the two launches'.
+  bool const one_row_each =
+      std::all_of(d.rows.begin(), d.rows.end(), [](std::uint32_t n) { return n == 1; });
+  if (one_row_each && run.selected(prefix + "select_fused")) {
+    std::vector<std::int32_t> pos(d.cache_lengths.begin(), d.cache_lengths.end());
+    View2<std::int32_t> positions("kpool_perf::select_positions", d.batch(), 1);
+    auto h = Kokkos::create_mirror_view(positions);
+    for (int r = 0; r < d.batch(); ++r) h(r, 0) = pos[r];
+    Kokkos::deep_copy(positions, h);
+    auto const decode_over = [&](KPool::Options const& o, KPool::DecodeSelection how) {
+      KPool::Options p = o;
+      p.decode_selection = how;
+      KPool::score_select(space, KPool::paged(data.cache, data.block_table), data.q,
+                          data.weights, d.topk, KPool::decode_batch(positions, d.batch()),
+                          data.pool_ids, data.workspace, p);
+    };
+    run.measure_flops(
+        scenario, "bf16", "select_fused", d.tokens(), d.batch(), flops, 1,
+        [&](KPool::Options const& o) { decode_over(o, KPool::DecodeSelection::fused); },
+        data.gemm_flops(),
+        [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); },
+        "select_separate",
+        [&](KPool::Options const& o) { decode_over(o, KPool::DecodeSelection::separate); });
+  }
 }
 
 void run_selects(Runner& run, Settings const& s) {
