@@ -1120,6 +1120,32 @@ TEST(SelectDecodeFusion, RefusedByNameWhereTheCallDoesNotAllowIt) {
     auto const h = on_host(ids);
     EXPECT_TRUE(conforms(sc, std::vector<std::int32_t>(h.data(), h.data() + h.size())));
   }
+  {
+    // A topk whose buffers only the wide top-k holds (device shapes: past
+    // about 3900 in a device team's fast scratch; a host's level 0 holds
+    // any of these).
+    int const wide_topk = 5000;
+    if (KPool::Details::select_plan<E, std::uint32_t, false>(wide_topk, sc.max_visible)
+            .kernel == KPool::Details::SelectKernel::wide) {
+      SCOPED_TRACE("the wide top-k");
+      KPool::SelectWorkspace<float, M> ws(in.space, 2, sc.max_visible, s.H, s.D);
+      Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> wide("wide", sc.rows, wide_topk);
+      Kokkos::deep_copy(wide, kSentinel);
+      try {
+        KPool::score_select(in.space, KPool::paged(in.cache, in.table), in.q, in.w, wide_topk,
+                            KPool::decode_batch(positions, 2), wide, ws, o);
+        ADD_FAILURE() << "a fused selection of the wide top-k was taken";
+      } catch (KPool::InvalidArgument const& e) {
+        EXPECT_EQ(e.argument(), "options");
+        EXPECT_NE(std::string(e.what()).find("wide selection"), std::string::npos) << e.what();
+      }
+      auto const h = on_host(wide);
+      for (std::size_t i = 0; i < h.span(); ++i) ASSERT_EQ(h.data()[i], kSentinel);
+    } else {
+      EXPECT_FALSE(KPool::Details::device_shapes<E>::value)
+          << "a device team's fast scratch held 5000 ids twice";
+    }
+  }
   if (KPOOL_HAS_KOKKOSKERNELS && Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
     SCOPED_TRACE("blas");
     KPool::SelectWorkspace<float, M> ws(in.space, 2, sc.max_visible, s.H, s.D,
@@ -1236,6 +1262,7 @@ TEST(SelectDecodeFusion, SixtyFourRowsOf8192PoolsInOneScoringLaunch) {
   Kokkos::Tools::Experimental::set_allocate_data_callback(on_allocation);
   LaunchEvents const f = select(KPool::DecodeSelection::fused, fused_ids);
   LaunchEvents const p = select(KPool::DecodeSelection::separate, separate_ids);
+  LaunchEvents const a = select(KPool::DecodeSelection::automatic, separate_ids);
   Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
   Kokkos::Tools::Experimental::set_begin_fence_callback(nullptr);
   Kokkos::Tools::Experimental::set_begin_deep_copy_callback(nullptr);
@@ -1257,6 +1284,9 @@ TEST(SelectDecodeFusion, SixtyFourRowsOf8192PoolsInOneScoringLaunch) {
   EXPECT_EQ(count(f.kernels, "+select"), 1) << joined(f.kernels);
   EXPECT_EQ(p.kernels.size(), 4u) << joined(p.kernels);
   EXPECT_EQ(count(p.kernels, "+select"), 0) << joined(p.kernels);
+  // The default: fused with device shapes, separate on a host.
+  EXPECT_EQ(a.kernels, KPool::Details::device_shapes<E>::value ? f.kernels : p.kernels)
+      << joined(a.kernels);
   for (LaunchEvents const* e : {&f, &p}) {
     EXPECT_EQ(e->fences, 0);
     EXPECT_EQ(e->deep_copies, 0);

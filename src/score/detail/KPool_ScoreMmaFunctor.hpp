@@ -230,6 +230,14 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     }
   }
 
+  // Channels v[0, count) (count up to per_reg) as one operand word, the
+  // first in the low bits; the rest of the word zero.
+  KOKKOS_FORCEINLINE_FUNCTION static std::uint32_t key_word(C const* v, int count) {
+    std::uint32_t word = 0;
+    for (int e = 0; e < count; ++e) word |= key_bits(v[e]) << (e * (32 / S::per_reg));
+    return word;
+  }
+
   // Rows [t0, t1) of request r, every splits-th tile from `split`.
   KOKKOS_INLINE_FUNCTION void score_rows(member_type const& member, Tiles const& s, int r,
                                          SelectRequest const& req, std::uint64_t t0,
@@ -368,15 +376,10 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
       for (int idx = lane; idx < TM * words; idx += 32) {
         int const j = idx / words;
         int const wd = idx % words;
-        std::uint32_t word = 0;
-        if (entry[j] >= 0) {
-          C const* v = cache.values + entry[j];
-          for (int e = 0; e < S::per_reg; ++e) {
-            int const c = wd * S::per_reg + e;
-            if (c < D) word |= key_bits(v[c]) << (e * (32 / S::per_reg));
-          }
-        }
-        kt[j * RW + wd] = word;
+        int const c0 = wd * S::per_reg;
+        int const count = D - c0 < S::per_reg ? D - c0 : S::per_reg;
+        kt[j * RW + wd] =
+            entry[j] >= 0 && count > 0 ? key_word(cache.values + entry[j] + c0, count) : 0u;
       }
     }
   }
@@ -403,12 +406,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         alignas(16) C v[packet];
         KokkosExt::copy_aligned_bytes<16>(v, cache.values + entry[j] + pk * packet);
         KPOOL_IMPL_UNROLL
-        for (int w = 0; w < per_packet; ++w) {
-          std::uint32_t word = 0;
-          for (int e = 0; e < S::per_reg; ++e)
-            word |= key_bits(v[w * S::per_reg + e]) << (e * (32 / S::per_reg));
-          out[w] = word;
-        }
+        for (int w = 0; w < per_packet; ++w) out[w] = key_word(v + w * S::per_reg, S::per_reg);
       }
       for (int idx = lane; idx < TM * pad; idx += 32)
         kt[(idx / pad) * RW + npk * per_packet + idx % pad] = 0;

@@ -100,19 +100,12 @@ LaunchShape select_shape(ExecutionSpace const& space, F const& f, std::size_t ro
   return shape;
 }
 
-// Which selection kernel a call takes, and its scratch: the row staged in
+// Which selection kernel a call takes (SelectPlan), and its scratch: the row staged in
 // scratch next to the full candidate buffer (device shapes, when every row
 // fits); else the buffers alone, with as many candidates as fit; else, for
 // a topk whose buffers do not fit level 0, SelectWideFunctor (four reads
 // of the row, the same scratch for every topk). Always within the level-0
 // scratch a device team has.
-enum class SelectKernel { staged, fast, wide };
-struct SelectPlan {
-  SelectKernel kernel = SelectKernel::wide;
-  int cap = 0;
-  std::size_t scratch_bytes = 0;
-};
-
 template <class ExecutionSpace, class Key, bool Expand>
 SelectPlan select_plan(int topk, std::size_t max_visible) {
   using Staged = SelectFunctor<ExecutionSpace, Key, Expand, true>;
@@ -396,6 +389,16 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     in.heads = H;
     in.prepared = workspace.prepared_queries();
     in.prepared_weights = workspace.prepared_weights();
+    // The fused decode selection's launcher (the same for every chunk).
+    FuseScoreSelect<ExecutionSpace, Key, Expand> fused;
+    if constexpr (Decode) {
+      fused.space = space;
+      fused.out = View2<std::int32_t, M>(out);
+      fused.out_columns = static_cast<int>(out.extent(1));
+      fused.topk = topk;
+      fused.plan = select_plan<ExecutionSpace, Key, Expand>(topk, workspace.max_visible());
+      fused.tickets = workspace.fused_tickets();
+    }
     SplitArgs split;
     split.seg_hist = workspace.segment_histograms();
     split.plans = workspace.split_plans();
@@ -415,18 +418,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
           workspace.prepared_weights());
       if constexpr (Decode) {
         if (fuse) {
-          SelectPlan const plan =
-              select_plan<ExecutionSpace, Key, Expand>(topk, in.batch.max_visible);
-          FuseScoreSelect<ExecutionSpace, Key, Expand> run;
-          run.space = space;
-          run.out = View2<std::int32_t, M>(out);
-          run.out_columns = static_cast<int>(out.extent(1));
-          run.topk = topk;
-          run.staged = plan.kernel == SelectKernel::staged;
-          run.cap = plan.cap;
-          run.select_bytes = plan.scratch_bytes;
-          run.tickets = workspace.fused_tickets();
-          launch_score(chk, space, engine, in, workspace, options, run);
+          launch_score(chk, space, engine, in, workspace, options, fused);
           continue;
         }
       }

@@ -95,6 +95,17 @@ struct SelectTeamInputs {
   int topk = 0;
 };
 
+// A call's top-k kernel (select_plan, select/detail/KPool_SelectCall.hpp):
+// SelectFunctor with the row staged in scratch or not, or
+// SelectWideFunctor; the candidates SelectFunctor's buffer holds, and the
+// level-0 scratch a team takes.
+enum class SelectKernel { staged, fast, wide };
+struct SelectPlan {
+  SelectKernel kernel = SelectKernel::wide;
+  int cap = 0;
+  std::size_t scratch_bytes = 0;
+};
+
 // The members of SelectTeamInputs a derived functor names unqualified.
 #define KPOOL_IMPL_SELECT_TEAM_INPUTS(ExecSpace, Key)                                 \
   using Inputs = ::KPool::Details::SelectTeamInputs<ExecSpace, Key>;                 \

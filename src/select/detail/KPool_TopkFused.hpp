@@ -57,17 +57,14 @@ struct FusedSelectFunctor : ScoreF {
     // its tiles: the selection takes its buffers from here afterwards.
     scratch_space const base = member.team_scratch(0);
     ScoreF::operator()(member);
-    if (!last_of_group(member)) return;
+    std::uint64_t const group = static_cast<std::uint64_t>(member.league_rank() / this->splits);
+    if (!last_of_group(member, group)) return;
+    // No row of a fused call is split (fuse_decode_selection): the
+    // selection's split fields keep their defaults.
     Select sel;
     static_cast<SelectTeamInputs<ExecutionSpace, Key>&>(sel) = SelectTeamInputs<ExecutionSpace, Key>{
         this->batch, this->keys, out, out_columns, topk};
-    sel.segs = 0;  // no row of a fused call is split (FuseScoreSelect)
-    sel.split_from = ~std::uint64_t(0);
-    sel.segment = 1;
-    sel.seg_hist = nullptr;
-    sel.plans = nullptr;
     sel.cap = cap;
-    std::uint64_t const group = static_cast<std::uint64_t>(member.league_rank() / this->splits);
     for (int j = 0; j < this->rows_per_team; ++j) {
       SelectRow r{};
       std::uint64_t const i = group * static_cast<std::uint64_t>(this->rows_per_team) +
@@ -81,8 +78,8 @@ struct FusedSelectFunctor : ScoreF {
 
   // Whether this team is the last of its group to finish scoring (the
   // group's keys are then all written and visible to it).
-  KOKKOS_INLINE_FUNCTION bool last_of_group(member_type const& member) const {
-    std::size_t const group = static_cast<std::size_t>(member.league_rank() / this->splits);
+  KOKKOS_INLINE_FUNCTION bool last_of_group(member_type const& member,
+                                            std::uint64_t group) const {
     Kokkos::memory_fence();
     member.team_barrier();
     int last = 0;
@@ -111,9 +108,7 @@ struct FuseScoreSelect {
   Strided<std::int32_t, 2> out;
   int out_columns = 0;
   int topk = 0;
-  bool staged = false;  // SelectFunctor<..., Staged> (device shapes only)
-  int cap = 0;          // its candidate buffer
-  std::size_t select_bytes = 0;  // its level-0 scratch
+  SelectPlan plan;  // staged or fast (fuse_decode_selection)
   std::uint32_t* tickets = nullptr;
   static constexpr bool power_of_two_team = true;
 
@@ -121,7 +116,7 @@ struct FuseScoreSelect {
   void operator()(std::string const& label, LaunchShape const& shape, F const& f) const {
     // A staged plan exists only with device shapes.
     if constexpr (device_shapes<ExecutionSpace>::value) {
-      if (staged) {
+      if (plan.kernel == SelectKernel::staged) {
         go<true>(label, shape, f);
         return;
       }
@@ -136,23 +131,23 @@ struct FuseScoreSelect {
     g.out = out;
     g.out_columns = out_columns;
     g.topk = topk;
-    g.cap = cap;
+    g.cap = plan.cap;
     g.tickets = tickets;
     if (shape.scratch_level == 0) {
-      shape.scratch_bytes = std::max(shape.scratch_bytes, select_bytes);
+      shape.scratch_bytes = std::max(shape.scratch_bytes, plan.scratch_bytes);
     } else {
       shape.level1_bytes = shape.scratch_bytes;
       shape.scratch_level = 0;
-      shape.scratch_bytes = select_bytes;
+      shape.scratch_bytes = plan.scratch_bytes;
     }
-    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, shape.lanes);
-    int const max = probe.team_size_max(g, Kokkos::ParallelForTag());
+    // The engine's team, as far as the fused kernel allows it.
+    int const fits = team_size_for(space, g, shape.lanes, shape.team_size);
     if (!shape.exact_team)
-      shape.team_size = power_of_two_floor(std::max(1, std::min(shape.team_size, max)));
-    else if (shape.team_size > max)
+      shape.team_size = power_of_two_floor(fits);
+    else if (fits < shape.team_size)
       throw std::logic_error("KPool: " + label + "+select needs teams of " +
                              std::to_string(shape.team_size) + " threads; the backend allows " +
-                             std::to_string(max) + " for the fused kernel");
+                             std::to_string(fits) + " for the fused kernel");
     launch(space, label + "+select", shape, g);
   }
 };

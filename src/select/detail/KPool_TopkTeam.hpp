@@ -43,17 +43,18 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
   static constexpr int bins = select_bins;
   static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
 
-  int segs;  // segments a split row's histograms hold (0: no split rows)
-  std::uint64_t split_from;
-  std::uint64_t segment;  // pools a segment of a split row
+  // No split rows unless set_split_args says otherwise.
+  int segs = 0;  // segments a split row's histograms hold (0: no split rows)
+  std::uint64_t split_from = 0;
+  std::uint64_t segment = 1;  // pools a segment of a split row
   // [chunk rows][split_region_words(segs)], the segments' suffix counts;
   // once planned, a split row's sure ids and candidates
   // (SegmentPartitionFunctor), or on a host its candidate buffer once
   // summed (host_select).
-  std::uint32_t* seg_hist;
-  std::uint32_t const* plans;  // [chunk rows][split_plan_words(segs)]
+  std::uint32_t* seg_hist = nullptr;
+  std::uint32_t const* plans = nullptr;  // [chunk rows][split_plan_words(segs)]
 
-  int cap;  // candidates the buffer holds
+  int cap = 0;  // candidates the buffer holds
 
   // hist, shared values, sure ids, chosen ids, `cap` candidate ids and
   // keys, and (Staged) the row.
