@@ -39,7 +39,9 @@ as_root() {
 
 # 1. Packages -----------------------------------------------------------------
 # libopenblas-dev: the BLAS under Kokkos Kernels' host KokkosBlas::gemm.
-packages=(cmake g++ make libgtest-dev libopenblas-dev)
+# libopenmpi-dev, openmpi-bin: KPool::mpi and its tests (ctest -L mpi,
+# docs/ranks.md); the core never needs them.
+packages=(cmake g++ make libgtest-dev libopenblas-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -63,6 +64,20 @@ struct ReplayResult {
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
 using MemSpace = ExecSpace::memory_space;
+
+// A replay across ranks (kpool_replay --ranks, docs/ranks.md): every rank
+// runs every call, its pool cache is its shard (interleave pools a run),
+// the selections go through the ranks' exchange, and the cache entries are
+// gathered, so every rank ends with what one rank replays. No
+// communicator: one rank, the whole cache.
+struct Ranks {
+  KPool::Communicator<ExecSpace>* comm = nullptr;
+  int interleave = 1;
+  KPool::Shard shard() const {
+    return comm == nullptr ? KPool::Shard{}
+                           : KPool::Shard{comm->rank(), comm->size(), interleave};
+  }
+};
 template <class T, int Rank>
 struct ViewOf;
 template <class T>
@@ -142,8 +157,8 @@ class Cache {
   // fused: a serving cache in the engines' fused byte layout
   // (--cache-layout fused), over a buffer of this program's.
   Cache(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::CacheScale scale,
-        int block_pools, bool fused)
-      : kpool_(t.kpool), block_pools_(block_pools) {
+        int block_pools, bool fused, Ranks const& ranks)
+      : kpool_(t.kpool), block_pools_(block_pools), ranks_(ranks), shard_(ranks.shard()) {
     std::uint64_t const block_pools_u = static_cast<std::uint64_t>(block_pools);
     // Every block any row will need: one per 16 pools of the highest pool
     // a sequence's rows reach.
@@ -156,7 +171,9 @@ class Cache {
       }
     }
     std::uint64_t total = 0;
-    for (auto const& e : reach) total += (e.second + block_pools_u - 1) / block_pools_u;
+    // A rank's blocks hold its own pools only.
+    for (auto const& e : reach)
+      total += (shard_.local_count(e.second) + block_pools_u - 1) / block_pools_u;
     if (total > 0x7FFFFFFFull)
       throw std::runtime_error("the trace's pools need more cache blocks than a "
                                "block number holds");
@@ -169,24 +186,26 @@ class Cache {
         typename KPool::PoolCache<C, MemSpace>::bytes_type bytes(
             "kpool_replay::fused_cache", blocks,
             static_cast<std::size_t>(block_pools_) * (t.head_dim + 4));
-        cache_ = KPool::PoolCache<C, MemSpace>(bytes, block_pools_, t.head_dim, t.kpool, t.rotate);
+        cache_ = KPool::PoolCache<C, MemSpace>(bytes, block_pools_, t.head_dim, t.kpool, t.rotate)
+                     .sharded(shard_);
         return;
       }
     }
     cache_ = KPool::PoolCache<C, MemSpace>(
-        space, blocks, block_pools_, t.head_dim, t.kpool, scale, t.rotate,
-        serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact);
+                 space, blocks, block_pools_, t.head_dim, t.kpool, scale, t.rotate,
+                 serving ? KPool::CacheProfile::serving : KPool::CacheProfile::exact)
+                 .sharded(shard_);
   }
 
   // call(cache, block_table) with the block's block table: row r holds its
-  // sequence's blocks (new ones for pools seen the first time), -1 past
-  // them.
+  // sequence's blocks (new ones for pools seen the first time; on a shard,
+  // of the rank's own pools), -1 past them.
   template <class Call>
   void with(ExecSpace const& space, KPoolTrace::Block const& b, Call const& call) {
     std::size_t width = 1;
     for (auto const& r : b.rows) {
       std::vector<std::int32_t>& have = blocks_[r.seq];
-      std::uint64_t const end = (r.cache_len + r.n_new) / kpool_;
+      std::uint64_t const end = shard_.local_count((r.cache_len + r.n_new) / kpool_);
       while (have.size() * static_cast<std::uint64_t>(block_pools_) < end)
         have.push_back(next_++);
       width = std::max(width, have.size());
@@ -202,7 +221,8 @@ class Cache {
   }
 
   // The entries of every pool emitted (an fp8 cache's; a native cache is
-  // written but printed nowhere).
+  // written but printed nowhere); across ranks, each rank reads its own
+  // pools' and the ranks gather them.
   void read(ExecSpace const& space, ReplayResult& result) const {
     if constexpr (std::is_same<C, KPool::float8_e4m3>::value) {
       space.fence();
@@ -216,9 +236,11 @@ class Cache {
       int const D = cache_.head_dim();
       result.has_cache_lines = true;
       for (auto const& p : result.emitted) {
+        if (shard_.owner(static_cast<std::uint64_t>(p.id)) != shard_.rank) continue;
+        auto const local = static_cast<std::int64_t>(shard_.local(static_cast<std::uint64_t>(p.id)));
         std::vector<std::int32_t> const& have = blocks_.at(p.seq);
-        std::int32_t const block = have.at(static_cast<std::size_t>(p.id / block_pools_));
-        int const entry = p.id % block_pools_;
+        std::int32_t const block = have.at(static_cast<std::size_t>(local / block_pools_));
+        int const entry = static_cast<int>(local % block_pools_);
         CacheEntry e;
         e.values.resize(D);
         if (fused) {
@@ -237,6 +259,7 @@ class Cache {
         }
         result.cache[PoolKey(p.seq, p.id)] = std::move(e);
       }
+      if (ranks_.comm != nullptr && shard_.ranks > 1) gather(result.cache, D);
     } else {
       (void)space;
       (void)result;
@@ -244,8 +267,45 @@ class Cache {
   }
 
  private:
+  // Every rank's entries on every rank: counts first, then the entries
+  // (seq, id, scale, D values as 32-bit words), padded to the largest.
+  void gather(std::map<PoolKey, CacheEntry>& cache, int D) const {
+    std::size_t const per = 3 + static_cast<std::size_t>(D);
+    std::vector<std::uint32_t> mine;
+    for (auto const& kv : cache) {
+      mine.push_back(kv.first.first);
+      mine.push_back(static_cast<std::uint32_t>(kv.first.second));
+      std::uint32_t w;
+      std::memcpy(&w, &kv.second.scale, 4);
+      mine.push_back(w);
+      for (float v : kv.second.values) {
+        std::memcpy(&w, &v, 4);
+        mine.push_back(w);
+      }
+    }
+    int const W = shard_.ranks;
+    std::uint64_t const count = mine.size();
+    std::vector<std::uint64_t> counts(static_cast<std::size_t>(W));
+    ranks_.comm->all_gather_host(&count, counts.data(), sizeof count);
+    std::uint64_t const most = *std::max_element(counts.begin(), counts.end());
+    mine.resize(most);
+    std::vector<std::uint32_t> all(most * static_cast<std::size_t>(W));
+    ranks_.comm->all_gather_host(mine.data(), all.data(), most * 4);
+    for (int r = 0; r < W; ++r)
+      for (std::uint64_t i = 0; i + per <= counts[r]; i += per) {
+        std::uint32_t const* w = all.data() + static_cast<std::size_t>(r) * most + i;
+        CacheEntry e;
+        std::memcpy(&e.scale, &w[2], 4);
+        e.values.resize(D);
+        std::memcpy(e.values.data(), &w[3], 4 * static_cast<std::size_t>(D));
+        cache[PoolKey(w[0], static_cast<std::int32_t>(w[1]))] = std::move(e);
+      }
+  }
+
   int kpool_;
   int block_pools_;
+  Ranks ranks_;
+  KPool::Shard shard_;
   KPool::PoolCache<C, MemSpace> cache_;
   std::map<std::uint32_t, std::vector<std::int32_t>> blocks_;
   std::int32_t next_ = 0;
@@ -258,7 +318,9 @@ class Cache {
 template <class T>
 class Selector {
  public:
-  Selector(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::ScoreEngine engine) {
+  Selector(ExecSpace const& space, KPoolTrace::Trace const& t, KPool::ScoreEngine engine,
+           Ranks const& ranks)
+      : ranks_(ranks) {
     std::uint64_t tokens = 0, visible = 1;
     for (auto const& b : t.blocks) {
       if (b.kind != KPoolTrace::BlockKind::select) continue;
@@ -273,6 +335,9 @@ class Selector {
                                                      t.head_dim, engine);
     pool_ids_ = ViewT<std::int32_t, 2>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "pool_ids"), tokens, t.index_topk);
+    if (ranks_.comm != nullptr)
+      exchange_ = KPool::ShardWorkspace<T, MemSpace>(space, tokens, t.index_topk,
+                                                     ranks_.comm->size());
   }
 
   template <class ReplayCache>
@@ -348,10 +413,19 @@ class Selector {
               int B, KPoolTrace::Trace const& t, Q const& q, W const& weights,
               PoolCache const& pool_cache, Table const& table, Ids const& ids,
               KPool::Options const& options) {
+    if (ranks_.comm != nullptr) {
+      // The cache's shard, through the ranks' exchange: the same ids.
+      KPool::score_select(space, KPool::paged(pool_cache, table), q, weights, t.index_topk,
+                          KPool::ragged_batch(row_offsets, cache_lengths, B), ids, workspace_,
+                          exchange_, *ranks_.comm, options);
+      return;
+    }
     KPool::score_select(space, row_offsets, cache_lengths, table, B, t.kpool, q, weights,
                         pool_cache, t.index_topk, ids, workspace_, options);
   }
 
+  Ranks ranks_;
+  KPool::ShardWorkspace<T, MemSpace> exchange_;
   KPool::SelectWorkspace<T, MemSpace> workspace_;
   ViewT<std::int32_t, 2> pool_ids_;
 };
@@ -452,7 +526,7 @@ void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
 // follows the block being run so a failure can name it.
 template <class T, class ReplayCache>
 ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& options,
-                         ReplayCache& cache, int& line) {
+                         ReplayCache& cache, int& line, Ranks const& ranks) {
   ExecSpace const space;
   int const K = t.kpool;
   int const D = t.head_dim;
@@ -478,7 +552,7 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
   }
   KPool::Ring<T, MemSpace> ring(space, static_cast<int>(t.slots), K, D, t.ring);
   KPool::StepOutput<T, MemSpace> out(space, capacity, max_batch, D);
-  Selector<T> selector(space, t, options.score_engine);
+  Selector<T> selector(space, t, options.score_engine, ranks);
 
   ReplayResult result;
   std::size_t index = 0;
@@ -516,11 +590,12 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
 // the one its header names (native: a cache of T, printed nowhere).
 template <class T>
 ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
-                    int block_pools, bool fused_layout, int& line) {
+                    int block_pools, bool fused_layout, int& line, Ranks const& ranks) {
   ExecSpace const space;
   if (t.version < 2) {
+    // No cache to shard: every rank replays the whole trace alike.
     NoCache none;
-    return replay_with<T>(t, options, none, line);
+    return replay_with<T>(t, options, none, line, ranks);
   }
   if constexpr (!std::is_same<T, double>::value) {
     // The parser refuses an fp8 cache of f64 pools.
@@ -529,12 +604,12 @@ ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
                                     t.pool_cache == KPoolTrace::PoolCache::fp8
                                         ? KPool::CacheScale::amax
                                         : KPool::CacheScale::pow2,
-                                    block_pools, fused_layout);
-      return replay_with<T>(t, options, fp8, line);
+                                    block_pools, fused_layout, ranks);
+      return replay_with<T>(t, options, fp8, line, ranks);
     }
   }
-  Cache<T> native(space, t, KPool::CacheScale::none, block_pools, fused_layout);
-  return replay_with<T>(t, options, native, line);
+  Cache<T> native(space, t, KPool::CacheScale::none, block_pools, fused_layout, ranks);
+  return replay_with<T>(t, options, native, line, ranks);
 }
 
 inline void append_pool_line(std::string& s, Pool const& p) {
@@ -644,21 +719,23 @@ inline std::string format(KPoolTrace::Trace const& t, ReplayResult& r) {
 /// caller can name the trace line; it is 0 after the last block.
 /// `fused_layout`: a pool_cache fp8_serving cache in the engines' fused
 /// byte layout (the output does not depend on it).
+/// `ranks`: a replay across ranks (kpool_replay --ranks): the same output.
 inline std::string replay_trace(KPoolTrace::Trace const& trace, KPool::Options const& options,
-                                int block_pools, bool fused_layout, int& line) {
+                                int block_pools, bool fused_layout, int& line,
+                                Ranks const& ranks = Ranks()) {
   ReplayResult result;
   switch (trace.dtype) {
     case KPoolTrace::DType::f32:
-      result = replay<float>(trace, options, block_pools, fused_layout, line);
+      result = replay<float>(trace, options, block_pools, fused_layout, line, ranks);
       break;
     case KPoolTrace::DType::f64:
-      result = replay<double>(trace, options, block_pools, fused_layout, line);
+      result = replay<double>(trace, options, block_pools, fused_layout, line, ranks);
       break;
     case KPoolTrace::DType::bf16:
-      result = replay<KPool::bfloat16>(trace, options, block_pools, fused_layout, line);
+      result = replay<KPool::bfloat16>(trace, options, block_pools, fused_layout, line, ranks);
       break;
     case KPoolTrace::DType::f16:
-      result = replay<KPool::float16>(trace, options, block_pools, fused_layout, line);
+      result = replay<KPool::float16>(trace, options, block_pools, fused_layout, line, ranks);
       break;
   }
   return format(trace, result);

@@ -1,6 +1,11 @@
 # kpool_replay (docs/trace.md) and the trace generator the tests drive it with.
 add_executable(kpool_replay kpool_replay.cpp)
 target_link_libraries(kpool_replay PRIVATE KPool::kpool kpool_internal_flags)
+# --ranks (docs/ranks.md) where KPool::mpi exists.
+if(TARGET kpool_mpi)
+  target_link_libraries(kpool_replay PRIVATE KPool::mpi)
+  target_compile_definitions(kpool_replay PRIVATE KPOOL_REPLAY_MPI=1)
+endif()
 
 add_executable(kpool_tracegen kpool_tracegen.cpp)
 target_link_libraries(kpool_tracegen PRIVATE kpool_internal_flags)

@@ -13,6 +13,9 @@
 #include "KPoolTrace.hpp"
 
 #include <KPool.hpp>
+#if KPOOL_REPLAY_MPI
+#include <mpi/KPool_MpiCommunicator.hpp>
+#endif
 
 #include <Kokkos_Core.hpp>
 
@@ -24,6 +27,7 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -36,7 +40,8 @@ namespace {
 
 char const usage_text[] =
     "usage: kpool_replay [--fused | --unfused] [--engine E] [--block-pools N]\n"
-    "                    [--cache-layout split|fused] [TRACE | -]\n"
+    "                    [--cache-layout split|fused] [--ranks [--interleave N]]\n"
+    "                    [TRACE | -]\n"
     "\n"
     "Replays a KPool serving trace (format: docs/trace.md) through KPool::step and\n"
     "KPool::decode_step on Kokkos' default execution space and prints the\n"
@@ -61,6 +66,13 @@ char const usage_text[] =
     "              split (the default) or fused: a pool_cache fp8_serving\n"
     "              cache in the engines' fused byte layout (docs/indexer.md;\n"
     "              the output does not depend on it)\n"
+    "  --ranks     under mpiexec -n W: the pool cache sharded over the W ranks\n"
+    "              (docs/ranks.md), each selection through the ranks' exchange;\n"
+    "              rank 0 prints exactly what one rank prints (a kpool_replay\n"
+    "              built with MPI, KPool_ENABLE_MPI)\n"
+    "  --interleave N\n"
+    "              with --ranks: pools a rank holds before the next rank's\n"
+    "              (default 1; the output does not depend on it)\n"
     "  --help      print this and exit\n"
     "\n"
     "Exit status: 0 on success; 2 for a bad command line, an unreadable file\n"
@@ -112,12 +124,23 @@ int fail(int line, std::string const& what) {
 // Kokkos' whole life, and every view's, is inside this function.
 int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
                KPool::Options const& options, int block_pools, bool fused_layout,
-               std::string& output) {
+               bool ranks, int interleave, std::string& output) {
   int line = 0;
   try {
     Kokkos::ScopeGuard guard(argc, argv);
     try {
-      output = KPoolReplay::replay_trace(trace, options, block_pools, fused_layout, line);
+      KPoolReplay::Ranks group;
+      group.interleave = interleave;
+#if KPOOL_REPLAY_MPI
+      std::unique_ptr<KPool::MpiCommunicator<KPoolReplay::ExecSpace>> comm;
+      if (ranks) {
+        comm = std::make_unique<KPool::MpiCommunicator<KPoolReplay::ExecSpace>>(MPI_COMM_WORLD);
+        group.comm = comm.get();
+      }
+#else
+      if (ranks) return fail(0, "--ranks needs a kpool_replay built with MPI (KPool_ENABLE_MPI)");
+#endif
+      output = KPoolReplay::replay_trace(trace, options, block_pools, fused_layout, line, group);
     } catch (std::bad_alloc const&) {
       return fail(line, "out of memory replaying the trace");
     } catch (std::exception const& e) {
@@ -136,6 +159,8 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
 int main(int argc, char* argv[]) {
   KPool::Options options;
   int block_pools = 16;
+  int interleave = 1;
+  bool ranks = false;
   bool fused_layout = false;
   std::string path = "-";
   bool have_path = false;
@@ -156,7 +181,9 @@ int main(int argc, char* argv[]) {
         return 2;
       }
       fused_layout = v == "fused";
-    } else if (a == "--engine" || a == "--block-pools") {
+    } else if (a == "--ranks") {
+      ranks = true;
+    } else if (a == "--engine" || a == "--block-pools" || a == "--interleave") {
       std::string const v = i + 1 < argc ? argv[++i] : "";
       bool ok = true;
       if (a == "--engine") {
@@ -169,8 +196,9 @@ int main(int argc, char* argv[]) {
       } else {
         ok = !v.empty() && v.size() < 7 &&
              std::all_of(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-        if (ok) block_pools = std::stoi(v);
-        ok = ok && block_pools >= 1;
+        int const n = ok ? std::stoi(v) : 0;
+        ok = ok && n >= 1;
+        (a == "--interleave" ? interleave : block_pools) = n;
       }
       if (!ok) {
         std::cerr << "kpool_replay: bad value '" << v << "' for " << a << "\n\n"
@@ -219,11 +247,26 @@ int main(int argc, char* argv[]) {
 
   std::string output;
   int status;
+  bool print = true;
+#if KPOOL_REPLAY_MPI
+  // Only with --ranks: a plain replay never starts MPI.
+  if (ranks) {
+    MPI_Init(&argc, &argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    print = rank == 0;
+  }
+#endif
   {
     StdoutToStderr const redirect;
-    status = replay_all(argc, argv, trace, options, block_pools, fused_layout, output);
+    status = replay_all(argc, argv, trace, options, block_pools, fused_layout, ranks,
+                        interleave, output);
   }
+#if KPOOL_REPLAY_MPI
+  if (ranks) MPI_Finalize();
+#endif
   if (status != 0) return status;
+  if (!print) return 0;
   std::fwrite(output.data(), 1, output.size(), stdout);
   if (std::fflush(stdout) != 0) {
     std::cerr << "kpool_replay: writing the output failed\n";

@@ -60,7 +60,12 @@
 // same inputs; `select_serving` the default engine over a serving-profile
 // cache of the same bytes (its queries quantized inside the call), reported
 // beside `select` with `baseline_op`, `baseline_seconds` and `overhead` as
-// above (target: overhead + 1 at most 1.10).
+// above (target: overhead + 1 at most 1.10). On the decode case,
+// `select_fused` times the one-launch decode selection beside
+// `select_separate`, and `select_ranks2` one rank's work of a selection
+// over a cache sharded over 2 ranks (docs/ranks.md; local selection,
+// exchange by copies, merge) beside `select_one_rank`, with `ranks` and
+// `exchange_bytes_per_row`.
 //
 // Writes perf_report.json (or --out) in the current directory and prints its
 // absolute path; perf_tests/perf_table.py prints it as a table.
@@ -158,6 +163,10 @@ struct Result {
   // streaming read of them (a max over blocks of 256 keys, vectorized).
   double keys_read_seconds = 0;
   double stream_read_seconds = 0;
+  // Sharded selections (select_ranks*): the ranks, and the bytes a query
+  // row sends through the exchange (ranks * topk * 8 for f32 keys).
+  int ranks = 0;
+  std::uint64_t exchange_bytes_per_row = 0;
 };
 
 // ------------------------------------------------------------ device work
@@ -935,6 +944,14 @@ class Runner {
   }
 
   std::vector<Result> const& results() const { return results_; }
+  // Records a sharded selection's ranks and exchange bytes on entry `name`.
+  void set_exchange(std::string const& name, int ranks, std::uint64_t bytes_per_row) {
+    for (Result& r : results_)
+      if (r.name == name) {
+        r.ranks = ranks;
+        r.exchange_bytes_per_row = bytes_per_row;
+      }
+  }
   // Records which path the cached step of entry `name` took.
   void set_cache_path(std::string const& name, std::string const& path) {
     for (Result& r : results_)
@@ -1517,7 +1534,8 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
     // tensor-core work is 3x `flops` (three bf16 terms of the rotated query).
     engines.push_back({"select_tensor_cores", KPool::ScoreEngine::tensor_cores});
   }
-  bool any = run.selected(prefix + "select_serving") || run.selected(prefix + "select_fused");
+  bool any = run.selected(prefix + "select_serving") || run.selected(prefix + "select_fused") ||
+             run.selected(prefix + "select_ranks2");
   for (auto const& e : engines) any = any || run.selected(prefix + e.first);
   if (!any) return;
   SelectData data(run.space(), d, rng);
@@ -1581,6 +1599,58 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
         [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); },
         "select_separate",
         [&](KPool::Options const& o) { decode_over(o, KPool::DecodeSelection::separate); });
+  }
+  // select_ranks2: one rank's work in a decode selection over a cache
+  // sharded over 2 ranks (docs/ranks.md), in this one process: rank 0's
+  // local selection over its half of the pools (a block of the cache a
+  // run: the even columns of the block table, the same bytes), the
+  // exchange as copies of two payloads, and the merge; timed beside the
+  // same selection over the whole cache on one rank (select_one_rank): its
+  // overhead + 1 is one rank's share of the time. No real second rank runs
+  // (its work would share these cores): the collective's latency is not in
+  // it (docs/ranks.md has the arithmetic for NVLink).
+  if (one_row_each && run.selected(prefix + "select_ranks2")) {
+    int const W = 2;
+    View2<std::int32_t> positions("kpool_perf::ranks_positions", d.batch(), 1);
+    auto h = Kokkos::create_mirror_view(positions);
+    for (int r = 0; r < d.batch(); ++r) h(r, 0) = static_cast<std::int32_t>(d.cache_lengths[r]);
+    Kokkos::deep_copy(positions, h);
+    auto const batch = KPool::decode_batch(positions, d.batch());
+    KPool::Shard const shard{0, W, d.block_pools};
+    View2<std::int32_t> half("kpool_perf::ranks_table", d.batch(),
+                             (data.block_table.extent(1) + 1) / 2);
+    auto ht = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data.block_table);
+    auto hh = Kokkos::create_mirror_view(half);
+    for (int r = 0; r < d.batch(); ++r)
+      for (std::size_t c = 0; c < hh.extent(1); ++c) hh(r, c) = ht(r, 2 * c);
+    Kokkos::deep_copy(half, hh);
+    auto const mine = KPool::paged(data.cache.sharded(shard), half);
+    KPool::SelectWorkspace<KPool::bfloat16, Mem> local_ws(
+        space, d.tokens(), shard.local_count(d.max_visible()), d.heads, kD);
+    KPool::ShardWorkspace<KPool::bfloat16, Mem> exchange(space, d.tokens(), d.topk, W);
+    std::size_t const bytes =
+        KPool::ShardWorkspace<KPool::bfloat16, Mem>::payload_bytes(d.tokens(), d.topk);
+    run.measure_flops(
+        scenario, "bf16", "select_ranks2", d.tokens(), d.batch(), flops / W, 4,
+        [&](KPool::Options const& o) {
+          KPool::shard_select_local(space, mine, data.q, data.weights, d.topk, batch, local_ws,
+                                    exchange, o);
+          for (int r = 0; r < W; ++r)
+            Kokkos::deep_copy(
+                space, Kokkos::subview(exchange.recv(), std::make_pair(r * bytes, (r + 1) * bytes)),
+                Kokkos::subview(exchange.send(), std::make_pair(std::size_t(0), bytes)));
+          KPool::shard_select_merge(space, mine, d.topk, data.pool_ids, exchange, o);
+        },
+        data.gemm_flops(),
+        [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); },
+        "select_one_rank",
+        [&](KPool::Options const& o) {
+          KPool::score_select(space, KPool::paged(data.cache, data.block_table), data.q,
+                              data.weights, d.topk, batch, data.pool_ids, data.workspace, o);
+        });
+    run.set_exchange(prefix + "select_ranks2", W,
+                     static_cast<std::uint64_t>(W) * d.topk *
+                         (4 + sizeof(KPool::ShardWorkspace<KPool::bfloat16, Mem>::key_type)));
   }
 }
 
@@ -1796,7 +1866,17 @@ bool write_report(std::string const& path, std::vector<Result> const& results) {
       f << ", \"ratio\": " << json_number(gf / ggf);
       f << ", \"seconds_min\": " << json_number(r.seconds_min);
       f << ", \"runs\": " << r.runs;
-      f << ", \"launches\": " << r.launches << "}";
+      f << ", \"launches\": " << r.launches;
+      if (!r.baseline_op.empty()) {
+        f << ", \"baseline_op\": " << json_string(r.baseline_op);
+        f << ", \"baseline_seconds\": " << json_number(r.baseline_seconds);
+        f << ", \"overhead\": " << json_number(r.overhead);
+      }
+      if (r.ranks > 0) {
+        f << ", \"ranks\": " << r.ranks;
+        f << ", \"exchange_bytes_per_row\": " << r.exchange_bytes_per_row;
+      }
+      f << "}";
       continue;
     }
     double const gbps = r.bytes / r.seconds * 1e-9;

@@ -104,6 +104,10 @@ OPTIONAL_CASE_FIELDS = {
     "store_pools_cpu_seconds": (int, float),
     "rule_ratio_cpu": (int, float),
     "rule_ratio_cpu_min": (int, float),
+    # Sharded selections (select_ranks*): the ranks and the bytes a query
+    # row sends through the exchange.
+    "ranks": int,
+    "exchange_bytes_per_row": int,
 }
 
 # Fields a cached step case carries together (rule_holds is a JSON boolean).

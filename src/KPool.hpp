@@ -37,5 +37,7 @@
 #include <select/KPool_ExpandTopk.hpp>
 #include <select/KPool_ScoreSelect.hpp>
 #include <select/KPool_SelectTokens.hpp>
+#include <ranks/KPool_Communicator.hpp>
+#include <ranks/KPool_ShardSelect.hpp>
 
 #endif

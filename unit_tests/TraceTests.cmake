@@ -250,3 +250,34 @@ add_test(NAME trace_replay_cli
   COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=cli
     -DWORK=${_kpool_trace_work}/trace_replay_cli -P ${_kpool_trace_script})
 set_tests_properties(trace_replay_cli PROPERTIES LABELS unit TIMEOUT 30)
+
+# (f) the replay across ranks (docs/ranks.md; label mpi): every trace kind
+# with a pool cache replayed on one rank, then under mpiexec with 2, 3 and 4
+# ranks and interleaves of 1, 3 and 16 pools (--ranks): rank 0 prints the
+# one rank's bytes. Prefill chunks and decode, speculative rewinds, fp8
+# (amax, pow2) and serving caches, native caches, select blocks, topk
+# above and below the rows' pools.
+if(KPOOL_HAS_MPI)
+  function(kpool_trace_ranks name)
+    string(REPLACE ";" " " gen_args "${ARGN}")
+    add_test(NAME ${name}
+      COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=ranks
+        -DWORK=${_kpool_trace_work}/${name} "-DGEN_ARGS=${gen_args}"
+        -DMPIEXEC=${MPIEXEC_EXECUTABLE} "-DMPIEXEC_ARGS=${kpool_mpiexec_flags}"
+        "-DRANKS=2;3;4" -P ${_kpool_trace_script})
+    set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT 300
+      ENVIRONMENT "OMP_NUM_THREADS=1;OMP_PROC_BIND=false;OMP_WAIT_POLICY=passive;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+  endfunction()
+  kpool_trace_ranks(trace_ranks_select_fp8_rot_bf16_k4_d128_s3
+    --dtype bf16 --seed 91 --kpool 4 --head-dim 128 --drafts 3 --index-heads 8
+    --index-topk 4 --pool-cache fp8 --rotate 1 --sequences 10 --calls 40)
+  kpool_trace_ranks(trace_ranks_select_serving_bf16_k4_d128
+    --dtype bf16 --seed 92 --kpool 4 --head-dim 128 --index-heads 8
+    --index-topk 6 --pool-cache fp8_serving --rotate 1 --sequences 10 --calls 40)
+  kpool_trace_ranks(trace_ranks_select_native_f32_k2_d16_s2
+    --dtype f32 --seed 93 --kpool 2 --head-dim 16 --drafts 2 --index-heads 4
+    --index-topk 16 --pool-cache native --sequences 16 --calls 60)
+  kpool_trace_ranks(trace_ranks_select_fp8_pow2_f16_k1_d8_s7
+    --dtype f16 --seed 94 --kpool 1 --head-dim 8 --drafts 7 --index-heads 2
+    --index-topk 3 --pool-cache fp8_pow2 --sequences 12 --calls 60)
+endif()

@@ -10,6 +10,7 @@
 
 #include <common/KPool_Exceptions.hpp>
 #include <common/KPool_Float8.hpp>
+#include <common/KPool_Shard.hpp>
 #include <common/KPool_Types.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 
@@ -235,6 +236,32 @@ class PoolCache {
   bool rotated() const { return rotate_; }
   /// False for a default-constructed cache.
   bool is_allocated() const { return values_data_ != nullptr; }
+  /// The share of the sequences' pools this cache holds (docs/ranks.md):
+  /// unsharded (one rank) unless made by sharded().
+  Shard const& shard() const { return shard_; }
+
+  /// The same storage as rank `s.rank` of a cache sharded over `s.ranks`
+  /// ranks (docs/ranks.md): the steps write into it only the pools that
+  /// rank holds, each at its local pool (local pool l in block
+  /// block_table(r, l / block_pools), entry l % block_pools), and it is
+  /// selected from only through the ranks' exchange (KPool::score_select
+  /// and KPool::select_tokens with a Communicator). A handle, like the
+  /// cache: no data is copied.
+  /// @throws KPool::InvalidArgument (entry point "KPool::PoolCache") for
+  /// ranks or interleave below 1, or a rank outside [0, ranks).
+  PoolCache sharded(Shard const& s) const {
+    auto const fail = [&](char const* arg, int value, std::string const& problem) {
+      throw InvalidArgument("KPool::PoolCache", "shard", arg, -1, std::to_string(value),
+                            problem);
+    };
+    if (s.ranks < 1) fail("ranks", s.ranks, "is not at least 1");
+    if (s.interleave < 1) fail("interleave", s.interleave, "is not at least 1");
+    if (s.rank < 0 || s.rank >= s.ranks)
+      fail("rank", s.rank, "is not a rank of the " + std::to_string(s.ranks) + " ranks");
+    PoolCache c = *this;
+    c.shard_ = s;
+    return c;
+  }
 
   /// Addressing that holds in both layouts (what KPool's kernels use):
   /// entry e of block b holds its D values at values_data() + b *
@@ -320,6 +347,7 @@ class PoolCache {
   CacheLayout layout_ = CacheLayout::split;
   bool rotate_ = false;
   int kpool_ = 0;
+  Shard shard_;
 };
 
 }  // namespace KPool

@@ -34,8 +34,10 @@ class InvalidArgument : public std::invalid_argument {
                                       problem)),
         entry_point_(std::move(entry_point)),
         argument_(std::move(argument)),
+        where_(std::move(where)),
         row_(row),
-        value_(std::move(value)) {}
+        value_(std::move(value)),
+        problem_(problem) {}
 
   /// The entry point that threw.
   /// @return "KPool::compress", "KPool::step", ...
@@ -50,6 +52,12 @@ class InvalidArgument : public std::invalid_argument {
   /// What the argument held.
   /// @return the offending value, printed.
   std::string const& value() const noexcept { return value_; }
+  /// Where in the argument, as the message says it.
+  /// @return "row <r>", "extent <i>", ... or empty.
+  std::string const& where() const noexcept { return where_; }
+  /// What is wrong with the value.
+  /// @return the message's last part, e.g. "is not below max_slots = 8".
+  std::string const& problem() const noexcept { return problem_; }
 
  private:
   static std::string compose(std::string const& entry,
@@ -65,8 +73,10 @@ class InvalidArgument : public std::invalid_argument {
 
   std::string entry_point_;
   std::string argument_;
+  std::string where_;
   std::int64_t row_;
   std::string value_;
+  std::string problem_;
 };
 
 }  // namespace KPool

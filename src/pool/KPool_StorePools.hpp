@@ -99,7 +99,8 @@ void store_pools(ExecutionSpace const& space,
         chk.fail("out", "row " + std::to_string(o), static_cast<std::int64_t>(o),
                  std::to_string(id[o]), "is a negative pool id");
       Details::check_pool_blocks(chk, table, r, id[o], std::int64_t(id[o]) + 1,
-                                 cache.num_blocks(), cache.block_pools());
+                                 cache.num_blocks(), cache.block_pools(), "written",
+                                 cache.shard());
     }
     rows = count;
   }
@@ -201,6 +202,7 @@ void load_pools(ExecutionSpace const& space, PoolCache<C, MemorySpace> const& ca
   bool const unrotate = domain == PoolDomain::original && cache.rotated();
   Details::LoadPoolsFunctor<ExecutionSpace, C, A, O> f;
   f.cache = Details::cache_target<C, A>(cache, block_table);
+  f.cache.shard = Shard();  // a shard's own pools, by their local ids
   f.num_pools = Details::View1<const std::int32_t, MemorySpace>(num_pools);
   f.out = Details::View3<O, MemorySpace>(out);
   f.max_pools = out.extent(1);

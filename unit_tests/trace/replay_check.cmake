@@ -8,6 +8,12 @@
 #   -DMODE=identical            generate, replay --fused, --unfused, from stdin
 #                               and with 3 pools a cache block: the outputs
 #                               must be the same bytes
+#   -DMODE=ranks -DMPIEXEC= -DMPIEXEC_ARGS= -DRANKS=
+#                               generate, replay on one rank, check it, then
+#                               replay under `MPIEXEC -n W MPIEXEC_ARGS
+#                               REPLAY --ranks --interleave U` for each W in
+#                               RANKS and U in 1, 3, 16: rank 0's output must
+#                               be the one rank's bytes (docs/ranks.md)
 #   -DMODE=tamper               the checker must reject altered output
 #   -DMODE=bad -DTRACE=         exit status 2, 'trace:LINE:' on stderr with
 #                               LINE from the file's '# expect trace:LINE:',
@@ -114,6 +120,31 @@ elseif(MODE STREQUAL "identical")
   endif()
   file(STRINGS "${WORK}/fused.out" last REGEX "^(pools|selects) ")
   message(STATUS "identical: ${last}")
+
+elseif(MODE STREQUAL "ranks")
+  generate()
+  replay_ok(one ${replay_args} "${WORK}/trace.txt")
+  check_ok(one)
+  file(SHA256 "${WORK}/one.out" h_one)
+  separate_arguments(mpiexec_args UNIX_COMMAND "${MPIEXEC_ARGS}")
+  foreach(w IN LISTS RANKS)
+    foreach(u 1 3 16)
+      execute_process(COMMAND "${MPIEXEC}" -n ${w} ${mpiexec_args} "${REPLAY}" --ranks
+          --interleave ${u} ${replay_args} "${WORK}/trace.txt"
+        OUTPUT_FILE "${WORK}/ranks_${w}_${u}.out" ERROR_VARIABLE err RESULT_VARIABLE rc)
+      if(NOT rc EQUAL 0)
+        message(FATAL_ERROR "mpiexec -n ${w} kpool_replay --ranks --interleave ${u} failed "
+          "(${rc}):\n${err}")
+      endif()
+      file(SHA256 "${WORK}/ranks_${w}_${u}.out" h_w)
+      if(NOT h_w STREQUAL h_one)
+        message(FATAL_ERROR "${w} ranks (interleave ${u}) printed other output than one: "
+          "${WORK}/one.out ${WORK}/ranks_${w}_${u}.out")
+      endif()
+    endforeach()
+  endforeach()
+  file(STRINGS "${WORK}/one.out" last REGEX "^(pools|emitted|selects) ")
+  message(STATUS "ranks ${RANKS}: ${last}")
 
 elseif(MODE STREQUAL "tamper")
   generate()

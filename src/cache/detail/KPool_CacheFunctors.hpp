@@ -250,17 +250,31 @@ HostBlockTable host_block_table(ExecutionSpace const& space,
 }
 
 // Every pool in [first, end) of batch row r has a column in the table and
-// an assigned block below num_blocks (docs/indexer.md, "Bad input").
+// an assigned block below num_blocks (docs/indexer.md, "Bad input"). On a
+// shard (docs/ranks.md), the pools of [first, end) it holds are its local
+// pools [local_count(first), local_count(end)), and those are checked.
 inline void check_pool_blocks(Checker const& chk, HostBlockTable const& t,
                               std::int64_t r, std::int64_t first,
                               std::int64_t end, int num_blocks,
-                              int block_pools, char const* use = "written") {
+                              int block_pools, char const* use = "written",
+                              Shard const& shard = Shard()) {
+  if (shard.sharded()) {
+    first = static_cast<std::int64_t>(shard.local_count(static_cast<std::uint64_t>(first)));
+    end = static_cast<std::int64_t>(shard.local_count(static_cast<std::uint64_t>(end)));
+  }
+  // "pool p", or on a shard "local pool l (pool p)".
+  auto const name = [&](std::int64_t l) {
+    if (!shard.sharded()) return "pool " + std::to_string(l);
+    return "local pool " + std::to_string(l) + " (pool " +
+           std::to_string(shard.global(static_cast<std::uint64_t>(l))) + " of the sequence, " +
+           shard_name(shard) + ")";
+  };
   if (first >= end) return;
   std::int64_t const last_col = (end - 1) / block_pools;
   if (last_col >= static_cast<std::int64_t>(t.cols))
     chk.fail("block_table", "row " + std::to_string(r), r, std::to_string(t.cols),
-             "is max_blocks, too few columns for pool " +
-                 std::to_string(std::max<std::int64_t>(
+             "is max_blocks, too few columns for " +
+                 name(std::max<std::int64_t>(
                      first, static_cast<std::int64_t>(t.cols) * block_pools)) +
                  " (pool p lives in column p / block_pools, block_pools = " +
                  std::to_string(block_pools) + ")");
@@ -271,12 +285,11 @@ inline void check_pool_blocks(Checker const& chk, HostBlockTable const& t,
         "row " + std::to_string(r) + ", column " + std::to_string(col);
     if (b < 0)
       chk.fail("block_table", where, r, std::to_string(b),
-               "is not an assigned block, and pool " + std::to_string(pool) +
-                   " is " + use + " there");
+               "is not an assigned block, and " + name(pool) + " is " + use + " there");
     if (b >= num_blocks)
       chk.fail("block_table", where, r, std::to_string(b),
                "is not below num_blocks = " + std::to_string(num_blocks) +
-                   " (pool " + std::to_string(pool) + " is " + use + " there)");
+                   " (" + name(pool) + " is " + use + " there)");
   }
 }
 

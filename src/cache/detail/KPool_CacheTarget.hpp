@@ -115,16 +115,25 @@ struct CacheTarget {
   CacheScale scale;
   bool rotate;
   bool serving;  // CacheProfile::serving (fp8, scale pow2)
+  // A write's share of a sharded cache (docs/ranks.md): locate() takes the
+  // sequence's pools, skips those of other ranks and places the rest at
+  // their local pools. Readers (the selections, load_pools) address local
+  // pools and clear it.
+  Shard shard;
 
   KOKKOS_INLINE_FUNCTION int head_dim() const { return dim; }
 
   // Pool `pool` of batch row r: block_table(r, pool / block_pools), entry
-  // pool % block_pools. Anything out of range (row, column, an unassigned
+  // pool % block_pools (of its local pool, on a shard that holds it). Anything out of range (row, column, an unassigned
   // or too large block) gives an empty slot: validation reports those
   // before launching, and with it off they are skipped.
   KOKKOS_INLINE_FUNCTION CacheSlot locate(std::int64_t r, std::int64_t pool) const {
     CacheSlot s{-1, 0};
     if (r < 0 || pool < 0 || r >= table_rows) return s;
+    if (shard.ranks > 1) {
+      if (shard.owner(static_cast<std::uint64_t>(pool)) != shard.rank) return s;
+      pool = static_cast<std::int64_t>(shard.local(static_cast<std::uint64_t>(pool)));
+    }
     std::int64_t const col = pool / block_pools;
     if (col >= table_cols) return s;
     std::int32_t const b = block_table[r * table_row_stride + col * table_col_stride];
@@ -179,6 +188,7 @@ CacheTarget<C, A, MemorySpace> cache_target(
   t.scale = cache.scale();
   t.rotate = cache.rotated();
   t.serving = cache.profile() == CacheProfile::serving;
+  t.shard = cache.shard();
   return t;
 }
 

@@ -205,7 +205,8 @@ void check_step_blocks(
     for (std::size_t r = 0; r < pools.size(); ++r)
       check_pool_blocks(chk, table, static_cast<std::int64_t>(r),
                         pools[r].first, pools[r].second,
-                        arg.cache->num_blocks(), arg.cache->block_pools());
+                        arg.cache->num_blocks(), arg.cache->block_pools(), "written",
+                        arg.cache->shard());
   } else {
     (void)chk, (void)space, (void)arg, (void)pools;
   }

@@ -105,6 +105,9 @@ struct SelectBatch {
   // row t's keys are row t - row_begin of the workspace.
   std::uint64_t row_begin;
   std::uint64_t row_end;
+  // A shard's selection (docs/ranks.md): a row's pools are the shard's
+  // local pools of the sequence's visible ones.
+  Shard shard;
 
   // Where row t's keys start in the workspace.
   KOKKOS_INLINE_FUNCTION std::uint64_t key_offset(std::uint64_t t) const {
@@ -142,12 +145,14 @@ struct SelectBatch {
     return q;
   }
 
-  // Pools visible to row t of request q: floor((pos + 1) / K), capped at
-  // the workspace's row capacity (only reachable with validation off).
+  // Pools visible to row t of request q: floor((pos + 1) / K) (on a shard,
+  // the local pools it holds of those), capped at the workspace's row
+  // capacity (only reachable with validation off).
   KOKKOS_INLINE_FUNCTION std::uint64_t visible(SelectRequest const& q,
                                                std::uint64_t t) const {
-    std::uint64_t const v =
+    std::uint64_t v =
         (q.cache_length + (t - q.begin) + 1) / static_cast<std::uint64_t>(kpool);
+    if (shard.ranks > 1) v = shard.local_count(v);
     return v < max_visible ? v : max_visible;
   }
 

@@ -37,17 +37,22 @@ namespace Details {
 // A request whose rows see `visible` pools: within the workspace's
 // max_visible (else named by `argument` and `value`, `what` leading the
 // words), and every block they live in assigned and below num_blocks.
+// On a shard, its own pools of those count against max_visible.
 inline void check_visible_pools(Checker const& chk, HostBlockTable const& table,
                                 std::int64_t row, char const* argument, std::int64_t value,
                                 std::string const& what, std::uint64_t visible,
-                                std::size_t max_visible, int num_blocks, int block_pools) {
-  if (visible > max_visible)
+                                std::size_t max_visible, int num_blocks, int block_pools,
+                                Shard const& shard) {
+  std::uint64_t const held = shard.local_count(visible);
+  if (held > max_visible)
     chk.fail_row(argument, row, value,
-                 what + " makes " + std::to_string(visible) +
-                     " visible pools, more than the workspace's max_visible = " +
-                     std::to_string(max_visible));
+                 what + " makes " + std::to_string(visible) + " visible pools" +
+                     (shard.sharded() ? ", " + std::to_string(held) + " of them on " +
+                                            shard_name(shard) + ", "
+                                      : ", ") +
+                     "more than the workspace's max_visible = " + std::to_string(max_visible));
   check_pool_blocks(chk, table, row, 0, static_cast<std::int64_t>(visible), num_blocks,
-                    block_pools, "visible");
+                    block_pools, "visible", shard);
 }
 
 // The data rules (docs/indexer.md, "Bad input"): the ragged batch's own rules,
@@ -58,7 +63,7 @@ void check_select_batch(Checker const& chk, ExecutionSpace const& space,
                         Offsets const& row_offsets, Lengths const& cache_lengths,
                         Table const& block_table, int num_requests,
                         std::size_t rows, int kpool, int num_blocks,
-                        int block_pools, std::size_t max_visible) {
+                        int block_pools, std::size_t max_visible, Shard const& shard) {
   HostBatch const hb = check_ragged_batch(
       chk, space, row_offsets, cache_lengths,
       static_cast<Offsets const*>(nullptr), num_requests, rows, kpool, 0, "q");
@@ -72,7 +77,7 @@ void check_select_batch(Checker const& chk, ExecutionSpace const& space,
     auto const row = static_cast<std::int64_t>(r);
     check_visible_pools(chk, table, row, "cache_lengths", static_cast<std::int64_t>(c),
                         "plus the request's " + std::to_string(count) + " query rows",
-                        visible, max_visible, num_blocks, block_pools);
+                        visible, max_visible, num_blocks, block_pools, shard);
   }
 }
 
@@ -134,9 +139,9 @@ SelectPlan select_plan(int topk, std::size_t max_visible) {
 
 template <class ExecutionSpace, class F, class Key, class OutView>
 void set_select_args(F& f, SelectBatch const& batch, Key const* keys, OutView const& out,
-                     int topk) {
+                     int topk, Key* out_keys) {
   static_cast<SelectTeamInputs<ExecutionSpace, Key>&>(f) = SelectTeamInputs<ExecutionSpace, Key>{
-      batch, keys, out, static_cast<int>(out.extent(1)), topk};
+      batch, keys, out, static_cast<int>(out.extent(1)), topk, out_keys};
 }
 
 // A split-aware functor's view of the long rows' segments.
@@ -153,17 +158,19 @@ void set_split_args(F& f, SplitArgs const& split) {
 // per-segment counts (a team a segment), each split row's plan (a team a
 // row), each planned segment's partition (a team a segment); then one team
 // a row, in the kernel select_plan picks. No launch waits on the host.
+// out_keys: a shard's keys of the selected pools (SelectTeamInputs), or null.
 template <bool Expand, class ExecutionSpace, class Key, class OutView>
 void launch_select(Checker const& chk, ExecutionSpace const& space,
                    SelectBatch const& batch, Key const* keys, OutView const& out,
-                   int topk, SplitArgs const& split, Options const& options) {
+                   int topk, SplitArgs const& split, Options const& options,
+                   Key* out_keys = nullptr) {
   std::size_t const rows = batch.row_end - batch.row_begin;
   if (rows == 0) return;
   SelectPlan const plan = select_plan<ExecutionSpace, Key, Expand>(topk, batch.max_visible);
   std::string const name = chk.entry_point() + "::select";
   if (plan.kernel == SelectKernel::wide) {
     SelectWideFunctor<ExecutionSpace, Key, Expand> f;
-    set_select_args<ExecutionSpace>(f, batch, keys, out, topk);
+    set_select_args<ExecutionSpace>(f, batch, keys, out, topk, out_keys);
     launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
     return;
   }
@@ -198,7 +205,7 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     launch(space, chk.entry_point() + "::select_split_partitions", pshape, pa);
   }
   auto run = [&](auto f) {
-    set_select_args<ExecutionSpace>(f, batch, keys, out, topk);
+    set_select_args<ExecutionSpace>(f, batch, keys, out, topk, out_keys);
     set_split_args(f, split);
     f.cap = plan.cap;
     f.plans = split.plans;
@@ -307,6 +314,9 @@ bool fuse_decode_selection(Checker const& chk, Options const& options, ScoreEngi
 // score_select (Expand = false, out = pool_ids [T, topk]) and select_tokens
 // (Expand = true, out = token indices [T, topk * K + K - 1]); Decode: a
 // chunk of a decode batch (the fused selection is compiled for those only).
+// shard_keys: a shard's local selection (docs/ranks.md; pool ids only): out
+// gets the local pool ids, shard_keys [T, topk] (the Key type of T) their
+// keys. A sharded cache is selected from only so.
 template <bool Expand, bool Decode = false, class ExecutionSpace, class RowOffsetsView,
           class CacheLengthsView, class BlockTableView, class QView,
           class WeightsView, class Cache, class OutView, class Workspace>
@@ -317,7 +327,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
                        int kpool, QView const& q, WeightsView const& weights,
                        Cache const& cache, int topk, char const* out_name,
                        OutView const& out, Workspace& workspace,
-                       Options const& options) {
+                       Options const& options, void* shard_keys = nullptr) {
   using M = typename ExecutionSpace::memory_space;
   using T = typename Workspace::storage_type;
   using C = typename Cache::value_type;
@@ -345,13 +355,18 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     (void)chk, (void)space, (void)row_offsets, (void)cache_lengths,
         (void)block_table, (void)num_requests, (void)kpool, (void)q,
         (void)weights, (void)cache, (void)topk, (void)out_name, (void)out,
-        (void)workspace, (void)options;
+        (void)workspace, (void)options, (void)shard_keys;
   } else {
     using A = accumulator_t<T>;
     using Key = score_key_t<A>;
     check_select_shapes<Expand, T>(chk, row_offsets, cache_lengths, block_table,
                                    num_requests, kpool, q, weights, cache, topk,
                                    out_name, out, workspace);
+    if (cache.shard().sharded() && shard_keys == nullptr)
+      chk.fail("cache", "shard", -1, shard_name(cache.shard()),
+               "holds one rank's share of the pools: a selection over it needs the "
+               "ranks' exchange (the Communicator forms of score_select and "
+               "select_tokens, docs/ranks.md)");
     int const D = cache.head_dim();
     std::size_t const rows = q.extent(0);
     int const H = static_cast<int>(q.extent(1));
@@ -372,7 +387,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     if (options.validate)
       check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
                          num_requests, rows, kpool, cache.num_blocks(),
-                         cache.block_pools(), workspace.max_visible());
+                         cache.block_pools(), workspace.max_visible(), cache.shard());
     if (rows == 0 || num_requests == 0) return;
 
     ScoreInputs<ExecutionSpace, T, C> in;
@@ -385,6 +400,9 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     in.batch.row_begin = 0;
     in.batch.row_end = rows;
     in.cache = cache_target<C, A>(cache, block_table);
+    // The engines address a shard's local pools (the batch counts them).
+    in.cache.shard = Shard();
+    in.batch.shard = cache.shard();
     in.keys = workspace.keys().data();
     in.heads = H;
     in.prepared = workspace.prepared_queries();
@@ -398,6 +416,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       fused.topk = topk;
       fused.plan = select_plan<ExecutionSpace, Key, Expand>(topk, workspace.max_visible());
       fused.tickets = workspace.fused_tickets();
+      fused.out_keys = static_cast<Key*>(shard_keys);
     }
     SplitArgs split;
     split.seg_hist = workspace.segment_histograms();
@@ -424,7 +443,8 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       }
       launch_score(chk, space, engine, in, workspace, options, LaunchScore<ExecutionSpace>{space});
       launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
-                            View2<std::int32_t, M>(out), topk, split, options);
+                            View2<std::int32_t, M>(out), topk, split, options,
+                            static_cast<Key*>(shard_keys));
     }
   }
 }
@@ -470,7 +490,8 @@ template <class ExecutionSpace, class M, class Table>
 void check_decode_select_batch(Checker const& chk, ExecutionSpace const& space,
                                View2<const std::int32_t, M> const& positions,
                                Table const& block_table, int num_requests, int kpool,
-                               int num_blocks, int block_pools, std::size_t max_visible) {
+                               int num_blocks, int block_pools, std::size_t max_visible,
+                               Shard const& shard) {
   std::size_t const n = static_cast<std::size_t>(num_requests);
   std::size_t const next_n = positions.extent(1);
   if (n == 0 || next_n == 0) return;
@@ -499,7 +520,7 @@ void check_decode_select_batch(Checker const& chk, ExecutionSpace const& space,
     check_visible_pools(chk, table, row, "positions", static_cast<std::int64_t>(base),
                         "is the row's first position, and with its " +
                             std::to_string(next_n) + " rows it",
-                        visible, max_visible, num_blocks, block_pools);
+                        visible, max_visible, num_blocks, block_pools, shard);
   }
 }
 
@@ -514,12 +535,13 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
                         PagedCache<C, M> const& paged, QView const& q,
                         WeightsView const& weights, int topk, Batch<M> const& batch,
                         char const* out_name, OutView const& out, Workspace& workspace,
-                        Options const& options) {
+                        Options const& options, void* shard_keys = nullptr) {
   int const K = paged.cache.kpool();
   if (!batch.is_decode()) {
     score_select_call<Expand>(chk, space, batch.row_offsets, batch.cache_lengths,
                               paged.block_table, batch.num_requests, K, q, weights,
-                              paged.cache, topk, out_name, out, workspace, options);
+                              paged.cache, topk, out_name, out, workspace, options,
+                              shard_keys);
     return;
   }
   if constexpr (Kokkos::is_view<QView>::value && QView::rank == 3 &&
@@ -541,7 +563,8 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
     if (options.validate)
       check_decode_select_batch(chk, space, batch.positions, paged.block_table,
                                 batch.num_requests, K, paged.cache.num_blocks(),
-                                paged.cache.block_pools(), workspace.max_visible());
+                                paged.cache.block_pools(), workspace.max_visible(),
+                                paged.cache.shard());
     Options chunk_options = options;
     chunk_options.validate = false;
     // Batch rows a chunk: the workspace's rows hold them, and their queries.
@@ -567,14 +590,21 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
           Kokkos::subview(paged.block_table, reqs, Kokkos::ALL), static_cast<int>(count), K,
           Kokkos::subview(q, rows, Kokkos::ALL, Kokkos::ALL),
           Kokkos::subview(weights, rows, Kokkos::ALL), paged.cache, topk, out_name,
-          Kokkos::subview(out, rows, Kokkos::ALL), workspace, chunk_options);
+          Kokkos::subview(out, rows, Kokkos::ALL), workspace, chunk_options,
+          shard_keys == nullptr
+              ? nullptr
+              : static_cast<void*>(static_cast<char*>(shard_keys) +
+                                   rows.first * static_cast<std::size_t>(topk) *
+                                       sizeof(score_key_t<accumulator_t<
+                                                  typename Workspace::storage_type>>)));
       first += count;
     } while (first < n);
   } else {
     // The positional call names the wrong argument at compile time.
     score_select_call<Expand>(chk, space, batch.row_offsets, batch.cache_lengths,
                               paged.block_table, batch.num_requests, K, q, weights,
-                              paged.cache, topk, out_name, out, workspace, options);
+                              paged.cache, topk, out_name, out, workspace, options,
+                              shard_keys);
   }
 }
 

@@ -38,6 +38,7 @@
 //                        before the selection;
 //   KPool_TopkWide.hpp   SelectWideFunctor, any topk in level-0 scratch.
 
+#include <common/KPool_Shard.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
 #include <score/detail/KPool_Scoring.hpp>
@@ -93,6 +94,17 @@ struct SelectTeamInputs {
   Strided<std::int32_t, 2> out;
   int out_columns = 0;
   int topk = 0;
+  // A shard's local selection (docs/ranks.md; pool ids only): each
+  // written column's key as well, [T, topk] contiguous, 0 after the
+  // selected ones. Null otherwise.
+  Key* out_keys = nullptr;
+
+  // Column `col` of row t selects `id` (-1: none): its key into out_keys.
+  KOKKOS_INLINE_FUNCTION void put_key(std::uint64_t t, int col, std::int64_t id) const {
+    if (out_keys != nullptr)
+      out_keys[t * static_cast<std::uint64_t>(topk) + static_cast<std::uint64_t>(col)] =
+          id >= 0 ? keys[batch.key_offset(t) + static_cast<std::uint64_t>(id)] : Key(0);
+  }
 };
 
 // A call's top-k kernel (select_plan, select/detail/KPool_SelectCall.hpp):
@@ -112,7 +124,8 @@ struct SelectPlan {
   using typename Inputs::memory_space, typename Inputs::member_type;                 \
   template <class V>                                                                 \
   using Scratch = typename Inputs::template Scratch<V>;                              \
-  using Inputs::batch, Inputs::keys, Inputs::out, Inputs::out_columns, Inputs::topk
+  using Inputs::batch, Inputs::keys, Inputs::out, Inputs::out_columns, Inputs::topk, \
+      Inputs::out_keys, Inputs::put_key
 
 // The row a selection team has (its league rank, or the fused decode
 // selection's row): chunk row i, query row t, its request and its n

@@ -51,6 +51,7 @@ struct FusedSelectFunctor : ScoreF {
   int topk = 0;
   int cap = 0;
   std::uint32_t* tickets = nullptr;  // [groups], zero between launches
+  Key* out_keys = nullptr;           // a shard's keys (SelectTeamInputs)
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     // The team's level-0 scratch as it stands before the scoring takes
@@ -64,6 +65,7 @@ struct FusedSelectFunctor : ScoreF {
     Select sel;
     static_cast<SelectTeamInputs<ExecutionSpace, Key>&>(sel) = SelectTeamInputs<ExecutionSpace, Key>{
         this->batch, this->keys, out, out_columns, topk};
+    sel.out_keys = out_keys;
     sel.cap = cap;
     for (int j = 0; j < this->rows_per_team; ++j) {
       SelectRow r{};
@@ -110,6 +112,7 @@ struct FuseScoreSelect {
   int topk = 0;
   SelectPlan plan;  // staged or fast (fuse_decode_selection)
   std::uint32_t* tickets = nullptr;
+  Key* out_keys = nullptr;
   static constexpr bool power_of_two_team = true;
 
   template <class F>
@@ -133,6 +136,7 @@ struct FuseScoreSelect {
     g.topk = topk;
     g.cap = plan.cap;
     g.tickets = tickets;
+    g.out_keys = out_keys;
     if (shape.scratch_level == 0) {
       shape.scratch_bytes = std::max(shape.scratch_bytes, plan.scratch_bytes);
     } else {

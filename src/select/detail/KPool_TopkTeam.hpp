@@ -533,6 +533,7 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
                                   std::int32_t id) const {
     if (!Expand) {
       out(t, col) = id;
+      put_key(t, col, id);
       return;
     }
     int const K = batch.kpool;

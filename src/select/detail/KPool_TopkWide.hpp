@@ -69,6 +69,7 @@ struct SelectWideFunctor : SelectTeamInputs<ExecutionSpace, Key> {
         static_cast<std::int64_t>(req.cache_length + (t - req.begin) + 1);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, out_columns), [&](int j) {
       out(t, j) = Expand ? expanded_column(j, -1, positions, K, selected) : -1;
+      if (!Expand) put_key(t, j, -1);
     });
     member.team_barrier();
 
@@ -91,6 +92,7 @@ struct SelectWideFunctor : SelectTeamInputs<ExecutionSpace, Key> {
                   out(t, col * K + m) = expanded_column(col * K + m, p, positions, K, selected);
               } else {
                 out(t, col) = static_cast<std::int32_t>(p);
+                put_key(t, col, p);
               }
             }
           }
