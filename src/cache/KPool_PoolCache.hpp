@@ -245,8 +245,9 @@ class PoolCache {
   /// rank holds, each at its local pool (local pool l in block
   /// block_table(r, l / block_pools), entry l % block_pools), and it is
   /// selected from only through the ranks' exchange (KPool::score_select
-  /// and KPool::select_tokens with a Communicator). A handle, like the
-  /// cache: no data is copied.
+  /// with a Communicator, or KPool::shard_select_local and
+  /// KPool::shard_select_merge). A handle, like the cache: no data is
+  /// copied.
   /// @throws KPool::InvalidArgument (entry point "KPool::PoolCache") for
   /// ranks or interleave below 1, or a rank outside [0, ranks).
   PoolCache sharded(Shard const& s) const {

@@ -295,6 +295,7 @@ void score_select(ExecutionSpace const& space, PagedCache<C, MemorySpace> const&
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
   using Key = typename ShardWorkspace<T, MemorySpace>::key_type;
   std::string const entry = "KPool::score_select";
+  Details::Entry const chk(entry);  // the call's profiling region, and its errors' name
   Shard const& s = cache.cache.shard();
   Details::ShardHeader mine;
   mine.rank = s.rank;
@@ -304,7 +305,6 @@ void score_select(ExecutionSpace const& space, PagedCache<C, MemorySpace> const&
   mine.key_bytes = static_cast<std::int32_t>(sizeof(Key));
   mine.rows = static_cast<std::int64_t>(q.extent(0));
   try {
-    Details::Entry const chk(entry);
     chk.extent_is("pool_ids", 0, pool_ids.extent(0), q.extent(0), "the rows of q");
     chk.extent_is("pool_ids", 1, pool_ids.extent(1), static_cast<std::size_t>(topk), "topk");
     if (s.ranks != comm.size() || s.rank != comm.rank())

@@ -124,9 +124,10 @@ struct CacheTarget {
   KOKKOS_INLINE_FUNCTION int head_dim() const { return dim; }
 
   // Pool `pool` of batch row r: block_table(r, pool / block_pools), entry
-  // pool % block_pools (of its local pool, on a shard that holds it). Anything out of range (row, column, an unassigned
-  // or too large block) gives an empty slot: validation reports those
-  // before launching, and with it off they are skipped.
+  // pool % block_pools (of its local pool, on a shard that holds it; none
+  // on another). Anything out of range (row, column, an unassigned or too
+  // large block) gives an empty slot: validation reports those before
+  // launching, and with it off they are skipped.
   KOKKOS_INLINE_FUNCTION CacheSlot locate(std::int64_t r, std::int64_t pool) const {
     CacheSlot s{-1, 0};
     if (r < 0 || pool < 0 || r >= table_rows) return s;

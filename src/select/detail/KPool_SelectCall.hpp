@@ -365,8 +365,8 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     if (cache.shard().sharded() && shard_keys == nullptr)
       chk.fail("cache", "shard", -1, shard_name(cache.shard()),
                "holds one rank's share of the pools: a selection over it needs the "
-               "ranks' exchange (the Communicator forms of score_select and "
-               "select_tokens, docs/ranks.md)");
+               "ranks' exchange (score_select with a Communicator, or "
+               "shard_select_local and shard_select_merge, docs/ranks.md)");
     int const D = cache.head_dim();
     std::size_t const rows = q.extent(0);
     int const H = static_cast<int>(q.extent(1));
