@@ -122,6 +122,23 @@ void check_world(ShardCase const& s, int u, std::uint64_t seed) {
   KPool::score_select(x.space, KPool::paged(mine.cache, mine.table), qd, wd, s.topk, decode,
                       got_d, local_ws, ex, comm, o);
   EXPECT_EQ(flat(got_d), flat(want_d));
+
+  // Token rows (select_tokens), ragged and decode.
+  int const width = KPool::select_tokens_width(s.topk, s.K);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want_t("want_t", x.rows, width);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got_t("got_t", x.rows, width);
+  KPool::select_tokens(x.space, KPool::paged(whole, whole_table), x.q, x.w, s.topk, x.batch(),
+                       want_t, ws, o);
+  KPool::select_tokens(x.space, KPool::paged(mine.cache, mine.table), x.q, x.w, s.topk,
+                       x.batch(), got_t, local_ws, ex, comm, o);
+  EXPECT_EQ(flat(got_t), flat(want_t));
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want_dt("want_dt", rows, width);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got_dt("got_dt", rows, width);
+  KPool::select_tokens(x.space, KPool::paged(whole, whole_table), qd, wd, s.topk, decode,
+                       want_dt, ws, o);
+  KPool::select_tokens(x.space, KPool::paged(mine.cache, mine.table), qd, wd, s.topk, decode,
+                       got_dt, local_ws, ex, comm, o);
+  EXPECT_EQ(flat(got_dt), flat(want_dt));
 }
 
 TEST(Ranks, ShardedSelectionIsOneRanksBitForBit) {

@@ -131,6 +131,13 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
             x.space,
             Kokkos::subview(ex.recv(), std::make_pair(rank * bytes, (rank + 1) * bytes)),
             Kokkos::subview(exchanges[rank].send(), std::make_pair(std::size_t(0), bytes)));
+    // The token rows: select_tokens over the whole cache.
+    int const width = KPool::select_tokens_width(s.topk, s.K);
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want_tokens("want_tokens", rows, width);
+    Kokkos::deep_copy(want_tokens, kSentinel);
+    KPool::select_tokens(x.space, KPool::paged(whole, whole_table), q, w, s.topk, batch,
+                         want_tokens, ws, o);
+    std::vector<std::int32_t> const expected_tokens = flat(want_tokens);
     for (int rank = 0; rank < W; ++rank) {
       Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got("got", rows, s.topk);
       Kokkos::deep_copy(got, kSentinel);
@@ -141,6 +148,16 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
         for (int j = 0; j < s.topk; ++j)
           ASSERT_EQ(ids[t * s.topk + j], expected[t * s.topk + j])
               << what << ": merged on rank " << rank << ", row " << t << " column " << j;
+      Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got_tokens("got_tokens", rows, width);
+      Kokkos::deep_copy(got_tokens, kSentinel);
+      KPool::shard_select_merge_tokens(x.space, KPool::paged(caches[rank], tables[rank]),
+                                       s.topk, batch, got_tokens, exchanges[rank], o);
+      std::vector<std::int32_t> const tokens = flat(got_tokens);
+      for (int t = 0; t < rows; ++t)
+        for (int j = 0; j < width; ++j)
+          ASSERT_EQ(tokens[t * width + j], expected_tokens[t * width + j])
+              << what << ": token rows merged on rank " << rank << ", row " << t << " column "
+              << j;
     }
   };
   compare(x.batch(), x.rows, "ragged");
@@ -271,6 +288,10 @@ TEST(ShardValidation, RefusedByNameNothingWritten) {
   expect_invalid([&] { KPool::shard_select_merge(x.space, KPool::paged(cache, table),
                                                  s.topk + 1, ids, ex); },
                  "KPool::shard_select_merge", "pool_ids", "topk");
+  // Token rows of the pool ids' width.
+  expect_invalid([&] { KPool::shard_select_merge_tokens(x.space, KPool::paged(cache, table),
+                                                        s.topk, x.batch(), ids, ex); },
+                 "KPool::shard_select_merge_tokens", "tokens", "topk * K + K - 1");
   // A block table that lacks a block of one of this rank's pools: named by
   // its local pool and its pool of the sequence.
   auto bad = x.make_table(
@@ -297,7 +318,7 @@ TEST(ShardValidation, RefusedByNameNothingWritten) {
   EXPECT_EQ(flat(ids), untouched);
 }
 
-// A group of one through the Communicator form: the single-rank selection.
+// A group of one through the Communicator forms: the single-rank selection and token rows.
 TEST(ShardCommunicator, GroupOfOneIsTheSingleRankSelection) {
   ShardCase s;
   s.topk = 12;
@@ -316,6 +337,14 @@ TEST(ShardCommunicator, GroupOfOneIsTheSingleRankSelection) {
   KPool::score_select(x.space, KPool::paged(cache, table), x.q, x.w, s.topk, x.batch(), got,
                       ws, ex, self);
   EXPECT_EQ(flat(got), flat(want));
+  int const width = KPool::select_tokens_width(s.topk, s.K);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M0> want_tokens("want_tokens", x.rows, width);
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M0> got_tokens("got_tokens", x.rows, width);
+  KPool::select_tokens(x.space, KPool::paged(cache, table), x.q, x.w, s.topk, x.batch(),
+                       want_tokens, ws);
+  KPool::select_tokens(x.space, KPool::paged(cache, table), x.q, x.w, s.topk, x.batch(),
+                       got_tokens, ws, ex, self);
+  EXPECT_EQ(flat(got_tokens), flat(want_tokens));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <ranks/KPool_Communicator.hpp>
 #include <ranks/detail/KPool_ShardMerge.hpp>
 #include <select/KPool_ScoreSelect.hpp>
+#include <select/KPool_SelectTokens.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -36,8 +37,9 @@ namespace KPool {
 /// largest call (rows of q, topk) and the ranks; the sharded selections
 /// allocate nothing.
 /// Memory: (ranks + 1) * max_tokens * topk * (4 + key bytes) for the
-/// exchange (key bytes: 4, 8 for f64 queries) and 4 * max_tokens *
-/// (ranks * topk + 1) for the merge.
+/// exchange (key bytes: 4, 8 for f64 queries), 4 * max_tokens *
+/// (ranks * topk + 1) for the merge and 8 * max_tokens for the token
+/// rows' positions.
 /// @tparam T the queries' storage type, as the SelectWorkspace's.
 template <class T, class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
 class ShardWorkspace {
@@ -51,7 +53,7 @@ class ShardWorkspace {
   ShardWorkspace() = default;
 
   /// Allocates the buffers on `space` (labelled KPool::ShardWorkspace::send,
-  /// ...::recv, ...::merge_counts).
+  /// ...::recv, ...::merge_counts, ...::row_positions).
   /// @param max_tokens the most query rows a call has.
   /// @param topk the largest topk a call asks for.
   /// @param ranks the ranks the cache is sharded over.
@@ -75,6 +77,10 @@ class ShardWorkspace {
         Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
                            "KPool::ShardWorkspace::merge_counts"),
         max_tokens * (static_cast<std::size_t>(ranks) * topk + 1));
+    row_positions_ = Kokkos::View<std::int64_t*, MemorySpace>(
+        Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                           "KPool::ShardWorkspace::row_positions"),
+        max_tokens);
   }
 
   /// The bytes one rank sends for a call of `rows` query rows: each row's
@@ -93,6 +99,8 @@ class ShardWorkspace {
   bytes_type const& recv() const { return recv_; }
   /// The merge's counts (internal).
   std::int32_t* merge_counts() const { return counts_.data(); }
+  /// Each row's positions count, for the token rows (internal).
+  std::int64_t* row_positions() const { return row_positions_.data(); }
 
  private:
   std::size_t max_tokens_ = 0;
@@ -101,6 +109,7 @@ class ShardWorkspace {
   bytes_type send_;
   bytes_type recv_;
   Kokkos::View<std::int32_t*, MemorySpace> counts_;
+  Kokkos::View<std::int64_t*, MemorySpace> row_positions_;
 };
 
 namespace Details {
@@ -238,6 +247,70 @@ void shard_select_local(ExecutionSpace const& space, PagedCache<C, MemorySpace> 
                             weights, topk, batch, workspace, exchange, options);
 }
 
+namespace Details {
+
+// The merge into pool ids (Expand false) or token rows (true, with the
+// batch's positions), its errors named after `chk`'s entry point.
+template <bool Expand, class ExecutionSpace, class C, class MemorySpace, class OutView, class T>
+void shard_merge_call(Checker const& chk, ExecutionSpace const& space,
+                      PagedCache<C, MemorySpace> const& cache, int topk,
+                      Batch<MemorySpace> const& batch, char const* out_name, OutView const& out,
+                      ShardWorkspace<T, MemorySpace>& exchange, Options const& options) {
+  using Key = typename ShardWorkspace<T, MemorySpace>::key_type;
+  std::size_t const rows = out.extent(0);
+  int const K = cache.cache.kpool();
+  if (topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
+  std::uint64_t const width =
+      Expand ? expanded_width(static_cast<std::uint64_t>(topk), K, true)
+             : static_cast<std::uint64_t>(topk);
+  if (width > 0x7FFFFFFF) chk.fail_scalar("topk", topk, "times kpool is too wide a token row");
+  chk.extent_is(out_name, 1, out.extent(1), width, Expand ? "topk * K + K - 1" : "topk");
+  check_shard_exchange(chk, cache, topk, rows, exchange);
+  if (Expand) {
+    if (batch.is_decode())
+      chk.extent_is(out_name, 0, rows, batch.size() * batch.next_n(),
+                    "B * next_n of the decode batch");
+    chk.num_requests_within(batch.num_requests, batch.size());
+  }
+  if (rows == 0) return;
+  ShardMergeFunctor<ExecutionSpace, Key, Expand> f;
+  if constexpr (Expand) {
+    ShardRowPositions<ExecutionSpace> p;
+    p.num_requests = batch.num_requests;
+    p.out = exchange.row_positions();
+    if (batch.is_decode()) {
+      p.positions = batch.positions;
+      p.next_n = static_cast<int>(batch.next_n());
+    } else {
+      p.ragged.row_offsets = batch.row_offsets;
+      p.ragged.cache_lengths = batch.cache_lengths;
+      p.ragged.num_requests = batch.num_requests;
+      p.ragged.kpool = K;
+      p.ragged.total_rows = rows;
+      p.ragged.max_visible = 1;
+      p.ragged.row_begin = 0;
+      p.ragged.row_end = rows;
+    }
+    launch_range(space, chk.entry_point() + "::shard_row_positions", rows, p);
+    f.row_positions = exchange.row_positions();
+  }
+  f.recv = exchange.recv().data();
+  f.payload = shard_payload<Key>(rows, topk);
+  f.counts = exchange.merge_counts();
+  f.out = View2<std::int32_t, MemorySpace>(out);
+  f.out_columns = static_cast<int>(out.extent(1));
+  f.kpool = K;
+  f.ranks = cache.cache.shard().ranks;
+  f.interleave = cache.cache.shard().interleave;
+  f.topk = topk;
+  LaunchShape shape;
+  shape.league = league_for(chk, out_name, rows, 1);
+  shape.team_size = power_of_two_floor(team_size_for(space, f, 1, options.team_size));
+  launch(space, chk.entry_point() + "::shard_merge", shape, f);
+}
+
+}  // namespace Details
+
 /// The merge of a sharded selection (docs/ranks.md): from every rank's
 /// payload in exchange.recv() (rank r's at r * payload_bytes(rows, topk)),
 /// the global top-k of each live row into pool_ids [rows, topk], ids of
@@ -250,27 +323,79 @@ void shard_select_merge(ExecutionSpace const& space, PagedCache<C, MemorySpace> 
                         ShardWorkspace<T, MemorySpace>& exchange,
                         Options const& options = Options()) {
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
-  using Key = typename ShardWorkspace<T, MemorySpace>::key_type;
-  Details::Entry const chk("KPool::shard_select_merge");
-  std::size_t const rows = pool_ids.extent(0);
-  if (topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
-  chk.extent_is("pool_ids", 1, pool_ids.extent(1), static_cast<std::size_t>(topk), "topk");
-  Details::check_shard_exchange(chk, cache, topk, rows, exchange);
-  if (rows == 0) return;
-  Details::ShardMergeFunctor<ExecutionSpace, Key> f;
-  f.recv = exchange.recv().data();
-  f.payload = Details::shard_payload<Key>(rows, topk);
-  f.counts = exchange.merge_counts();
-  f.out = Details::View2<std::int32_t, MemorySpace>(pool_ids);
-  f.ranks = cache.cache.shard().ranks;
-  f.interleave = cache.cache.shard().interleave;
-  f.topk = topk;
-  Details::LaunchShape shape;
-  shape.league = Details::league_for(chk, "pool_ids", rows, 1);
-  shape.team_size = Details::power_of_two_floor(
-      Details::team_size_for(space, f, 1, options.team_size));
-  Details::launch(space, "KPool::shard_select_merge", shape, f);
+  Details::shard_merge_call<false>(Details::Entry("KPool::shard_select_merge"), space, cache,
+                                   topk, Batch<MemorySpace>(), "pool_ids", pool_ids, exchange,
+                                   options);
 }
+
+/// The same merge written as select_tokens' rows (docs/ranks.md): each
+/// row's selected pools as token positions, then the always-selected tail
+/// ([rows, topk * K + K - 1], as select_tokens writes them), from the
+/// batch's positions. Two launches (the rows' positions, the merge).
+/// @param batch the call's batch (ragged or decode), as the local step's.
+template <class ExecutionSpace, class C, class MemorySpace, class TokensView, class T>
+void shard_select_merge_tokens(ExecutionSpace const& space,
+                               PagedCache<C, MemorySpace> const& cache, int topk,
+                               Batch<MemorySpace> const& batch, TokensView const& tokens,
+                               ShardWorkspace<T, MemorySpace>& exchange,
+                               Options const& options = Options()) {
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TokensView, std::int32_t, 2, ExecutionSpace, "tokens");
+  Details::shard_merge_call<true>(Details::Entry("KPool::shard_select_merge_tokens"), space,
+                                  cache, topk, batch, "tokens", tokens, exchange, options);
+}
+
+namespace Details {
+
+// The Communicator forms: the local step (its errors caught), the ranks'
+// agreement, the exchange, the merge into pool ids or token rows.
+template <bool Expand, class ExecutionSpace, class C, class MemorySpace, class QView,
+          class WeightsView, class OutView, class T>
+void shard_call(std::string const& entry, ExecutionSpace const& space,
+                PagedCache<C, MemorySpace> const& cache, QView const& q,
+                WeightsView const& weights, int topk, Batch<MemorySpace> const& batch,
+                char const* out_name, OutView const& out,
+                SelectWorkspace<T, MemorySpace>& workspace,
+                ShardWorkspace<T, MemorySpace>& exchange, Communicator<ExecutionSpace>& comm,
+                Options const& options) {
+  using Key = typename ShardWorkspace<T, MemorySpace>::key_type;
+  Entry const chk(entry);  // the call's profiling region, and its errors' name
+  Shard const& s = cache.cache.shard();
+  ShardHeader mine;
+  mine.rank = s.rank;
+  mine.ranks = s.ranks;
+  mine.interleave = s.interleave;
+  mine.topk = topk;
+  mine.key_bytes = static_cast<std::int32_t>(sizeof(Key));
+  mine.rows = static_cast<std::int64_t>(q.extent(0));
+  try {
+    int const K = cache.cache.kpool();
+    chk.extent_is(out_name, 0, out.extent(0), q.extent(0), "the rows of q");
+    if (topk >= 1)
+      chk.extent_is(out_name, 1, out.extent(1),
+                    Expand ? expanded_width(static_cast<std::uint64_t>(topk), K, true)
+                           : static_cast<std::uint64_t>(topk),
+                    Expand ? "topk * K + K - 1" : "topk");
+    if (s.ranks != comm.size() || s.rank != comm.rank())
+      chk.fail("cache", "shard", -1, shard_name(s),
+               "does not match the communicator's rank " + std::to_string(comm.rank()) +
+                   " of " + std::to_string(comm.size()));
+    shard_local_call(chk, space, cache, q, weights, topk, batch, workspace, exchange, options);
+  } catch (InvalidArgument const& e) {
+    mine.failed = 1;
+    mine.row = e.row();
+    put_text(mine.entry, e.entry_point());
+    put_text(mine.argument, e.argument());
+    put_text(mine.where, e.where());
+    put_text(mine.value, e.value());
+    put_text(mine.problem, e.problem());
+  }
+  agree_on_shards(comm, mine, entry);
+  std::size_t const bytes = ShardWorkspace<T, MemorySpace>::payload_bytes(q.extent(0), topk);
+  comm.all_gather(space, exchange.send().data(), exchange.recv().data(), bytes);
+  shard_merge_call<Expand>(chk, space, cache, topk, batch, out_name, out, exchange, options);
+}
+
+}  // namespace Details
 
 /// score_select over a cache sharded across the ranks of `comm`
 /// (docs/ranks.md): the same pool_ids, bit for bit, as score_select over
@@ -293,39 +418,26 @@ void score_select(ExecutionSpace const& space, PagedCache<C, MemorySpace> const&
                   ShardWorkspace<T, MemorySpace>& exchange,
                   Communicator<ExecutionSpace>& comm, Options const& options = Options()) {
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
-  using Key = typename ShardWorkspace<T, MemorySpace>::key_type;
-  std::string const entry = "KPool::score_select";
-  Details::Entry const chk(entry);  // the call's profiling region, and its errors' name
-  Shard const& s = cache.cache.shard();
-  Details::ShardHeader mine;
-  mine.rank = s.rank;
-  mine.ranks = s.ranks;
-  mine.interleave = s.interleave;
-  mine.topk = topk;
-  mine.key_bytes = static_cast<std::int32_t>(sizeof(Key));
-  mine.rows = static_cast<std::int64_t>(q.extent(0));
-  try {
-    chk.extent_is("pool_ids", 0, pool_ids.extent(0), q.extent(0), "the rows of q");
-    chk.extent_is("pool_ids", 1, pool_ids.extent(1), static_cast<std::size_t>(topk), "topk");
-    if (s.ranks != comm.size() || s.rank != comm.rank())
-      chk.fail("cache", "shard", -1, shard_name(s),
-               "does not match the communicator's rank " + std::to_string(comm.rank()) +
-                   " of " + std::to_string(comm.size()));
-    Details::shard_local_call(chk, space, cache, q, weights, topk, batch, workspace, exchange,
-                              options);
-  } catch (InvalidArgument const& e) {
-    mine.failed = 1;
-    mine.row = e.row();
-    Details::put_text(mine.entry, e.entry_point());
-    Details::put_text(mine.argument, e.argument());
-    Details::put_text(mine.where, e.where());
-    Details::put_text(mine.value, e.value());
-    Details::put_text(mine.problem, e.problem());
-  }
-  Details::agree_on_shards(comm, mine, entry);
-  std::size_t const bytes = ShardWorkspace<T, MemorySpace>::payload_bytes(q.extent(0), topk);
-  comm.all_gather(space, exchange.send().data(), exchange.recv().data(), bytes);
-  shard_select_merge(space, cache, topk, pool_ids, exchange, options);
+  Details::shard_call<false>("KPool::score_select", space, cache, q, weights, topk, batch,
+                             "pool_ids", pool_ids, workspace, exchange, comm, options);
+}
+
+/// select_tokens over a cache sharded across the ranks of `comm`
+/// (docs/ranks.md): the same token rows, bit for bit, as select_tokens
+/// over the whole cache on one rank; as the score_select form above, its
+/// merge written as token positions (shard_select_merge_tokens).
+/// @param tokens [T, topk * K + K - 1] int32, written for the live rows.
+template <class ExecutionSpace, class C, class MemorySpace, class QView, class WeightsView,
+          class TokensView, class T>
+void select_tokens(ExecutionSpace const& space, PagedCache<C, MemorySpace> const& cache,
+                   QView const& q, WeightsView const& weights, int topk,
+                   Batch<MemorySpace> const& batch, TokensView const& tokens,
+                   SelectWorkspace<T, MemorySpace>& workspace,
+                   ShardWorkspace<T, MemorySpace>& exchange,
+                   Communicator<ExecutionSpace>& comm, Options const& options = Options()) {
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TokensView, std::int32_t, 2, ExecutionSpace, "tokens");
+  Details::shard_call<true>("KPool::select_tokens", space, cache, q, weights, topk, batch,
+                            "tokens", tokens, workspace, exchange, comm, options);
 }
 
 }  // namespace KPool

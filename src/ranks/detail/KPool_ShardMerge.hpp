@@ -22,10 +22,17 @@
 //      before each; a pick's column is its rank's picks before it plus, for
 //      every other rank, its picks of lower id (a binary search in that
 //      rank's ascending list): the ids come out ascending.
+// With Expand (select_tokens), each column is written as its K token
+// positions and the tail after them (expanded_column, as select_tokens
+// and expand_topk write them), from each row's positions count
+// (ShardRowPositions).
 
 #include <common/KPool_Shard.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
+#include <common/detail/KPool_Views.hpp>
+#include <score/detail/KPool_Scoring.hpp>
+#include <select/detail/KPool_ExpandTopkFunctor.hpp>
 
 #include <cstdint>
 
@@ -51,17 +58,72 @@ ShardPayload shard_payload(std::uint64_t rows, int topk) {
 // local stage's fill; the merge leaves its output row untouched.
 constexpr std::int32_t shard_dead_row = -2;
 
-template <class ExecutionSpace, class Key>
+// Each row's positions count (its position + 1: what the expansion
+// reads), or -1 for a row no live request owns: from a ragged batch
+// (next_n = 0) or a decode batch's positions (entry (r, i) at base_r + i,
+// base_r = p - j for the row's first real entry (r, j) at p, 0 without
+// one: as the decode selection's rows).
+template <class ExecutionSpace>
+struct ShardRowPositions {
+  using M = typename ExecutionSpace::memory_space;
+  SelectBatch ragged;
+  View2<const std::int32_t, M> positions;
+  int next_n = 0;
+  int num_requests = 0;
+  std::int64_t* out = nullptr;
+
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t t) const {
+    if (next_n == 0) {
+      SelectRequest req;
+      out[t] = ragged.owner(static_cast<std::uint64_t>(t), req) < 0
+                   ? -1
+                   : static_cast<std::int64_t>(req.cache_length + (t - req.begin) + 1);
+      return;
+    }
+    std::int64_t const r = t / next_n, i = t % next_n;
+    if (r >= num_requests) {
+      out[t] = -1;
+      return;
+    }
+    std::int64_t base = 0;
+    for (int j = 0; j < next_n; ++j) {
+      std::int32_t const p = positions(r, j);
+      if (p >= 0) {
+        base = static_cast<std::int64_t>(p) - j;
+        break;
+      }
+    }
+    out[t] = (base < 0 ? 0 : base) + i + 1;
+  }
+};
+
+template <class ExecutionSpace, class Key, bool Expand = false>
 struct ShardMergeFunctor {
   using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
 
   unsigned char const* recv = nullptr;  // ranks payloads, payload.bytes apart
   ShardPayload payload;
   std::int32_t* counts = nullptr;  // [rows][ranks * topk + 1]: picks before each entry
-  Strided<std::int32_t, 2> out;    // pool_ids [rows, topk]
+  // pool_ids [rows, topk], or with Expand the token rows [rows, topk * K + K - 1].
+  Strided<std::int32_t, 2> out;
+  std::int64_t const* row_positions = nullptr;  // Expand: [rows] (ShardRowPositions)
+  int out_columns = 0;
+  int kpool = 1;
   int ranks = 1;
   int interleave = 1;
   int topk = 1;
+
+  // Column `col` of row t selects pool `id` (-1: none).
+  KOKKOS_INLINE_FUNCTION void put(std::uint64_t t, int col, std::int64_t id) const {
+    if (!Expand) {
+      out(t, col) = static_cast<std::int32_t>(id);
+      return;
+    }
+    int const selected = topk * kpool;
+    for (int m = 0; m < kpool; ++m)
+      out(t, col * kpool + m) =
+          expanded_column(col * kpool + m, id, row_positions[t], kpool, selected);
+  }
 
   KOKKOS_INLINE_FUNCTION std::int32_t id_at(std::uint64_t t, int w, int c) const {
     auto const* ids = reinterpret_cast<std::int32_t const*>(recv + w * payload.bytes);
@@ -153,10 +215,17 @@ struct ShardMergeFunctor {
       int col = before[i] - before[w * topk];
       for (int v = 0; v < ranks; ++v)
         if (v != w) col += before[v * topk + below(t, v, g)] - before[v * topk];
-      out(t, col) = static_cast<std::int32_t>(g);
+      put(t, col, g);
     });
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, topk - k),
-                         [&](int x) { out(t, k + x) = -1; });
+                         [&](int x) { put(t, k + x, -1); });
+    if (Expand) {
+      int const selected = topk * kpool;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, out_columns - selected), [&](int x) {
+        out(t, selected + x) =
+            expanded_column(selected + x, -1, row_positions[t], kpool, selected);
+      });
+    }
   }
 };
 
