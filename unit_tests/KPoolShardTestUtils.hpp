@@ -25,6 +25,9 @@ struct ShardCase {
   bool fp8 = false, rotated = false, serving = false;
   std::vector<std::uint32_t> tokens = {1, 9, 37, 130};
   int duplicates = 0;  // > 0: pools repeat every `duplicates` pools (ties)
+  // Long rows: only decode rows are selected (not every prefill row), and
+  // the caches' bytes are not compared entry by entry.
+  bool long_rows = false;
 };
 
 template <class E, class T, class C>

@@ -82,6 +82,7 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
     tables.push_back(table);
     for (int r = 0; r < x.B; ++r)
       max_local = std::max<std::size_t>(max_local, shard.local_count(x.pools(r)));
+    if (s.long_rows) continue;
     // The rank's cache: its pools' bytes at their local ids, and nothing
     // written anywhere else (a zero-filled entry stays zero).
     auto const ht = on_host(table);
@@ -108,8 +109,11 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
   // cache's, then every rank's local one, the payloads gathered as an
   // all-gather would, and every rank's merge, which must be the whole
   // cache's, bit for bit; rows of no request untouched.
-  KPool::SelectWorkspace<T, M> ws(x.space, x.rows, max_visible, s.H, s.D);
-  KPool::SelectWorkspace<T, M> local_ws(x.space, x.rows, max_local, s.H, s.D);
+  int const next_n = 3;
+  std::size_t const ws_rows = s.long_rows ? static_cast<std::size_t>(x.B + 1) * next_n
+                                          : static_cast<std::size_t>(x.rows);
+  KPool::SelectWorkspace<T, M> ws(x.space, ws_rows, max_visible, s.H, s.D);
+  KPool::SelectWorkspace<T, M> local_ws(x.space, ws_rows, max_local, s.H, s.D);
   auto const compare = [&](KPool::Batch<M> const& batch, int rows, char const* what) {
     auto const q = Kokkos::subview(x.q, std::make_pair(0, rows), Kokkos::ALL, Kokkos::ALL);
     auto const w = Kokkos::subview(x.w, std::make_pair(0, rows), Kokkos::ALL);
@@ -121,7 +125,7 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
     std::vector<KPool::ShardWorkspace<T, M>> exchanges;
     std::size_t const bytes = KPool::ShardWorkspace<T, M>::payload_bytes(rows, s.topk);
     for (int rank = 0; rank < W; ++rank) {
-      exchanges.emplace_back(x.space, x.rows, s.topk, W);
+      exchanges.emplace_back(x.space, ws_rows, s.topk, W);
       KPool::shard_select_local(x.space, KPool::paged(caches[rank], tables[rank]), q, w,
                                 s.topk, batch, local_ws, exchanges.back(), o);
     }
@@ -160,12 +164,11 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
               << j;
     }
   };
-  compare(x.batch(), x.rows, "ragged");
+  if (!s.long_rows) compare(x.batch(), x.rows, "ragged");
   if (::testing::Test::HasFatalFailure()) return;
   // Decode rows (the fused decode selection with device shapes): each
   // request's last 3 positions again, a short request padded; a fourth
   // batch row past num_requests.
-  int const next_n = 3;
   std::vector<std::int32_t> positions;
   for (int r = 0; r < x.B + 1; ++r)
     for (int i = 0; i < next_n; ++i) {
@@ -232,6 +235,27 @@ TYPED_TEST(Shard, MergedSelectionOverFp8AndServingCaches) {
       sharded_grid<E, T, KPool::float8_e4m3>(s);
     }
   }
+}
+
+// Rows past the split length (65536 visible pools) select in segments
+// (docs/indexer.md, "Top-k"), on the whole cache and on every shard alike
+// (70000 and more local pools on each of 2 ranks): decode rows of a
+// 140000-token request (K = 1) and a short one.
+TEST(ShardLongRows, RowsSplitOverSegmentsMergeIntoTheWholeCachesSelection) {
+  using E = Kokkos::DefaultExecutionSpace;
+  ShardCase s;
+  s.K = 1;
+  s.D = 8;
+  s.H = 2;
+  s.topk = 24;
+  s.block_pools = 64;
+  s.tokens = {140001, 7};
+  s.duplicates = 5000;
+  s.long_rows = true;
+  std::vector<KPool::ScoreEngine> const engines = shard_engines<E, float>();
+  check_sharded<E, float, float>(s, 2, 1, engines.front(), 811);
+  if (::testing::Test::HasFatalFailure()) return;
+  check_sharded<E, float, float>(s, 2, s.block_pools, engines.back(), 812);
 }
 
 // ------------------------------------------------------------- bad input
