@@ -256,15 +256,22 @@ set_tests_properties(trace_replay_cli PROPERTIES LABELS unit TIMEOUT 30)
 # ranks and interleaves of 1, 3 and 16 pools (--ranks): rank 0 prints the
 # one rank's bytes. Prefill chunks and decode, speculative rewinds, fp8
 # (amax, pow2) and serving caches, native caches, select blocks, topk
-# above and below the rows' pools.
+# above and below the rows' pools, long rows split over segments.
 if(KPOOL_HAS_MPI)
+  # kpool_trace_ranks(NAME [RANKS "w;..."] GEN_ARGS...): with 2, 3 and 4
+  # ranks unless RANKS says otherwise.
   function(kpool_trace_ranks name)
-    string(REPLACE ";" " " gen_args "${ARGN}")
+    cmake_parse_arguments(ARG "" "RANKS" "" ${ARGN})
+    set(ranks 2 3 4)
+    if(ARG_RANKS)
+      set(ranks ${ARG_RANKS})
+    endif()
+    string(REPLACE ";" " " gen_args "${ARG_UNPARSED_ARGUMENTS}")
     add_test(NAME ${name}
       COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=ranks
         -DWORK=${_kpool_trace_work}/${name} "-DGEN_ARGS=${gen_args}"
         -DMPIEXEC=${MPIEXEC_EXECUTABLE} "-DMPIEXEC_ARGS=${kpool_mpiexec_flags}"
-        "-DRANKS=2;3;4" -P ${_kpool_trace_script})
+        "-DRANKS=${ranks}" -P ${_kpool_trace_script})
     set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT 300
       ENVIRONMENT "OMP_NUM_THREADS=1;OMP_PROC_BIND=false;OMP_WAIT_POLICY=passive;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
   endfunction()
@@ -280,4 +287,11 @@ if(KPOOL_HAS_MPI)
   kpool_trace_ranks(trace_ranks_select_fp8_pow2_f16_k1_d8_s7
     --dtype f16 --seed 94 --kpool 1 --head-dim 8 --drafts 7 --index-heads 2
     --index-topk 3 --pool-cache fp8_pow2 --sequences 12 --calls 60)
+  # A long context: one sequence of 134118 tokens (K = 1, prefill chunks of
+  # up to 60000), six of whose select tokens see more than 131072 pools, so
+  # that each of 2 ranks selects them from more than 65536 local pools, in
+  # split segments (docs/indexer.md, "Top-k").
+  kpool_trace_ranks(trace_ranks_long_rows_f32_k1_d8 RANKS 2
+    --dtype f32 --seed 9 --kpool 1 --head-dim 8 --index-heads 2 --index-topk 8
+    --pool-cache fp8_pow2 --max-chunk 60000 --sequences 1 --slots 1 --calls 40)
 endif()
