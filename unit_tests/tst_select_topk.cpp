@@ -211,6 +211,40 @@ TEST(SelectTopk, SelectsTheRankingWith32BitKeys) { check_all<std::uint32_t>(11);
 
 TEST(SelectTopk, SelectsTheRankingWith64BitKeys) { check_all<std::uint64_t>(23); }
 
+// The ordered scans (the partition, the tie rule over the candidates, the
+// wide kernel's columns, a split row's segments) on teams of 4 and 8
+// threads: every thread's run starts past keys other threads counted, so
+// an increment that read the prefix (the tie rule's, once) goes wrong
+// here, as it would on a GPU, while teams of 1 and 2 hide it. ctest runs
+// this test once more with OMP_NUM_THREADS=8 (tst_select_topk.many_threads),
+// so that a host backend has threads for such teams.
+TEST(SelectTopk, OrderedScansOnTeamsOfManyThreads) {
+  using Key = std::uint32_t;
+  using E = Kokkos::DefaultExecutionSpace;
+  int tried = 0;
+  for (int team : {4, 8}) {
+    if (!KPool::Details::KokkosExt::is_device_backend<E>::value && E().concurrency() < team)
+      continue;
+    ++tried;
+    SCOPED_TRACE("team size " + std::to_string(team));
+    KPool::Details::SelectSplit const no_split;
+    // Ties at the threshold among fewer keys than the candidate buffer
+    // holds (kinds 1 and 2): the tie rule over the candidates.
+    check<Key>({{300, 40, 700, 1000, 1025, 2000, 310, 90, 600, 800}, 16}, team, 10, no_split, 41);
+    check<Key>({{3000, 5000, 2500, 4000, 900}, 300}, team, 5, no_split, 42);
+    // The wide kernel everywhere.
+    check<Key>({{20000, 12001, 13000}, 12000}, team, 3, no_split, 43);
+    // Split rows: the segments' partitions.
+    KPool::Details::SelectSplit split;
+    split.from = 1500;
+    split.segment = 512;
+    check<Key>({{4000, 3333, 5000, 2048, 1400}, 200}, team, 5, split, 44);
+  }
+  if (tried == 0)
+    GTEST_SKIP() << "the host backend has " << E().concurrency()
+                 << " threads: tst_select_topk.many_threads runs this with 8";
+}
+
 // Rows of scores (as the scoring writes them: score_key) that stress the
 // digits and the candidate buffers: uniform over [-2, 2) as the perf
 // suite's keys, one value, ties at the threshold, narrow ranges, any bits,

@@ -99,7 +99,8 @@ LaunchShape select_shape(ExecutionSpace const& space, F const& f, std::size_t ro
                          std::size_t scratch_bytes, Options const& options) {
   LaunchShape shape;
   shape.league = static_cast<int>(rows);
-  shape.team_size = power_of_two_floor(team_size_for(space, f, 1, options.team_size));
+  shape.team_size = std::min(power_of_two_floor(team_size_for(space, f, 1, options.team_size)),
+                             max_select_team);
   shape.scratch_bytes = scratch_bytes;
   shape.scratch_level = 0;
   return shape;
@@ -200,7 +201,7 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     pa.keys = keys;
     pa.plans = split.plans;
     pa.topk = topk;
-    LaunchShape pshape = select_shape(space, pa, rows, 0, options);
+    LaunchShape pshape = select_shape(space, pa, rows, pa.scratch_bytes(), options);
     pshape.league = shape.league;
     launch(space, chk.entry_point() + "::select_split_partitions", pshape, pa);
   }

@@ -13,8 +13,9 @@
 //      (a team scan) to find the threshold digit; repeated only while the
 //      threshold bin holds more keys than the candidate buffer (`cap`,
 //      up to candidate_capacity, as much as fast scratch allows);
-//   2. one ordered partition pass over the row (a team scan in id order):
-//      keys above the prefix go to the `sure` list, ascending; keys on the
+//   2. one ordered partition pass over the row (team_ordered_scan: a run
+//      of the row a thread, one team scan over the runs' counts): keys
+//      above the prefix go to the `sure` list, ascending; keys on the
 //      prefix are compacted into the candidate buffer, ascending (or, once
 //      the prefix is a whole key, the first `rem` of them go straight to
 //      the `chosen` list: the tie rule);
@@ -76,6 +77,58 @@ KOKKOS_INLINE_FUNCTION void check_select_team_size(Member const& member) {
     if ((ts & (ts - 1)) != 0)
       Kokkos::abort("KPool: the selection's team scan needs a power-of-two team size");
   }
+}
+
+// The largest team a selection kernel takes (select_shape clamps to it):
+// team_ordered_scan keeps a word a thread in team scratch.
+constexpr int max_select_team = 1024;
+
+// An ordered scan of [0, n) by a team, not chunked by the team size (a
+// Kokkos team scan over n indices runs n / team_size chunks, each a team
+// scan with its barriers): each thread takes one run of consecutive
+// indices and sums its increments; one team scan over the team's run sums
+// gives each run its start; each thread then walks its run again with
+// `final`. f(p, before, final) is a Kokkos scan closure: it adds index p's
+// increment to `before`, which on the final call holds the sum over every
+// index below p. The runs' length is odd, so that the threads of a warp
+// reading a row staged in team scratch fall on distinct banks. `runs` is
+// team_size words of team scratch and `total` one more, both free during
+// the call; the sum over [0, n) is returned to every thread. Indices are
+// 64-bit. It ends with a barrier: what the final calls wrote is then
+// visible to the whole team.
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION std::uint64_t team_ordered_scan(Member const& member,
+                                                       std::uint64_t* runs,
+                                                       std::uint64_t* total, std::uint64_t n,
+                                                       F const& f) {
+  int const team = member.team_size();
+  std::uint64_t const T = static_cast<std::uint64_t>(team);
+  std::uint64_t const r = static_cast<std::uint64_t>(member.team_rank());
+  std::uint64_t const len = ((n + T - 1) / T) | 1u;
+  std::uint64_t const b0 = r * len < n ? r * len : n;
+  std::uint64_t const b1 = n - b0 < len ? n : b0 + len;
+  std::uint64_t sum = 0;
+  for (std::uint64_t p = b0; p < b1; ++p) f(p, sum, false);
+  member.team_barrier();  // the words may have held the caller's data
+  KokkosExt::single_per_thread(member, [&]() { runs[r] = sum; });
+  member.team_barrier();
+  // One scan over the team's run sums, in place: index j's call reads its
+  // own word before it writes it, and no other index reads it.
+  Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, team),
+                        [&](int j, std::uint64_t& before, bool final) {
+                          std::uint64_t const v = runs[j];
+                          if (final) {
+                            runs[j] = before;
+                            if (j == team - 1) *total = before + v;
+                          }
+                          before += v;
+                        });
+  member.team_barrier();
+  std::uint64_t before = runs[r];
+  std::uint64_t const all = *total;
+  for (std::uint64_t p = b0; p < b1; ++p) f(p, before, true);
+  member.team_barrier();  // the words are free again; `final`'s writes are done
+  return all;
 }
 
 // What every selection team functor reads (set_select_args fills it) and

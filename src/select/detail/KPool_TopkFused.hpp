@@ -145,7 +145,8 @@ struct FuseScoreSelect {
       shape.scratch_bytes = plan.scratch_bytes;
     }
     // The engine's team, as far as the fused kernel allows it.
-    int const fits = team_size_for(space, g, shape.lanes, shape.team_size);
+    int const fits =
+        std::min(team_size_for(space, g, shape.lanes, shape.team_size), max_select_team);
     if (!shape.exact_team)
       shape.team_size = power_of_two_floor(fits);
     else if (fits < shape.team_size)

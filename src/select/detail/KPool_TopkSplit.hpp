@@ -170,8 +170,8 @@ struct SplitPlanFunctor {
 // segment: its sure ids (keys above the first digit's threshold bin; with
 // `all`, every nonzero key) and its candidates (the keys in the bin and
 // their ids), in pool order, at its offsets into the row's lists, which
-// its region holds from now on (split_region_words). A team scan in pool
-// order; on a host's one-thread team, a loop without a branch a key.
+// its region holds from now on (split_region_words). An ordered team scan
+// (team_ordered_scan); on a host's one-thread team, a loop without a branch a key.
 template <class ExecutionSpace, class Key>
 struct SegmentPartitionFunctor {
   using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
@@ -186,6 +186,11 @@ struct SegmentPartitionFunctor {
   std::uint64_t segment;
   int segs;
   int topk;
+
+  using Scratch = Kokkos::View<std::uint64_t*, typename ExecutionSpace::scratch_memory_space,
+                               Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  // team_ordered_scan's words.
+  static std::size_t scratch_bytes() { return Scratch::shmem_size(max_select_team + 1); }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     check_select_team_size<ExecutionSpace>(member);
@@ -244,21 +249,22 @@ struct SegmentPartitionFunctor {
         return;
       }
     }
-    Kokkos::parallel_scan(KokkosExt::team_range(member, 0, p1 - p0),
-                          [&](std::int64_t j, std::uint64_t& before, bool final) {
-                            std::uint64_t const p = p0 + static_cast<std::uint64_t>(j);
-                            Key const key = row[p];
-                            bool const above = key > top;
-                            bool const on = !all && static_cast<Key>(key - first) <= span;
-                            if (final) {
-                              if (above) sure[before & 0xFFFFFFFFull] = static_cast<std::uint32_t>(p);
-                              if (on) {
-                                cand[before >> 32] = static_cast<std::uint32_t>(p);
-                                cand_keys[before >> 32] = key;
-                              }
-                            }
-                            before += (above ? 1ull : 0ull) + (on ? (1ull << 32) : 0ull);
-                          });
+    Scratch runs(member.team_scratch(0), max_select_team + 1);
+    team_ordered_scan(member, runs.data(), runs.data() + max_select_team, p1 - p0,
+                      [&](std::uint64_t j, std::uint64_t& before, bool final) {
+                        std::uint64_t const p = p0 + j;
+                        Key const key = row[p];
+                        bool const above = key > top;
+                        bool const on = !all && static_cast<Key>(key - first) <= span;
+                        if (final) {
+                          if (above) sure[before & 0xFFFFFFFFull] = static_cast<std::uint32_t>(p);
+                          if (on) {
+                            cand[before >> 32] = static_cast<std::uint32_t>(p);
+                            cand_keys[before >> 32] = key;
+                          }
+                        }
+                        before += (above ? 1ull : 0ull) + (on ? (1ull << 32) : 0ull);
+                      });
   }
 };
 

@@ -425,11 +425,9 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
     }
     // (sure so far) in the low half, (on the prefix so far) in the high
     // half: visible < 2^32 pools, so neither overflows.
-    reset_total(member, b);
-    std::int64_t const last = static_cast<std::int64_t>(n) - 1;
-    Kokkos::parallel_scan(
-        KokkosExt::team_range(member, 0, n),
-        [&](std::int64_t p, std::uint64_t& before, bool final) {
+    std::uint64_t const totals = team_ordered_scan(
+        member, runs(b), &b.shared(4), n,
+        [&](std::uint64_t p, std::uint64_t& before, bool final) {
           Key const key = row[p];
           bool const nz = key != key_not_visible;
           Key const m = key & mask;
@@ -449,25 +447,17 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
             }
           }
           before += (above ? 1ull : 0ull) + (on ? (1ull << 32) : 0ull);
-          if (final && p == last) b.shared(4) = before;
         });
-    std::uint64_t const totals = read_total(member, b);
     n_sure = totals & 0xFFFFFFFFull;
     n_cand = totals >> 32;
   }
 
-  // A team scan's total, written by the thread of its last index.
-  KOKKOS_INLINE_FUNCTION static void reset_total(member_type const& member,
-                                                 Buffers const& b) {
-    Kokkos::single(Kokkos::PerTeam(member), [&]() { b.shared(4) = 0; });
-    member.team_barrier();
-  }
-  KOKKOS_INLINE_FUNCTION static std::uint64_t read_total(member_type const& member,
-                                                         Buffers const& b) {
-    member.team_barrier();
-    std::uint64_t const total = b.shared(4);
-    member.team_barrier();
-    return total;
+  // team_ordered_scan's words: the histogram's (free while a partition or
+  // the tie rule runs; select_bins / 2 words, one a thread of the largest
+  // team).
+  static_assert(select_bins / 2 >= max_select_team, "a word a thread in the histogram");
+  KOKKOS_INLINE_FUNCTION static std::uint64_t* runs(Buffers const& b) {
+    return reinterpret_cast<std::uint64_t*>(b.hist.data());
   }
 
   // The tie rule over the m candidates (ascending ids), thr = the prefix
@@ -499,20 +489,27 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
       }
       return nc;
     }
-    reset_total(member, b);
-    Kokkos::parallel_scan(
-        Kokkos::TeamThreadRange(member, m),
-        [&](int j, std::uint64_t& before, bool final) {
-          Key const key = key_at(static_cast<std::uint64_t>(j)) & mask;
+    // (above thr so far) in the low half, (equal to it so far) in the high
+    // half: a candidate's column is the first plus the second up to rem.
+    // (A scan's increment must not depend on the prefix: a team scan adds
+    // each index's increment before it knows the prefix.)
+    std::uint64_t const totals = team_ordered_scan(
+        member, runs(b), &b.shared(4), static_cast<std::uint64_t>(m),
+        [&](std::uint64_t j, std::uint64_t& before, bool final) {
+          Key const key = key_at(j) & mask;
           bool const above = key > thr;
           bool const equal = key == thr;
-          std::uint64_t const eq_before = before >> 32;
-          bool const pick = above || (equal && eq_before < rem);
-          if (final && pick) b.chosen(static_cast<int>(before & 0xFFFFFFFFull)) = id_at(j);
-          before += (pick ? 1ull : 0ull) + (equal ? (1ull << 32) : 0ull);
-          if (final && j == m - 1) b.shared(4) = before;
+          if (final) {
+            std::uint64_t const eq_before = before >> 32;
+            if (above || (equal && eq_before < rem))
+              b.chosen(static_cast<int>((before & 0xFFFFFFFFull) +
+                                        (eq_before < rem ? eq_before : rem))) =
+                  id_at(static_cast<int>(j));
+          }
+          before += (above ? 1ull : 0ull) + (equal ? (1ull << 32) : 0ull);
         });
-    return read_total(member, b) & 0xFFFFFFFFull;
+    std::uint64_t const equal_total = totals >> 32;
+    return (totals & 0xFFFFFFFFull) + (equal_total < rem ? equal_total : rem);
   }
 
   // How many of a[0, n) (ascending) are below v.

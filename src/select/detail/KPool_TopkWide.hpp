@@ -20,9 +20,10 @@ namespace Details {
 // The selection for any topk in level-0 scratch (a 256-bin histogram and
 // two keys): a radix select of 8 key bits a pass from the top, each pass
 // over the whole row, finds the k-th largest key `thr` and `take`, how
-// many keys equal to it are selected; then one team scan over the pools in
-// id order gives each selected pool its column (the selected pools before
-// it), so the ids come out ascending with no sort. Expand writes the token
+// many keys equal to it are selected; then one ordered scan over the
+// pools in id order (team_ordered_scan) gives each selected pool its
+// column (the selected pools before it), so the ids come out ascending
+// with no sort. Expand writes the token
 // row's -1s and tail columns first, then each selected pool's K positions
 // at its column. Slower than SelectFunctor (four reads of the row), it is
 // what a topk whose buffers do not fit level 0 takes.
@@ -34,9 +35,11 @@ struct SelectWideFunctor : SelectTeamInputs<ExecutionSpace, Key> {
   static constexpr int bins = 1 << digit_bits;
   static constexpr int key_bits = 8 * static_cast<int>(sizeof(Key));
 
-  // Level-0 team scratch, the same for every topk.
+  // Level-0 team scratch, the same for every topk: the histogram, two
+  // keys, and team_ordered_scan's words.
   static std::size_t scratch_bytes() {
-    return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<Key>::shmem_size(2);
+    return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<Key>::shmem_size(2) +
+           Scratch<std::uint64_t>::shmem_size(max_select_team + 1);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
@@ -46,6 +49,7 @@ struct SelectWideFunctor : SelectTeamInputs<ExecutionSpace, Key> {
     SelectRequest const& req = r.req;
     Scratch<std::uint32_t> hist(member.team_scratch(0), bins);
     Scratch<Key> shared(member.team_scratch(0), 2);
+    Scratch<std::uint64_t> runs(member.team_scratch(0), max_select_team + 1);
 
     Key const* row = keys + i * batch.max_visible;
     std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
@@ -75,9 +79,9 @@ struct SelectWideFunctor : SelectTeamInputs<ExecutionSpace, Key> {
 
     // (selected above thr so far) in the low half, (equal to thr so far) in
     // the high half: visible < 2^32 pools, so neither overflows.
-    Kokkos::parallel_scan(
-        KokkosExt::team_range(member, 0, n),
-        [&](std::int64_t p, std::uint64_t& prefix, bool final) {
+    team_ordered_scan(
+        member, runs.data(), runs.data() + max_select_team, n,
+        [&](std::uint64_t p, std::uint64_t& prefix, bool final) {
           Key const key = row[p];
           bool const above = key > thr;
           bool const equal = key == thr;
@@ -89,10 +93,11 @@ struct SelectWideFunctor : SelectTeamInputs<ExecutionSpace, Key> {
               int const col = static_cast<int>((prefix & 0xFFFFFFFFull) + taken_eq);
               if (Expand) {
                 for (int m = 0; m < K; ++m)
-                  out(t, col * K + m) = expanded_column(col * K + m, p, positions, K, selected);
+                  out(t, col * K + m) = expanded_column(col * K + m, static_cast<std::int64_t>(p),
+                                                        positions, K, selected);
               } else {
                 out(t, col) = static_cast<std::int32_t>(p);
-                put_key(t, col, p);
+                put_key(t, col, static_cast<std::int64_t>(p));
               }
             }
           }
