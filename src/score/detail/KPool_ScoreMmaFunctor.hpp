@@ -96,6 +96,17 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   // packet: the key tiles are staged in 16-byte packets.
   bool packets = false;
   static constexpr int packet = static_cast<int>(16 / sizeof(C));
+  // A lane's share of a key tile held in registers while the warp scores
+  // the tile before it (the copy's double buffer): up to 4 packets, 64
+  // bytes a lane, so a tile of up to 128 packets (16 pools of 128 fp8
+  // channels or 64 bf16 ones).
+  static constexpr int prefetch_packets = 4;
+  KOKKOS_INLINE_FUNCTION bool prefetching(int D) const {
+    return packets && TM * (D / packet) <= 32 * prefetch_packets;
+  }
+  struct KeyPackets {
+    alignas(16) C v[L][prefetch_packets][packet];
+  };
 
   // Heads padded to the MMA's N, channels to its K, and a scratch row of
   // operands in 32-bit words with 16 bytes of padding.
@@ -115,7 +126,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     Layout l;
     std::size_t o = 0;
     l.entry = o;
-    o += align16(static_cast<std::size_t>(warps) * TM * sizeof(std::int64_t));
+    o += align16(static_cast<std::size_t>(warps) * 2 * TM * sizeof(std::int64_t));
     l.q = o;
     o += align16(query_words(rows, terms, H, D) * 4);
     l.w = o;
@@ -123,7 +134,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     l.k = o;
     o += align16(static_cast<std::size_t>(warps) * TM * row_words(D) * 4);
     l.meta = o;
-    o += align16(static_cast<std::size_t>(warps) * 2 * TM * 4);
+    o += align16(static_cast<std::size_t>(warps) * 2 * 2 * TM * 4);
     l.total = o;
     return l;
   }
@@ -156,8 +167,10 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     std::uint32_t* q;      // [rows][terms][HP][RW]
     float* w;              // [rows][HP]: effective weights, 0 past H
     std::uint32_t* k;      // [warps][TM][RW]
-    float* meta;           // [warps][2][TM]: scale, usable (1 or 0)
-    std::int64_t* entry;   // [warps][TM]: offset of each pool's values in the cache
+    // Double-buffered by tile (the one scored, the one whose keys are in
+    // flight):
+    float* meta;           // [warps][2][2][TM]: scale, usable (1 or 0)
+    std::int64_t* entry;   // [warps][2][TM]: offset of each pool's values in the cache
   };
 
   KOKKOS_INLINE_FUNCTION int warp_of(member_type const& member) const {
@@ -238,7 +251,13 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     return word;
   }
 
-  // Rows [t0, t1) of request r, every splits-th tile from `split`.
+  // Rows [t0, t1) of request r, every splits-th tile from `split`. A
+  // warp's tiles are a pipeline: while it scores one tile, the packets of
+  // its next tile are loaded into registers (prefetching: 16-byte rows, a
+  // tile of at most 32 * prefetch_packets packets), and written to the
+  // warp's scratch tile once the scoring has read it; the pools' places
+  // and scales are double-buffered in scratch. Otherwise each tile is
+  // staged, then scored.
   KOKKOS_INLINE_FUNCTION void score_rows(member_type const& member, Tiles const& s, int r,
                                          SelectRequest const& req, std::uint64_t t0,
                                          std::uint64_t t1, int split) const {
@@ -247,31 +266,56 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     if (vis_hi <= static_cast<std::uint64_t>(split) * TM) return;
     stage_queries(member, s, t0, nrows);
     int const warp = warp_of(member);
-    for (std::uint64_t tile = static_cast<std::uint64_t>(split) +
-                              static_cast<std::uint64_t>(splits) * warp;
-         tile * TM < vis_hi; tile += static_cast<std::uint64_t>(splits) * warps)
-      score_tile(member, s, warp, r, req, t0, nrows, tile * TM, vis_hi);
+    int const D = cache.head_dim();
+    int const DP = padded_dim(D);
+    int const RW = row_words(D);
+    bool const ahead = prefetching(D);
+    std::uint32_t* const kt = s.k + static_cast<std::size_t>(warp) * TM * RW;
+    std::uint64_t const stride = static_cast<std::uint64_t>(splits) * warps;
+    std::uint64_t tile = static_cast<std::uint64_t>(split) +
+                         static_cast<std::uint64_t>(splits) * warp;
+    KeyPackets next;
+    int buf = 0;
+    if (tile * TM < vis_hi) {
+      locate_tile(member, s, warp, buf, r, tile * TM, vis_hi);
+      if (ahead) load_key_packets(member, entries(s, warp, buf), D, next);
+    }
+    for (; tile * TM < vis_hi; tile += stride, buf ^= 1) {
+      std::int64_t const* const entry = entries(s, warp, buf);
+      if (ahead)
+        store_key_packets(member, kt, entry, D, DP, RW, next);
+      else if (packets)
+        stage_key_packets(member, kt, entry, D, DP, RW);
+      else
+        stage_key_words(member, kt, entry, D, DP, RW);
+      std::uint64_t const after = tile + stride;
+      if (after * TM < vis_hi) {
+        locate_tile(member, s, warp, buf ^ 1, r, after * TM, vis_hi);
+        if (ahead) load_key_packets(member, entries(s, warp, buf ^ 1), D, next);
+      }
+      warp_sync();
+      score_tile(member, s, warp, buf, req, t0, nrows, tile * TM);
+    }
     // The queries' scratch is restaged for the next rows.
     member.team_barrier();
   }
 
-  // One warp: pools [p0, p0 + 16) for the team's rows.
-  KOKKOS_INLINE_FUNCTION void score_tile(member_type const& member, Tiles const& s, int warp,
-                                         int r, SelectRequest const& req, std::uint64_t t0,
-                                         int nrows, std::uint64_t p0,
-                                         std::uint64_t vis_hi) const {
-    int const H = heads;
-    int const D = cache.head_dim();
-    int const HP = padded_heads(H);
-    int const DP = padded_dim(D);
-    int const RW = row_words(D);
-    std::uint32_t* kt = s.k + static_cast<std::size_t>(warp) * TM * RW;
-    float* scale = s.meta + warp * 2 * TM;
-    float* usable = scale + TM;
-    std::int64_t* entry = s.entry + warp * TM;
+  KOKKOS_INLINE_FUNCTION static std::int64_t* entries(Tiles const& s, int warp, int buf) {
+    return s.entry + (warp * 2 + buf) * TM;
+  }
+  KOKKOS_INLINE_FUNCTION static float* scales(Tiles const& s, int warp, int buf) {
+    return s.meta + (warp * 2 + buf) * 2 * TM;
+  }
 
-    // Where the tile's pools live; pools past the visible ones and bad
-    // blocks are read nowhere.
+  // Where pools [p0, p0 + 16) live, into buffer `buf`; pools past the
+  // visible ones and bad blocks are read nowhere. Ends with a warp sync:
+  // every lane then reads every pool's place.
+  KOKKOS_INLINE_FUNCTION void locate_tile(member_type const& member, Tiles const& s, int warp,
+                                          int buf, int r, std::uint64_t p0,
+                                          std::uint64_t vis_hi) const {
+    std::int64_t* const entry = entries(s, warp, buf);
+    float* const scale = scales(s, warp, buf);
+    float* const usable = scale + TM;
     for (int l = 0; l < L; ++l) {
       int const lane = lane_of(member, l);
       if (lane < TM) {
@@ -285,11 +329,21 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
       }
     }
     warp_sync();
-    if (packets)
-      stage_key_packets(member, kt, entry, D, DP, RW);
-    else
-      stage_key_words(member, kt, entry, D, DP, RW);
-    warp_sync();
+  }
+
+  // One warp: pools [p0, p0 + 16) for the team's rows, their keys staged
+  // in the warp's scratch tile, their places in buffer `buf`.
+  KOKKOS_INLINE_FUNCTION void score_tile(member_type const& member, Tiles const& s, int warp,
+                                         int buf, SelectRequest const& req, std::uint64_t t0,
+                                         int nrows, std::uint64_t p0) const {
+    int const H = heads;
+    int const D = cache.head_dim();
+    int const HP = padded_heads(H);
+    int const DP = padded_dim(D);
+    int const RW = row_words(D);
+    std::uint32_t const* kt = s.k + static_cast<std::size_t>(warp) * TM * RW;
+    float const* scale = scales(s, warp, buf);
+    float const* usable = scale + TM;
 
     for (int i = 0; i < nrows; ++i) {
       std::uint64_t const t = t0 + i;
@@ -363,6 +417,53 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     }
     // The warp's tile scratch is restaged for its next tile.
     warp_sync();
+  }
+
+  // The next tile's packets into registers: lane l's i-th is packet
+  // l + 32 i of the tile (row j = that / npk); rows read nowhere are
+  // left alone (store_key_packets writes zeros for them).
+  KOKKOS_INLINE_FUNCTION void load_key_packets(member_type const& member,
+                                               std::int64_t const* entry, int D,
+                                               KeyPackets& regs) const {
+    int const npk = D / packet;
+    for (int l = 0; l < L; ++l) {
+      int const lane = lane_of(member, l);
+      KPOOL_IMPL_UNROLL
+      for (int i = 0; i < prefetch_packets; ++i) {
+        int const idx = lane + 32 * i;
+        if (idx >= TM * npk) break;
+        int const j = idx / npk;
+        if (entry[j] >= 0)
+          KokkosExt::copy_aligned_bytes<16>(regs.v[l][i],
+                                            cache.values + entry[j] + (idx % npk) * packet);
+      }
+    }
+  }
+
+  // Those registers as the tile's operand words (zeros for rows read
+  // nowhere), then the padding words past D zeroed.
+  KOKKOS_INLINE_FUNCTION void store_key_packets(member_type const& member, std::uint32_t* kt,
+                                                std::int64_t const* entry, int D, int DP,
+                                                int RW, KeyPackets const& regs) const {
+    constexpr int per_packet = packet / S::per_reg;  // words a packet
+    int const npk = D / packet;
+    int const pad = DP / S::per_reg - npk * per_packet;
+    for (int l = 0; l < L; ++l) {
+      int const lane = lane_of(member, l);
+      KPOOL_IMPL_UNROLL
+      for (int i = 0; i < prefetch_packets; ++i) {
+        int const idx = lane + 32 * i;
+        if (idx >= TM * npk) break;
+        int const j = idx / npk;
+        std::uint32_t* out = kt + j * RW + (idx % npk) * per_packet;
+        bool const ok = entry[j] >= 0;
+        KPOOL_IMPL_UNROLL
+        for (int w = 0; w < per_packet; ++w)
+          out[w] = ok ? key_word(regs.v[l][i] + w * S::per_reg, S::per_reg) : 0u;
+      }
+      for (int idx = lane; idx < TM * pad; idx += 32)
+        kt[(idx / pad) * RW + npk * per_packet + idx % pad] = 0;
+    }
   }
 
   // A warp's key tile as operands, one word (2 or 4 channels) a lane at a
