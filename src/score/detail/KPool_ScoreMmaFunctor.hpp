@@ -104,8 +104,9 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   KOKKOS_INLINE_FUNCTION bool prefetching(int D) const {
     return packets && TM * (D / packet) <= 32 * prefetch_packets;
   }
+  // Held as 32-bit words (a byte array would take a register a byte).
   struct KeyPackets {
-    alignas(16) C v[L][prefetch_packets][packet];
+    std::uint32_t w[L][prefetch_packets][4];
   };
 
   // Heads padded to the MMA's N, channels to its K, and a scratch row of
@@ -434,10 +435,30 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         if (idx >= TM * npk) break;
         int const j = idx / npk;
         if (entry[j] >= 0)
-          KokkosExt::copy_aligned_bytes<16>(regs.v[l][i],
-                                            cache.values + entry[j] + (idx % npk) * packet);
+          load_packet_words(regs.w[l][i], cache.values + entry[j] + (idx % npk) * packet);
       }
     }
+  }
+
+  // One 16-byte packet as four words: one wide load on GPUs.
+  KOKKOS_FORCEINLINE_FUNCTION static void load_packet_words(std::uint32_t (&w)[4],
+                                                            C const* src) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    uint4 const u = *reinterpret_cast<uint4 const*>(src);
+    w[0] = u.x;
+    w[1] = u.y;
+    w[2] = u.z;
+    w[3] = u.w;
+#else
+    KokkosExt::copy_aligned_bytes<16>(w, src);
+#endif
+  }
+  // Element e of a packet held as words (little-endian, as memory).
+  KOKKOS_FORCEINLINE_FUNCTION static C packet_element(std::uint32_t const (&w)[4], int e) {
+    constexpr int bytes = static_cast<int>(sizeof(C));
+    constexpr std::uint32_t mask = bytes == 4 ? ~0u : (1u << (8 * bytes)) - 1u;
+    std::uint32_t const raw = (w[(e * bytes) / 4] >> (8 * ((e * bytes) % 4))) & mask;
+    return C::from_bits(static_cast<typename C::bits_type>(raw));
   }
 
   // Those registers as the tile's operand words (zeros for rows read
@@ -458,8 +479,14 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         std::uint32_t* out = kt + j * RW + (idx % npk) * per_packet;
         bool const ok = entry[j] >= 0;
         KPOOL_IMPL_UNROLL
-        for (int w = 0; w < per_packet; ++w)
-          out[w] = ok ? key_word(regs.v[l][i] + w * S::per_reg, S::per_reg) : 0u;
+        for (int w = 0; w < per_packet; ++w) {
+          std::uint32_t word = 0;
+          KPOOL_IMPL_UNROLL
+          for (int e = 0; e < S::per_reg; ++e)
+            word |= key_bits(packet_element(regs.w[l][i], w * S::per_reg + e))
+                    << (e * (32 / S::per_reg));
+          out[w] = ok ? word : 0u;
+        }
       }
       for (int idx = lane; idx < TM * pad; idx += 32)
         kt[(idx / pad) * RW + npk * per_packet + idx % pad] = 0;
