@@ -1027,14 +1027,15 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
   run_step_cache<T>(run, scenario, d, data);
 }
 
-// The path a cached step takes in this build, and its name.
+// The path a cached step of `requests` requests takes in this build, and
+// its name.
 using CachePath = KPool::Details::CacheWritePath;
 constexpr char const* path_name(CachePath p) {
   return p == CachePath::in_step ? "in_step" : "second_pass";
 }
 template <class T, KPool::Details::CacheItems Items>
-constexpr CachePath build_cache_path() {
-  return KPool::Details::cache_write_path<Space, T, Items>();
+constexpr CachePath build_cache_path(std::size_t requests) {
+  return KPool::Details::cache_write_path_for<Space, T, Items>(requests);
 }
 
 // KPool::step writing the cache by path P (automatic: the public call).
@@ -1095,7 +1096,8 @@ void run_step_cache(Runner& run, std::string const& scenario,
     KPool::store_pools(space, data.out, B, cd.block_table, cd.cache, o);
   };
   std::uint64_t const bytes = step_bytes(d, sizeof(T)) + cache_bytes(pools);
-  constexpr CachePath built = build_cache_path<T, KPool::Details::CacheItems::step>();
+  CachePath const built =
+      build_cache_path<T, KPool::Details::CacheItems::step>(static_cast<std::size_t>(B));
   run.measure(
       scenario, dtype, "step_fused_cache_fp8", d.tokens(), B, bytes,
       built == CachePath::second_pass ? 3 : 2, d.ring,
@@ -1217,8 +1219,8 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
       KPool::store_pools(space, data.out, B, cd.block_table, cd.cache, o);
     };
     std::uint64_t const bytes = decode_step_bytes(d, S) + cache_bytes(pools);
-    constexpr CachePath built =
-        build_cache_path<T, KPool::Details::CacheItems::decode>();
+    CachePath const built =
+        build_cache_path<T, KPool::Details::CacheItems::decode>(static_cast<std::size_t>(B));
     run.measure(
         scenario, dtype, "decode_step_cache_fp8", tokens, B, bytes,
         built == CachePath::second_pass ? 3 : 2, d.ring,

@@ -6,6 +6,8 @@
 
 #include <KPoolTestUtils.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -88,7 +90,7 @@ struct WideCopies {
   int width;
   KOKKOS_INLINE_FUNCTION void operator()(
       KPool::Details::KokkosExt::TeamPolicy<E>::member_type const&) const {
-    alignas(16) unsigned char v[16];
+    alignas(16) unsigned char v[16] = {};
     if (width == 16)
       KPool::Details::KokkosExt::copy_aligned_bytes<16>(v, bytes + offset);
     else
@@ -475,7 +477,7 @@ TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunchesOrOneMore) {
   using Table = decltype(Steps::block_table);
   constexpr CacheWritePath step_path = KPool::Details::cache_write_path<E, T, CacheItems::step>();
   constexpr CacheWritePath decode_path =
-      KPool::Details::cache_write_path<E, T, CacheItems::decode>();
+      KPool::Details::cache_write_path_for<E, T, CacheItems::decode>(2);
   Steps s;
   KPool::Options o;
   o.validate = false;
@@ -526,6 +528,115 @@ TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunchesOrOneMore) {
                                plain.launches, "KPool::decode_step::cache"))
       << "decode_step, second pass";
   EXPECT_TRUE(pass.fences.empty() && pass.deep_copies == 0) << "decode_step, second pass";
+}
+
+// The host rule for a decode call's cache (cache/detail/KPool_CachePath.hpp):
+// in the step below 64 requests, one more launch, the second pass, from 64
+// on; devices and device shapes always in the step. Each call is a cached
+// decode_step of `requests` requests, one pool closed each, its launches
+// against the same call without the cache, and its cache bytes against
+// the two paths forced.
+struct DecodeCall {
+  static constexpr int K = 4, D = 128, next_n = K;
+  E space;
+  int requests;
+  KPool::Ring<T, M> ring;
+  Kokkos::View<T***, Kokkos::LayoutRight, M> dkey, dgate;
+  Kokkos::View<float**, Kokkos::LayoutRight, M> ape{"ape", K, D};
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> positions;
+  U32 slot_idx;
+  KPool::StepOutput<T, M> out;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> block_table;
+  explicit DecodeCall(int n)
+      : requests(n),
+        ring(space, n, K, D),
+        dkey("dkey", n, next_n, D),
+        dgate("dgate", n, next_n, D),
+        positions("positions", n, next_n),
+        slot_idx("slot_idx", n),
+        out(space, KPool::StepOutput<T, M>::capacity_for(n * next_n, n, K), n, D),
+        block_table("block_table", n, 1) {
+    Rng rng(static_cast<std::uint64_t>(n));
+    fill_uniform(rng, dkey, -1, 1);
+    fill_uniform(rng, dgate, -1, 1);
+    fill_uniform(rng, ape, -1, 1);
+    auto p = Kokkos::create_mirror_view(positions);
+    auto s = Kokkos::create_mirror_view(slot_idx);
+    auto t = Kokkos::create_mirror_view(block_table);
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < next_n; ++i) p(r, i) = i;
+      s(r) = static_cast<std::uint32_t>(r);
+      t(r, 0) = r;
+    }
+    Kokkos::deep_copy(positions, p);
+    Kokkos::deep_copy(slot_idx, s);
+    Kokkos::deep_copy(block_table, t);
+  }
+  KPool::PoolCache<KPool::float8_e4m3, M> new_cache() {
+    return KPool::PoolCache<KPool::float8_e4m3, M>(space, requests, 1, D, K,
+                                                   KPool::CacheScale::amax, true);
+  }
+  // A fresh ring (its own launches), then the call alone.
+  void reset() {
+    ring = KPool::Ring<T, M>(space, requests, K, D);
+    space.fence();
+  }
+  template <KPool::Details::CacheWritePath P>
+  void run(KPool::PoolCache<KPool::float8_e4m3, M> const* cache) {
+    KPool::Options o;
+    o.validate = false;
+    if (!cache) {
+      KPool::decode_step(space, ring, dkey, dgate, ape, positions, slot_idx, requests, out, o);
+    } else {
+      KPool::Details::decode_step_impl(
+          space, ring, dkey, dgate, ape, positions, slot_idx, requests, out,
+          KPool::Details::CacheArg<KPool::float8_e4m3, M, decltype(block_table), P>{cache,
+                                                                                    &block_table},
+          o);
+    }
+  }
+};
+
+std::vector<unsigned char> cache_bytes(KPool::PoolCache<KPool::float8_e4m3, M> const& c) {
+  std::vector<unsigned char> v = raw_bytes(c.values());
+  std::vector<unsigned char> const s = raw_bytes(c.scales());
+  v.insert(v.end(), s.begin(), s.end());
+  return v;
+}
+
+TEST_F(HostSync, DecodeCallsOf64RequestsWriteTheCacheByTheSecondPassOnHosts) {
+  using KPool::Details::CacheWritePath;
+  bool const device = KPool::Details::device_shapes<E>::value;
+  for (int requests : {1, 63, 64, 130}) {
+    SCOPED_TRACE(std::to_string(requests) + " requests");
+    DecodeCall call(requests);
+    call.reset();
+    Recorder const plain = record([&] { call.run<CacheWritePath::automatic>(nullptr); });
+    ASSERT_EQ(plain.launches.size(), 2u);
+    auto automatic = call.new_cache();
+    call.reset();
+    Recorder const cached = record([&] { call.run<CacheWritePath::automatic>(&automatic); });
+    call.space.fence();
+    std::vector<std::string> expected = plain.launches;
+    if (!device && requests >= 64) expected.push_back("KPool::decode_step::cache");
+    EXPECT_EQ(cached.launches, expected);
+    EXPECT_TRUE(cached.fences.empty() && cached.deep_copies == 0);
+    // The bytes are those of either path forced.
+    auto in_step = call.new_cache();
+    auto pass = call.new_cache();
+    call.reset();
+    call.run<CacheWritePath::in_step>(&in_step);
+    call.reset();
+    call.run<CacheWritePath::second_pass>(&pass);
+    call.space.fence();
+    std::vector<unsigned char> const a = cache_bytes(automatic), b = cache_bytes(in_step),
+                                     c = cache_bytes(pass);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(a, c);
+    EXPECT_NE(std::count(a.begin(), a.end(), static_cast<unsigned char>(0)),
+              static_cast<std::ptrdiff_t>(a.size()))
+        << "the calls wrote nothing";
+  }
 }
 
 // Validation reads the index arrays on the host: it fences, and only the

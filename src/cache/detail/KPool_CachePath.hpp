@@ -25,6 +25,7 @@
 
 #include <common/detail/KPool_Launch.hpp>
 
+#include <cstddef>
 #include <type_traits>
 
 namespace KPool {
@@ -48,9 +49,19 @@ enum class CacheItems { step, decode };
 //    +9 to +36% at 64K prefill against +11 to +32% by the pass, and the
 //    pass's second launch (waking the thread pool once more) makes it the
 //    dearer one at 2 threads.
-//  - decode rows: in the step. A decode call is short: at 1 thread both
-//    paths cost about the same, at 2 threads the second launch makes the
-//    pass dearer (+30 to +40% against +51%, bf16 batch 256).
+//  - decode rows: by the size of the call (cache_write_path_for): in the
+//    step below host_decode_pass_requests requests, by the second pass
+//    from there. A small decode call is a few microseconds, where the
+//    pass's second launch (waking the thread pool once more) costs up to
+//    a third of the call: in the step it keeps the rule at 0.72-0.84, by
+//    the pass 0.99-1.07 (batch 1, an Intel Xeon VM, 2 threads,
+//    2026-12-04). From 64 requests the pass keeps it everywhere measured
+//    (0.71-1.01 on that host) while the write in the step runs past it on
+//    some hosts: 1.04-1.10 at batch 256 and 512 with bf16 keys there
+//    (0.87-0.94 on the AMD EPYC VM of the table, where the pass also
+//    held, 0.97-0.99).
+// This function gives the path of calls whose size does not decide it,
+// and of the smallest decode calls.
 template <class T, CacheItems Items>
 constexpr CacheWritePath host_cache_write_path() {
   if constexpr (Items == CacheItems::decode)
@@ -59,6 +70,19 @@ constexpr CacheWritePath host_cache_write_path() {
     return CacheWritePath::second_pass;  // bf16, f16
   else
     return CacheWritePath::in_step;  // f32, f64
+}
+
+// Decode calls of at least this many requests write the cache by the
+// second pass on hosts (above).
+constexpr int host_decode_pass_requests = 64;
+
+// Whether the path of a cached call depends on its size: decode calls on
+// hosts, the path not forced.
+template <class ExecutionSpace, CacheItems Items,
+          CacheWritePath Forced = CacheWritePath::automatic>
+constexpr bool cache_write_path_by_size() {
+  return Forced == CacheWritePath::automatic && !device_shapes<ExecutionSpace>::value &&
+         Items == CacheItems::decode;
 }
 
 // The path a cached step takes: Forced when a test forces one (any
@@ -73,6 +97,18 @@ constexpr CacheWritePath cache_write_path() {
     return CacheWritePath::in_step;
   else
     return host_cache_write_path<T, Items>();
+}
+
+// The path a cached call of `requests` requests takes.
+template <class ExecutionSpace, class T, CacheItems Items,
+          CacheWritePath Forced = CacheWritePath::automatic>
+constexpr CacheWritePath cache_write_path_for(std::size_t requests) {
+  if constexpr (cache_write_path_by_size<ExecutionSpace, Items, Forced>())
+    return requests >= static_cast<std::size_t>(host_decode_pass_requests)
+               ? CacheWritePath::second_pass
+               : CacheWritePath::in_step;
+  else
+    return cache_write_path<ExecutionSpace, T, Items, Forced>();
 }
 
 }  // namespace Details

@@ -440,48 +440,62 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
       k.stride(2) == 1 && g.stride(2) == 1 && a.stride(1) == 1;
   bool const aligned = decode_aligned<ExecutionSpace, T, M>(k, g, a, tail) &&
                        rows_aligned(out.pooled().data(), D, 16);
-  constexpr bool second_pass =
-      cache_second_pass<ExecutionSpace, T, CacheItems::decode, Arg>();
-  auto const cache = step_cache_target<T, second_pass>(arg);
-  using Cache = std::remove_const_t<decltype(cache)>;
-  auto const cache_pass = plan_cache_pass<ExecutionSpace, T, second_pass>(
-      chk, space, out, arg,
-      std::min<std::uint64_t>(static_cast<std::uint64_t>(num_requests) *
-                                  static_cast<std::uint64_t>(per_row),
-                              out.capacity()),
-      options.team_size);
-  dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned, [&](auto path) {
-    using P = decltype(path);
-    TailUpdateFunctor<ExecutionSpace, T, P, true, Cache> f;
-    f.tail = tail;
-    f.key = k;
-    f.gate = g;
-    f.ape = ape_source(a);
-    f.positions = positions;
-    f.slot_idx = slot_idx;
-    f.out = step_sink(out, offsets);
-    f.num_requests = num_requests;
-    f.next_n = static_cast<int>(next_n);
-    f.kpool = K;
-    f.head_dim = D;
-    f.max_slots = ring.max_slots();
-    f.ring_length = ring.ring_length();
-    f.cache = cache;
-    f.cache_slots = per_row;
-    f.ring_high = ring.high().data();
-    LaunchShape const shape = step_items_shape<ExecutionSpace, T, Cache,
-                                               decltype(f), void>(
-        chk, "num_requests", space, f,
-        static_cast<std::uint64_t>(num_requests), D, P::width, per_row,
+  // The cache's path: on hosts it depends on the call's size
+  // (cache/detail/KPool_CachePath.hpp), so both are compiled there.
+  auto const launch = [&](auto pass) {
+    constexpr bool second_pass = decltype(pass)::value;
+    auto const cache = step_cache_target<T, second_pass>(arg);
+    using Cache = std::remove_const_t<decltype(cache)>;
+    auto const cache_pass = plan_cache_pass<ExecutionSpace, T, second_pass>(
+        chk, space, out, arg,
+        std::min<std::uint64_t>(static_cast<std::uint64_t>(num_requests) *
+                                    static_cast<std::uint64_t>(per_row),
+                                out.capacity()),
         options.team_size);
-    launch_offsets_scan(space, "KPool::decode_step::offsets",
-                        DecodePoolCount<M>{positions, slot_idx, num_requests,
-                                           K, ring.max_slots()},
-                        View1<std::uint32_t, M>(out.offsets()),
-                        static_cast<int>(B));
-    launch_items(space, "KPool::decode_step::tail_update", shape, f);
-  });
-  cache_pass(space, "KPool::decode_step::cache");
+    dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned, [&](auto path) {
+      using P = decltype(path);
+      TailUpdateFunctor<ExecutionSpace, T, P, true, Cache> f;
+      f.tail = tail;
+      f.key = k;
+      f.gate = g;
+      f.ape = ape_source(a);
+      f.positions = positions;
+      f.slot_idx = slot_idx;
+      f.out = step_sink(out, offsets);
+      f.num_requests = num_requests;
+      f.next_n = static_cast<int>(next_n);
+      f.kpool = K;
+      f.head_dim = D;
+      f.max_slots = ring.max_slots();
+      f.ring_length = ring.ring_length();
+      f.cache = cache;
+      f.cache_slots = per_row;
+      f.ring_high = ring.high().data();
+      LaunchShape const shape = step_items_shape<ExecutionSpace, T, Cache,
+                                                 decltype(f), void>(
+          chk, "num_requests", space, f,
+          static_cast<std::uint64_t>(num_requests), D, P::width, per_row,
+          options.team_size);
+      launch_offsets_scan(space, "KPool::decode_step::offsets",
+                          DecodePoolCount<M>{positions, slot_idx, num_requests,
+                                             K, ring.max_slots()},
+                          View1<std::uint32_t, M>(out.offsets()),
+                          static_cast<int>(B));
+      launch_items(space, "KPool::decode_step::tail_update", shape, f);
+    });
+    cache_pass(space, "KPool::decode_step::cache");
+  };
+  if constexpr (Arg::enabled &&
+                cache_write_path_by_size<ExecutionSpace, CacheItems::decode, Arg::path>()) {
+    if (cache_write_path_for<ExecutionSpace, T, CacheItems::decode>(
+            static_cast<std::size_t>(num_requests)) == CacheWritePath::second_pass)
+      launch(std::true_type());
+    else
+      launch(std::false_type());
+  } else {
+    launch(std::integral_constant<bool, cache_second_pass<ExecutionSpace, T, CacheItems::decode,
+                                                          Arg>()>());
+  }
 }
 
 }  // namespace Details
