@@ -420,24 +420,31 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     warp_sync();
   }
 
-  // The next tile's packets into registers: lane l's i-th is packet
-  // l + 32 i of the tile (row j = that / npk); rows read nowhere are
-  // left alone (store_key_packets writes zeros for them).
-  KOKKOS_INLINE_FUNCTION void load_key_packets(member_type const& member,
-                                               std::int64_t const* entry, int D,
-                                               KeyPackets& regs) const {
-    int const npk = D / packet;
+  // f(l, i, j, pk) for each packet a thread holds of a tile of npk
+  // packets a row: lane l's i-th is packet l + 32 i of the tile, packet
+  // pk of row j.
+  template <class F>
+  KOKKOS_FORCEINLINE_FUNCTION static void for_each_held_packet(member_type const& member,
+                                                               int npk, F const& f) {
     for (int l = 0; l < L; ++l) {
       int const lane = lane_of(member, l);
       KPOOL_IMPL_UNROLL
       for (int i = 0; i < prefetch_packets; ++i) {
         int const idx = lane + 32 * i;
         if (idx >= TM * npk) break;
-        int const j = idx / npk;
-        if (entry[j] >= 0)
-          load_packet_words(regs.w[l][i], cache.values + entry[j] + (idx % npk) * packet);
+        f(l, i, idx / npk, idx % npk);
       }
     }
+  }
+
+  // The next tile's packets into registers; rows read nowhere are left
+  // alone (store_key_packets writes zeros for them).
+  KOKKOS_INLINE_FUNCTION void load_key_packets(member_type const& member,
+                                               std::int64_t const* entry, int D,
+                                               KeyPackets& regs) const {
+    for_each_held_packet(member, D / packet, [&](int l, int i, int j, int pk) {
+      if (entry[j] >= 0) load_packet_words(regs.w[l][i], cache.values + entry[j] + pk * packet);
+    });
   }
 
   // One 16-byte packet as four words: one wide load on GPUs.
@@ -469,25 +476,21 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     constexpr int per_packet = packet / S::per_reg;  // words a packet
     int const npk = D / packet;
     int const pad = DP / S::per_reg - npk * per_packet;
+    for_each_held_packet(member, npk, [&](int l, int i, int j, int pk) {
+      std::uint32_t* out = kt + j * RW + pk * per_packet;
+      bool const ok = entry[j] >= 0;
+      KPOOL_IMPL_UNROLL
+      for (int w = 0; w < per_packet; ++w) {
+        std::uint32_t word = 0;
+        KPOOL_IMPL_UNROLL
+        for (int e = 0; e < S::per_reg; ++e)
+          word |= key_bits(packet_element(regs.w[l][i], w * S::per_reg + e))
+                  << (e * (32 / S::per_reg));
+        out[w] = ok ? word : 0u;
+      }
+    });
     for (int l = 0; l < L; ++l) {
       int const lane = lane_of(member, l);
-      KPOOL_IMPL_UNROLL
-      for (int i = 0; i < prefetch_packets; ++i) {
-        int const idx = lane + 32 * i;
-        if (idx >= TM * npk) break;
-        int const j = idx / npk;
-        std::uint32_t* out = kt + j * RW + (idx % npk) * per_packet;
-        bool const ok = entry[j] >= 0;
-        KPOOL_IMPL_UNROLL
-        for (int w = 0; w < per_packet; ++w) {
-          std::uint32_t word = 0;
-          KPOOL_IMPL_UNROLL
-          for (int e = 0; e < S::per_reg; ++e)
-            word |= key_bits(packet_element(regs.w[l][i], w * S::per_reg + e))
-                    << (e * (32 / S::per_reg));
-          out[w] = ok ? word : 0u;
-        }
-      }
       for (int idx = lane; idx < TM * pad; idx += 32)
         kt[(idx / pad) * RW + npk * per_packet + idx % pad] = 0;
     }
