@@ -275,6 +275,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     std::uint64_t const stride = static_cast<std::uint64_t>(splits) * warps;
     std::uint64_t tile = static_cast<std::uint64_t>(split) +
                          static_cast<std::uint64_t>(splits) * warp;
+    if (packets) zero_key_padding(member, kt, D, DP, RW);
     KeyPackets next;
     int buf = 0;
     if (tile * TM < vis_hi) {
@@ -284,9 +285,9 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     for (; tile * TM < vis_hi; tile += stride, buf ^= 1) {
       std::int64_t const* const entry = entries(s, warp, buf);
       if (ahead)
-        store_key_packets(member, kt, entry, D, DP, RW, next);
+        store_key_packets(member, kt, entry, D, RW, next);
       else if (packets)
-        stage_key_packets(member, kt, entry, D, DP, RW);
+        stage_key_packets(member, kt, entry, D, RW);
       else
         stage_key_words(member, kt, entry, D, DP, RW);
       std::uint64_t const after = tile + stride;
@@ -469,13 +470,12 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
 
   // Those registers as the tile's operand words (zeros for rows read
-  // nowhere), then the padding words past D zeroed.
+  // nowhere; the padding past D is zero_key_padding's).
   KOKKOS_INLINE_FUNCTION void store_key_packets(member_type const& member, std::uint32_t* kt,
-                                                std::int64_t const* entry, int D, int DP,
-                                                int RW, KeyPackets const& regs) const {
+                                                std::int64_t const* entry, int D, int RW,
+                                                KeyPackets const& regs) const {
     constexpr int per_packet = packet / S::per_reg;  // words a packet
     int const npk = D / packet;
-    int const pad = DP / S::per_reg - npk * per_packet;
     for_each_held_packet(member, npk, [&](int l, int i, int j, int pk) {
       std::uint32_t* out = kt + j * RW + pk * per_packet;
       bool const ok = entry[j] >= 0;
@@ -489,6 +489,15 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         out[w] = ok ? word : 0u;
       }
     });
+  }
+
+  // The words of a packet-staged tile past D (to the MMA's K) are zero;
+  // no packet writes them, so they are zeroed once for a warp's tiles.
+  KOKKOS_INLINE_FUNCTION static void zero_key_padding(member_type const& member,
+                                                      std::uint32_t* kt, int D, int DP, int RW) {
+    constexpr int per_packet = packet / S::per_reg;
+    int const npk = D / packet;
+    int const pad = DP / S::per_reg - npk * per_packet;
     for (int l = 0; l < L; ++l) {
       int const lane = lane_of(member, l);
       for (int idx = lane; idx < TM * pad; idx += 32)
@@ -516,14 +525,14 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
 
   // The same words from 16-byte packets (rows 16-byte aligned, D a
-  // multiple of `packet`): consecutive lanes load consecutive packets of a
-  // row, one wide load each, then the padding words past D are zeroed.
+  // multiple of `packet`), a tile too wide to be held in registers:
+  // consecutive lanes load consecutive packets of a row, one wide load
+  // each (the padding past D is zero_key_padding's).
   KOKKOS_INLINE_FUNCTION void stage_key_packets(member_type const& member, std::uint32_t* kt,
-                                                std::int64_t const* entry, int D, int DP,
+                                                std::int64_t const* entry, int D,
                                                 int RW) const {
     constexpr int per_packet = packet / S::per_reg;  // words a packet
     int const npk = D / packet;
-    int const pad = DP / S::per_reg - npk * per_packet;
     for (int l = 0; l < L; ++l) {
       int const lane = lane_of(member, l);
       for (int idx = lane; idx < TM * npk; idx += 32) {
@@ -539,8 +548,6 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         KPOOL_IMPL_UNROLL
         for (int w = 0; w < per_packet; ++w) out[w] = key_word(v + w * S::per_reg, S::per_reg);
       }
-      for (int idx = lane; idx < TM * pad; idx += 32)
-        kt[(idx / pad) * RW + npk * per_packet + idx % pad] = 0;
     }
   }
 
