@@ -938,10 +938,27 @@ std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& 
   auto const positions = positions_view<M>(d.positions, d.next_n);
   auto const batch = KPool::decode_batch(positions, sc.B());
   auto const paged = KPool::paged(in.cache, in.table);
-  if (tokens)
-    KPool::select_tokens(in.space, paged, in.q, in.w, sc.s.topk, batch, out, ws, options);
-  else
-    KPool::score_select(in.space, paged, in.q, in.w, sc.s.topk, batch, out, ws, options);
+  auto const call = [&](Kokkos::View<T***, Kokkos::LayoutRight, M> const& q) {
+    if (tokens)
+      KPool::select_tokens(in.space, paged, q, in.w, sc.s.topk, batch, out, ws, options);
+    else
+      KPool::score_select(in.space, paged, q, in.w, sc.s.topk, batch, out, ws, options);
+  };
+  // First a call on other queries (zeros), then, after every prepared
+  // query value is poisoned with NaN, the call itself on the same
+  // workspace: a fused call prepares its own queries (its groups' words
+  // back to zero after the first), and scores none before it is prepared.
+  call(Kokkos::View<T***, Kokkos::LayoutRight, M>("zero q", sc.rows, sc.s.H, sc.s.D));
+  using A = typename KPool::SelectWorkspace<T, M>::score_type;
+  Kokkos::deep_copy(
+      Kokkos::View<A*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+          ws.prepared_queries(), ws_rows * static_cast<std::size_t>(sc.s.H * sc.s.D)),
+      std::numeric_limits<A>::quiet_NaN());
+  call(in.q);
+  auto const words = on_host(Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      ws.fused_tickets(), 3 * ws_rows));
+  for (std::size_t i = 0; i < words.extent(0); ++i)
+    EXPECT_EQ(words(i), 0u) << "the fused call left word " << i << " of its groups' words";
   auto const h = on_host(out);
   return std::vector<std::int32_t>(h.data(), h.data() + h.size());
 }
@@ -1279,12 +1296,13 @@ TEST(SelectDecodeFusion, SixtyFourRowsOf8192PoolsInOneScoringLaunch) {
       return k.find(part) != std::string::npos;
     });
   };
-  // Fused: the rows, the queries, and one kernel scoring and selecting.
-  ASSERT_EQ(f.kernels.size(), 3u) << joined(f.kernels);
-  EXPECT_EQ(count(f.kernels, "decode_select_rows"), 1) << joined(f.kernels);
-  EXPECT_EQ(count(f.kernels, "prepare_queries"), 1) << joined(f.kernels);
+  // Fused: one kernel preparing the queries, scoring and selecting (the
+  // rows are read from the positions: no launch builds them).
+  ASSERT_EQ(f.kernels.size(), 1u) << joined(f.kernels);
   EXPECT_EQ(count(f.kernels, "+select"), 1) << joined(f.kernels);
-  EXPECT_EQ(p.kernels.size(), 4u) << joined(p.kernels);
+  // Separate: the queries, the scoring, the top-k.
+  EXPECT_EQ(p.kernels.size(), 3u) << joined(p.kernels);
+  EXPECT_EQ(count(p.kernels, "prepare_queries"), 1) << joined(p.kernels);
   EXPECT_EQ(count(p.kernels, "+select"), 0) << joined(p.kernels);
   // The default: fused with device shapes, separate on a host.
   EXPECT_EQ(a.kernels, KPool::Details::device_shapes<E>::value ? f.kernels : p.kernels)

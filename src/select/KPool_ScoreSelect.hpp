@@ -51,7 +51,7 @@ class SelectWorkspace {
 
   /// Allocates the buffers on `space` (labelled
   /// KPool::SelectWorkspace::keys, ...::prepared_queries,
-  /// ...::prepared_weights, ...::decode_rows and ...::fused_tickets (the
+  /// ...::prepared_weights and ...::fused_tickets (the
   /// one buffer filled, with zeros, on `space`); for max_visible
   /// above 65536 the long rows' ...::segment_histograms and
   /// ...::split_plans, a quarter as many 4-byte words as keys in all; for
@@ -127,14 +127,11 @@ class SelectWorkspace {
                        row_heads * static_cast<std::size_t>(head_dim));
     prepared_weights_ =
         buffer(space, "KPool::SelectWorkspace::prepared_weights", row_heads);
-    decode_rows_ = Kokkos::View<std::uint32_t*, MemorySpace>(
-        Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
-                           "KPool::SelectWorkspace::decode_rows"),
-        2 * max_tokens + 1);
-    // The fused decode selection's tickets, a word a group of rows: zero
-    // here, and put back to zero by each launch.
+    // The fused decode selection's words, three a group of rows (its
+    // ticket, its queries claimed, its queries prepared): zero here, and
+    // put back to zero by each launch.
     fused_tickets_ = Kokkos::View<std::uint32_t*, MemorySpace>(
-        Kokkos::view_alloc(space, "KPool::SelectWorkspace::fused_tickets"), max_tokens);
+        Kokkos::view_alloc(space, "KPool::SelectWorkspace::fused_tickets"), 3 * max_tokens);
     // The blas engine's staging: only for it, on hosts with Kokkos Kernels.
     if (engine == ScoreEngine::blas) {
       chunks_ = Details::BlasChunks::for_shape(max_tokens, max_visible, num_heads);
@@ -166,11 +163,9 @@ class SelectWorkspace {
   /// @return the keys, max_tokens() rows of max_visible() (the selection
   /// stage's own use).
   Kokkos::View<key_type*, MemorySpace> const& keys() const { return keys_; }
-  /// @return 2 * max_tokens() + 1 words: a decode batch's rows, as the
-  /// selection builds them (the selection stage's own use).
-  Kokkos::View<std::uint32_t*, MemorySpace> const& decode_rows() const { return decode_rows_; }
-  /// @return max_tokens() words, zero between calls: the fused decode
-  /// selection's tickets (the selection stage's own use).
+  /// @return 3 * max_tokens() words, zero between calls: the fused decode
+  /// selection's tickets, then its counts of queries claimed and prepared
+  /// (the selection stage's own use).
   std::uint32_t* fused_tickets() const { return fused_tickets_.data(); }
   /// @return the long rows' regions: per-segment counts, then their sure
   /// ids and candidates (null without long rows).
@@ -213,7 +208,6 @@ class SelectWorkspace {
   int num_heads_ = 0;
   int head_dim_ = 0;
   ScoreEngine engine_ = ScoreEngine::automatic;
-  Kokkos::View<std::uint32_t*, MemorySpace> decode_rows_;
   Kokkos::View<std::uint32_t*, MemorySpace> fused_tickets_;
   Kokkos::View<score_type*, MemorySpace> prepared_;
   Kokkos::View<score_type*, MemorySpace> prepared_weights_;

@@ -85,15 +85,7 @@ struct ShardRowPositions {
       out[t] = -1;
       return;
     }
-    std::int64_t base = 0;
-    for (int j = 0; j < next_n; ++j) {
-      std::int32_t const p = positions(r, j);
-      if (p >= 0) {
-        base = static_cast<std::int64_t>(p) - j;
-        break;
-      }
-    }
-    out[t] = (base < 0 ? 0 : base) + i + 1;
+    out[t] = static_cast<std::int64_t>(decode_row_base(positions, r, next_n)) + i + 1;
   }
 };
 

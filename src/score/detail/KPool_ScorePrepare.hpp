@@ -36,7 +36,8 @@ namespace Details {
 template <class ExecutionSpace, class T, class A>
 struct PrepareQueriesFunctor {
   using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
-  using Row = Kokkos::View<A*, typename ExecutionSpace::scratch_memory_space,
+  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+  using Row = Kokkos::View<A*, scratch_space,
                            Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   static constexpr bool team_rows = device_shapes<ExecutionSpace>::value;
 
@@ -54,16 +55,29 @@ struct PrepareQueriesFunctor {
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    std::uint64_t const item = static_cast<std::uint64_t>(member.league_rank());
+    prepare(member, member.team_scratch(0),
+            static_cast<std::uint64_t>(member.league_rank()));
+  }
+
+  // (Row, head) `item` of the chunk ([rows][H] order), by the whole team;
+  // its scratch row (with device shapes) from `scratch`, a level-0 scratch
+  // space the caller may copy (the fused decode selection's prologue,
+  // select/detail/KPool_TopkFused.hpp, prepares with its own team).
+  KOKKOS_INLINE_FUNCTION void prepare(member_type const& member, scratch_space const& scratch,
+                                      std::uint64_t item) const {
     std::uint64_t const t = row0 + item / static_cast<std::uint64_t>(heads);
     int const h = static_cast<int>(item % static_cast<std::uint64_t>(heads));
     int const D = head_dim;
     A* const out = prepared + item * static_cast<std::uint64_t>(D);
     if constexpr (!team_rows) {
-      for (int c = 0; c < D; ++c) out[c] = to_accumulator(q(t, h, c));
-      prepared_weights[item] = prepare_query_row(out, D, prep, weights(t, h));
+      // A host team of several threads (a fused call's) prepares it once.
+      Kokkos::single(Kokkos::PerTeam(member), [&]() {
+        for (int c = 0; c < D; ++c) out[c] = to_accumulator(q(t, h, c));
+        prepared_weights[item] = prepare_query_row(out, D, prep, weights(t, h));
+      });
+      (void)scratch;
     } else {
-      Row const v(member.team_scratch(0), D);
+      Row const v(scratch, D);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D),
                            [&](int c) { v(c) = to_accumulator(q(t, h, c)); });
       member.team_barrier();

@@ -90,13 +90,39 @@ struct SelectRequest {
   bool valid;
 };
 
+// A decode batch's row r (docs/indexer.md, "Decode batches"): entry
+// (r, i) is at position base_r + i, base_r = p - i for its first real
+// entry (r, i) at p; 0 for a row without one, or a base below 0 (which
+// validation refuses). What the selection and the ranks' expansion read.
+template <class Positions>
+KOKKOS_INLINE_FUNCTION std::uint64_t decode_row_base(Positions const& positions,
+                                                     std::int64_t r, int next_n) {
+  for (int i = 0; i < next_n; ++i) {
+    std::int32_t const p = positions(r, i);
+    if (p >= 0) {
+      std::int64_t const base = static_cast<std::int64_t>(p) - i;
+      return base < 0 ? 0u : static_cast<std::uint64_t>(base);
+    }
+  }
+  return 0u;
+}
+
 // The batch of a selection call: rows of q by request, and how many pools
 // a row may see (the workspace's row capacity). Where the pools live is
 // the cache's CacheTarget (its locate() is the block lookup every engine
 // uses). Strided arrays, not views, to keep the functors small.
+//
+// A ragged batch's requests are row_offsets and cache_lengths. A decode
+// batch's (next_n > 0) are read straight from its positions, with no
+// array built for them and no launch to build one: request r of the
+// call is the batch's row first + r and owns rows [r * next_n,
+// (r + 1) * next_n), its cache length decode_row_base.
 struct SelectBatch {
   Strided<const std::uint32_t, 1> row_offsets;
   Strided<const std::uint32_t, 1> cache_lengths;
+  Strided<const std::int32_t, 2> positions;  // [B, next_n] of a decode batch
+  int next_n = 0;                            // 0: a ragged batch
+  int first = 0;                             // the call's first row of positions
   int num_requests;
   int kpool;
   std::uint64_t total_rows;   // rows of q
@@ -137,9 +163,15 @@ struct SelectBatch {
 
   KOKKOS_INLINE_FUNCTION SelectRequest request(int r) const {
     SelectRequest q;
-    q.begin = row_offsets(r);
-    q.end = row_offsets(r + 1);
-    q.cache_length = cache_lengths(r);
+    if (next_n > 0) {
+      q.begin = static_cast<std::uint64_t>(r) * static_cast<std::uint64_t>(next_n);
+      q.end = q.begin + static_cast<std::uint64_t>(next_n);
+      q.cache_length = decode_row_base(positions, static_cast<std::int64_t>(first) + r, next_n);
+    } else {
+      q.begin = row_offsets(r);
+      q.end = row_offsets(r + 1);
+      q.cache_length = cache_lengths(r);
+    }
     q.valid = q.begin <= q.end && q.end <= total_rows &&
               q.cache_length + (q.end - q.begin) <= max_sequence_length;
     return q;
@@ -158,7 +190,11 @@ struct SelectBatch {
 
   // The request owning row t, or -1 when no live, valid request does.
   KOKKOS_INLINE_FUNCTION int owner(std::uint64_t t, SelectRequest& q) const {
-    int const r = owner_of(row_offsets, num_requests, t);
+    int r = num_requests;
+    if (next_n == 0)
+      r = owner_of(row_offsets, num_requests, t);
+    else if (t / static_cast<std::uint64_t>(next_n) < static_cast<std::uint64_t>(num_requests))
+      r = static_cast<int>(t / static_cast<std::uint64_t>(next_n));
     if (r >= num_requests) return -1;
     q = request(r);
     if (!q.valid || t < q.begin || t >= q.end) return -1;

@@ -228,7 +228,8 @@ void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
                          BlockTableView const& block_table, int num_requests,
                          int kpool, QView const& q, WeightsView const& weights,
                          Cache const& cache, int topk, char const* out_name,
-                         OutView const& out, Workspace const& workspace) {
+                         OutView const& out, Workspace const& workspace,
+                         bool decode = false) {
   using C = typename Cache::value_type;
   if (topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
   if (kpool < 1)
@@ -268,7 +269,9 @@ void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
   chk.extent_is(out_name, 0, out.extent(0), rows, "the rows of q");
   chk.extent_is(out_name, 1, out.extent(1), width,
                 Expand ? "topk * K + K - 1" : "topk");
-  chk.batch_shape(row_offsets, cache_lengths, num_requests);
+  // A decode batch's shape is checked by its entry point (its rows are
+  // its positions).
+  if (!decode) chk.batch_shape(row_offsets, cache_lengths, num_requests);
   // As store_pools: a row for every live request.
   chk.extent_at_least("block_table", 0, block_table.extent(0),
                       static_cast<std::size_t>(num_requests), "rows of the live requests");
@@ -317,7 +320,14 @@ bool fuse_decode_selection(Checker const& chk, Options const& options, ScoreEngi
 // chunk of a decode batch (the fused selection is compiled for those only).
 // shard_keys: a shard's local selection (docs/ranks.md; pool ids only): out
 // gets the local pool ids, shard_keys [T, topk] (the Key type of T) their
-// keys. A sharded cache is selected from only so.
+// keys. A sharded cache is selected from only so. decode (with Decode):
+// the chunk's requests, read from the positions (row_offsets and
+// cache_lengths are then empty and unread).
+struct DecodeRows {
+  Strided<const std::int32_t, 2> positions;
+  int first = 0;
+  int next_n = 0;
+};
 template <bool Expand, bool Decode = false, class ExecutionSpace, class RowOffsetsView,
           class CacheLengthsView, class BlockTableView, class QView,
           class WeightsView, class Cache, class OutView, class Workspace>
@@ -328,7 +338,8 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
                        int kpool, QView const& q, WeightsView const& weights,
                        Cache const& cache, int topk, char const* out_name,
                        OutView const& out, Workspace& workspace,
-                       Options const& options, void* shard_keys = nullptr) {
+                       Options const& options, void* shard_keys = nullptr,
+                       DecodeRows const& decode = DecodeRows()) {
   using M = typename ExecutionSpace::memory_space;
   using T = typename Workspace::storage_type;
   using C = typename Cache::value_type;
@@ -356,13 +367,13 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     (void)chk, (void)space, (void)row_offsets, (void)cache_lengths,
         (void)block_table, (void)num_requests, (void)kpool, (void)q,
         (void)weights, (void)cache, (void)topk, (void)out_name, (void)out,
-        (void)workspace, (void)options, (void)shard_keys;
+        (void)workspace, (void)options, (void)shard_keys, (void)decode;
   } else {
     using A = accumulator_t<T>;
     using Key = score_key_t<A>;
     check_select_shapes<Expand, T>(chk, row_offsets, cache_lengths, block_table,
                                    num_requests, kpool, q, weights, cache, topk,
-                                   out_name, out, workspace);
+                                   out_name, out, workspace, Decode);
     if (cache.shard().sharded() && shard_keys == nullptr)
       chk.fail("cache", "shard", -1, shard_name(cache.shard()),
                "holds one rank's share of the pools: a selection over it needs the "
@@ -385,7 +396,8 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     if constexpr (Decode)
       fuse = fuse_decode_selection<ExecutionSpace, Key, Expand>(chk, options, engine, workspace,
                                                                 topk);
-    if (options.validate)
+    // A decode batch is validated whole, before its first chunk.
+    if (options.validate && !Decode)
       check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
                          num_requests, rows, kpool, cache.num_blocks(),
                          cache.block_pools(), workspace.max_visible(), cache.shard());
@@ -394,6 +406,11 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     ScoreInputs<ExecutionSpace, T, C> in;
     in.batch.row_offsets = row_offsets;
     in.batch.cache_lengths = cache_lengths;
+    if constexpr (Decode) {
+      in.batch.positions = decode.positions;
+      in.batch.first = decode.first;
+      in.batch.next_n = decode.next_n;
+    }
     in.batch.num_requests = num_requests;
     in.batch.kpool = kpool;
     in.batch.total_rows = rows;
@@ -408,8 +425,10 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     in.heads = H;
     in.prepared = workspace.prepared_queries();
     in.prepared_weights = workspace.prepared_weights();
-    // The fused decode selection's launcher (the same for every chunk).
-    FuseScoreSelect<ExecutionSpace, Key, Expand> fused;
+    // The fused decode selection's launcher (the same for every chunk but
+    // its first row): it prepares the chunk's queries itself.
+    using Prepare = PrepareQueriesFunctor<ExecutionSpace, T, A>;
+    FuseScoreSelect<ExecutionSpace, Prepare, Key, Expand> fused;
     if constexpr (Decode) {
       fused.space = space;
       fused.out = View2<std::int32_t, M>(out);
@@ -417,7 +436,11 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       fused.topk = topk;
       fused.plan = select_plan<ExecutionSpace, Key, Expand>(topk, workspace.max_visible());
       fused.tickets = workspace.fused_tickets();
+      fused.groups_capacity = workspace.max_tokens();
       fused.out_keys = static_cast<Key*>(shard_keys);
+      fused.prepare = Prepare{Strided<const T, 3>(q), Strided<const float, 2>(weights),
+                              in.cache.query_prep(), workspace.prepared_queries(),
+                              workspace.prepared_weights(), 0, H, D};
     }
     SplitArgs split;
     split.seg_hist = workspace.segment_histograms();
@@ -431,17 +454,18 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
       in.batch.row_begin = row_begin;
       in.batch.row_end = std::min(rows, row_begin + chunk);
+      if constexpr (Decode) {
+        if (fuse) {
+          fused.prepare.row0 = in.batch.row_begin;
+          launch_score(chk, space, engine, in, workspace, options, fused);
+          continue;
+        }
+      }
       launch_prepare_queries<ExecutionSpace, T, A>(
           chk, space, Strided<const T, 3>(q), Strided<const float, 2>(weights),
           in.cache.query_prep(), in.batch.row_begin,
           in.batch.row_end - in.batch.row_begin, H, D, workspace.prepared_queries(),
           workspace.prepared_weights());
-      if constexpr (Decode) {
-        if (fuse) {
-          launch_score(chk, space, engine, in, workspace, options, fused);
-          continue;
-        }
-      }
       launch_score(chk, space, engine, in, workspace, options, LaunchScore<ExecutionSpace>{space});
       launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
                             View2<std::int32_t, M>(out), topk, split, options,
@@ -449,36 +473,6 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     }
   }
 }
-
-// A decode batch as the selection's rows: batch row r owns query rows
-// [r * next_n, (r + 1) * next_n), entry (r, i) at position base_r + i,
-// base_r = p - i for its first real entry (r, i) with position p (0 for a
-// row without one, or a base below 0, which validation refuses). Rows
-// [first, first + count) of the batch, as rows [0, count) of the views.
-template <class ExecutionSpace>
-struct DecodeSelectRows {
-  using M = typename ExecutionSpace::memory_space;
-  View2<const std::int32_t, M> positions;
-  View1<std::uint32_t, M> row_offsets;    // [count + 1]
-  View1<std::uint32_t, M> cache_lengths;  // [count]
-  int first;
-  int count;
-  int next_n;
-
-  KOKKOS_FUNCTION void operator()(int r) const {
-    row_offsets(r) = static_cast<std::uint32_t>(r) * static_cast<std::uint32_t>(next_n);
-    if (r >= count) return;
-    std::int64_t base = 0;
-    for (int i = 0; i < next_n; ++i) {
-      std::int32_t const p = positions(first + r, i);
-      if (p >= 0) {
-        base = static_cast<std::int64_t>(p) - i;
-        break;
-      }
-    }
-    cache_lengths(r) = static_cast<std::uint32_t>(base < 0 ? 0 : base);
-  }
-};
 
 // Validation of a decode batch's selection, whole, before any chunk runs
 // (so a bad row in a later chunk writes nothing, and errors name the
@@ -526,10 +520,10 @@ void check_decode_select_batch(Checker const& chk, ExecutionSpace const& space,
 }
 
 // The Batch forms of score_select and select_tokens: K is the cache's; a
-// ragged batch is the positional call; a decode batch runs as ragged
-// batches of up to the workspace's max_tokens rows each (its rows built on
-// the device into the workspace, one small launch each; one for the usual
-// batch of at most max_tokens rows).
+// ragged batch is the positional call; a decode batch runs as calls of up
+// to the workspace's max_tokens rows each (one for the usual batch of at
+// most max_tokens rows), whose kernels read the requests' rows straight
+// from the positions (SelectBatch's decode form: no launch builds them).
 template <bool Expand, class ExecutionSpace, class C, class M, class QView,
           class WeightsView, class OutView, class Workspace>
 void score_select_batch(Checker const& chk, ExecutionSpace const& space,
@@ -577,17 +571,12 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
       std::size_t const count = std::min(per, n - first);
       auto const rows = std::make_pair(first * next_n, (first + count) * next_n);
       auto const reqs = std::make_pair(first, first + count);
-      View1<std::uint32_t, M> const ro =
-          Kokkos::subview(workspace.decode_rows(), std::make_pair(std::size_t(0), count + 1));
-      View1<std::uint32_t, M> const cl = Kokkos::subview(
-          workspace.decode_rows(), std::make_pair(count + 1, 2 * count + 1));
-      Kokkos::parallel_for(
-          "KPool::decode_select_rows",
-          Kokkos::RangePolicy<ExecutionSpace>(space, 0, static_cast<int>(count) + 1),
-          DecodeSelectRows<ExecutionSpace>{batch.positions, ro, cl, static_cast<int>(first),
-                                           static_cast<int>(count), next_n});
+      DecodeRows decode;
+      decode.positions = Strided<const std::int32_t, 2>(batch.positions);
+      decode.first = static_cast<int>(first);
+      decode.next_n = next_n;
       score_select_call<Expand, true>(
-          chk, space, View1<const std::uint32_t, M>(ro), View1<const std::uint32_t, M>(cl),
+          chk, space, View1<const std::uint32_t, M>(), View1<const std::uint32_t, M>(),
           Kokkos::subview(paged.block_table, reqs, Kokkos::ALL), static_cast<int>(count), K,
           Kokkos::subview(q, rows, Kokkos::ALL, Kokkos::ALL),
           Kokkos::subview(weights, rows, Kokkos::ALL), paged.cache, topk, out_name,
@@ -597,7 +586,8 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
               : static_cast<void*>(static_cast<char*>(shard_keys) +
                                    rows.first * static_cast<std::size_t>(topk) *
                                        sizeof(score_key_t<accumulator_t<
-                                                  typename Workspace::storage_type>>)));
+                                                  typename Workspace::storage_type>>)),
+          decode);
       first += count;
     } while (first < n);
   } else {

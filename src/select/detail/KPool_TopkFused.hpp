@@ -2,10 +2,12 @@
 #define KPOOL_DETAILS_TOPK_FUSED_HPP
 
 // The fused decode selection (docs/indexer.md, "One launch for a decode
-// selection"): the scoring engine's kernel and the top-k in one launch.
-// Its league is the engine's: a group of query rows (rows_per_team of one
-// request) is scored by `splits` teams, each over its share of the group's
-// pools, writing their keys into the workspace as the engine alone does.
+// selection"): the queries' preparation, the scoring engine's kernel and
+// the top-k in one launch. Its league is the engine's: a group of query
+// rows (rows_per_team of one request) is scored by `splits` teams, each
+// over its share of the group's pools. First the group's teams prepare
+// its queries, each (row, head) once (prepare_group); then each scores,
+// writing its keys into the workspace as the engine alone does.
 // Then each team takes a ticket of its group (a counter in the workspace,
 // zero between launches): the team that draws the last one knows that
 // every split of the group has written its keys, and selects the group's
@@ -15,9 +17,10 @@
 //
 // Memory order: every thread of a team fences after writing its keys
 // (release), then one thread takes the ticket (an atomic add); the last
-// team fences again before it reads (acquire). No team ever waits for
-// another, so the kernel needs no forward-progress guarantee between
-// teams. The last team puts the counter back to zero for the next launch.
+// team fences again before it reads (acquire). No team waits at its
+// ticket; the queries' wait (prepare_group) needs no forward-progress
+// guarantee between teams either. The last team puts the group's words
+// back to zero for the next launch.
 //
 // The selection's team scans need a power-of-two team size on CUDA before
 // Kokkos 3.7: the launch takes one (FuseScoreSelect).
@@ -40,7 +43,8 @@ namespace Details {
 // ScoreF, the engine's functor (its scoring inputs and team layout), and
 // what the selection adds: the output, topk, the candidate buffer and the
 // groups' tickets. A few words past the engine's functor.
-template <class ExecutionSpace, class ScoreF, class Key, bool Expand, bool Staged>
+template <class ExecutionSpace, class ScoreF, class Prepare, class Key, bool Expand,
+          bool Staged>
 struct FusedSelectFunctor : ScoreF {
   using member_type = typename ScoreF::member_type;
   using Select = SelectFunctor<ExecutionSpace, Key, Expand, Staged>;
@@ -50,15 +54,22 @@ struct FusedSelectFunctor : ScoreF {
   int out_columns = 0;
   int topk = 0;
   int cap = 0;
-  std::uint32_t* tickets = nullptr;  // [groups], zero between launches
-  Key* out_keys = nullptr;           // a shard's keys (SelectTeamInputs)
+  // The groups' words, zero between launches: [tickets][claims][prepared],
+  // a word a group each (SelectWorkspace::fused_tickets).
+  std::uint32_t* tickets = nullptr;
+  std::uint32_t* claims = nullptr;
+  std::uint32_t* prepared_count = nullptr;
+  Key* out_keys = nullptr;  // a shard's keys (SelectTeamInputs)
+  Prepare prepare{};        // the queries' preparation (PrepareQueriesFunctor)
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     // The team's level-0 scratch as it stands before the scoring takes
-    // its tiles: the selection takes its buffers from here afterwards.
+    // its tiles: the queries' preparation and the selection take their
+    // buffers from here, before and after the scoring.
     scratch_space const base = member.team_scratch(0);
-    ScoreF::operator()(member);
     std::uint64_t const group = static_cast<std::uint64_t>(member.league_rank() / this->splits);
+    prepare_group(member, base, group);
+    ScoreF::operator()(member);
     if (!last_of_group(member, group)) return;
     // No row of a fused call is split (fuse_decode_selection): the
     // selection's split fields keep their defaults.
@@ -78,6 +89,50 @@ struct FusedSelectFunctor : ScoreF {
     }
   }
 
+  // The group's queries, every (row, head) prepared exactly once by the
+  // group's own teams: a team claims the next unprepared one (an atomic
+  // add on the group's claims word), prepares it with the whole team,
+  // releases it (a fence, then an add to the group's prepared word), and
+  // claims again until none is left; then it waits until every claimed
+  // one is prepared. A team waits only once all are claimed, and only for
+  // teams that claimed them, which are running and wait for nothing
+  // before they finish them: so the wait ends without any guarantee on
+  // the order teams start in (the argument of a decoupled look-back), on
+  // a device as on a host, whatever the league's schedule.
+  KOKKOS_INLINE_FUNCTION void prepare_group(member_type const& member, scratch_space const& base,
+                                            std::uint64_t group) const {
+    std::uint64_t const rows = static_cast<std::uint64_t>(this->rows_per_team);
+    std::uint64_t const t0 = this->batch.row_begin + group * rows;
+    std::uint64_t const t1 = t0 + rows < this->batch.row_end ? t0 + rows : this->batch.row_end;
+    std::uint32_t const items =
+        static_cast<std::uint32_t>((t1 - t0) * static_cast<std::uint64_t>(this->heads));
+    std::uint64_t const first = (t0 - this->batch.row_begin) * static_cast<std::uint64_t>(this->heads);
+    for (;;) {
+      std::uint32_t item = 0;
+      Kokkos::single(
+          Kokkos::PerTeam(member),
+          [&](std::uint32_t& it) { it = Kokkos::atomic_fetch_add(&claims[group], 1u); }, item);
+      if (item >= items) break;
+      scratch_space const scratch = base;
+      prepare.prepare(member, scratch, first + item);
+      Kokkos::memory_fence();
+      member.team_barrier();
+      Kokkos::single(Kokkos::PerTeam(member),
+                     [&]() { Kokkos::atomic_fetch_add(&prepared_count[group], 1u); });
+    }
+    int ready = 0;
+    Kokkos::single(
+        Kokkos::PerTeam(member),
+        [&](int& r) {
+          while (Kokkos::atomic_fetch_add(&prepared_count[group], 0u) < items) {
+          }
+          r = 1;
+        },
+        ready);
+    Kokkos::memory_fence();
+    (void)ready;
+  }
+
   // Whether this team is the last of its group to finish scoring (the
   // group's keys are then all written and visible to it).
   KOKKOS_INLINE_FUNCTION bool last_of_group(member_type const& member,
@@ -90,8 +145,13 @@ struct FusedSelectFunctor : ScoreF {
         [&](int& l) {
           std::uint32_t const drawn = Kokkos::atomic_fetch_add(&tickets[group], 1u);
           l = drawn + 1 == static_cast<std::uint32_t>(this->splits) ? 1 : 0;
-          // Every split has drawn: no team of this launch touches it again.
-          if (l) tickets[group] = 0;
+          // Every split has drawn: no team of this launch touches the
+          // group's words again.
+          if (l) {
+            tickets[group] = 0;
+            claims[group] = 0;
+            prepared_count[group] = 0;
+          }
         },
         last);
     if (last) Kokkos::memory_fence();
@@ -104,15 +164,17 @@ struct FusedSelectFunctor : ScoreF {
 // level 0 (or the scoring's level 1 beside the selection's level 0 on a
 // host), a power-of-two team within what the wrapped kernel allows, and
 // launches once, labelled after the engine ("...::score_tiles+select").
-template <class ExecutionSpace, class Key, bool Expand>
+template <class ExecutionSpace, class Prepare, class Key, bool Expand>
 struct FuseScoreSelect {
   ExecutionSpace space;
   Strided<std::int32_t, 2> out;
   int out_columns = 0;
   int topk = 0;
   SelectPlan plan;  // staged or fast (fuse_decode_selection)
-  std::uint32_t* tickets = nullptr;
+  std::uint32_t* tickets = nullptr;  // 3 x max_tokens words (SelectWorkspace::fused_tickets)
+  std::size_t groups_capacity = 0;   // max_tokens: the words a kind
   Key* out_keys = nullptr;
+  Prepare prepare{};
   static constexpr bool power_of_two_team = true;
 
   template <class F>
@@ -129,20 +191,25 @@ struct FuseScoreSelect {
 
   template <bool Staged, class F>
   void go(std::string const& label, LaunchShape shape, F const& f) const {
-    FusedSelectFunctor<ExecutionSpace, F, Key, Expand, Staged> g;
+    FusedSelectFunctor<ExecutionSpace, F, Prepare, Key, Expand, Staged> g;
     static_cast<F&>(g) = f;
     g.out = out;
     g.out_columns = out_columns;
     g.topk = topk;
     g.cap = plan.cap;
     g.tickets = tickets;
+    g.claims = tickets + groups_capacity;
+    g.prepared_count = tickets + 2 * groups_capacity;
     g.out_keys = out_keys;
+    g.prepare = prepare;
+    std::size_t const level0 =
+        std::max(plan.scratch_bytes, Prepare::scratch_bytes(prepare.head_dim));
     if (shape.scratch_level == 0) {
-      shape.scratch_bytes = std::max(shape.scratch_bytes, plan.scratch_bytes);
+      shape.scratch_bytes = std::max(shape.scratch_bytes, level0);
     } else {
       shape.level1_bytes = shape.scratch_bytes;
       shape.scratch_level = 0;
-      shape.scratch_bytes = plan.scratch_bytes;
+      shape.scratch_bytes = level0;
     }
     // The engine's team, as far as the fused kernel allows it.
     int const fits =
