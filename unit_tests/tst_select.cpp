@@ -1095,6 +1095,51 @@ TYPED_TEST(Select, DecodeSelectionInOneLaunchOnTiesNanAndInfinities) {
   }
 }
 
+// Teams that run at the same time claim a group's queries together, and
+// wait for one another's: on a host backend of at least 4 threads, teams
+// of 1 and 2 threads (Options::team_size) run several at once, so the
+// claims, the prepared counts and the waits of the fused kernel's prologue
+// race as on a GPU (CI runs it with OMP_NUM_THREADS=4:
+// tst_select.fused_teams_together, which fails if skipped). Rows of 16
+// heads over many teams, call after call on one workspace: the fused
+// selection is the separate one bit for bit, every time.
+TEST(SelectDecodeFusion, TeamsRunningTogetherPrepareTheQueriesOnce) {
+  using E = Kokkos::DefaultExecutionSpace;
+  if (E().concurrency() < 4)
+    GTEST_SKIP() << "needs a host backend of at least 4 threads (has " << E().concurrency()
+                 << ")";
+  Shape const s{4, 16, 64, 16, true, true, 16};
+  int compared = 0;
+  // One request (one group: a host backend deals a league to its threads
+  // in contiguous runs, so only a group whose teams span the threads has
+  // teams of one group running together), then 6.
+  for (int B : {1, 6}) {
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> live;
+    for (int r = 0; r < B; ++r) live.push_back({static_cast<std::uint32_t>(300 + 97 * r), 2});
+    live[0].first = 4000;  // a row over many teams
+    Scenario const sc = make_scenario(s, DType::f32, live, B, 0, 4242 + B);
+    Rng rng(5);
+    DecodeRows const d = decode_rows(sc, 2, rng);
+    for (int team : {1, 2})
+      for (KPool::ScoreEngine engine : fused_engines<E, float>(s)) {
+        SCOPED_TRACE(std::string(KPool::Details::engine_name(engine)) + " team " +
+                     std::to_string(team) + " B " + std::to_string(B));
+        KPool::Options fused = options_for<E>(engine, team);
+        fused.decode_selection = KPool::DecodeSelection::fused;
+        KPool::Options separate = fused;
+        separate.decode_selection = KPool::DecodeSelection::separate;
+        std::vector<std::int32_t> const want = run_decode<E, float>(sc, d, separate, false, 12);
+        EXPECT_TRUE(conforms(sc, want));
+        for (int round = 0; round < 4; ++round) {
+          std::vector<std::int32_t> const got = run_decode<E, float>(sc, d, fused, false, 12);
+          EXPECT_EQ(got, want) << "round " << round;
+        }
+        ++compared;
+      }
+  }
+  EXPECT_GE(compared, 8);
+}
+
 // A call the fused selection does not take, asked for by name: refused
 // naming options.decode_selection, nothing written; automatic takes the two
 // launches instead.
