@@ -12,8 +12,9 @@
 // zero between launches): the team that draws the last one knows that
 // every split of the group has written its keys, and selects the group's
 // rows with SelectFunctor's own code, one row after another, in the same
-// team scratch (the scoring tiles' bytes are free by then). The keys and
-// the selection are those of the two launches, bit for bit.
+// team scratch (the scoring tiles' bytes are free by then). The prepared
+// queries, the keys and the selection are those of the separate launches
+// (prepare, score, select), bit for bit.
 //
 // Memory order: every thread of a team fences after writing its keys
 // (release), then one thread takes the ticket (an atomic add); the last
@@ -120,6 +121,8 @@ struct FusedSelectFunctor : ScoreF {
       Kokkos::single(Kokkos::PerTeam(member),
                      [&]() { Kokkos::atomic_fetch_add(&prepared_count[group], 1u); });
     }
+    // One thread waits; the broadcast of its result holds the team until
+    // it has seen the count.
     int ready = 0;
     Kokkos::single(
         Kokkos::PerTeam(member),
