@@ -342,6 +342,25 @@ inline KPoolRef::Ring random_ring(Rng& rng, DType t, int slots, int K, int D,
   return r;
 }
 
+// Every slot of `ring` holds its sequence's positions [0, length) and
+// was sent nothing past them (Ring::state(): start 0, L = length,
+// H = high), as earlier calls would have left it (docs/ring.md, "What a
+// slot holds").
+template <class T, class M>
+void hold_positions(KPool::Ring<T, M> const& ring, std::uint32_t length, std::uint32_t high) {
+  auto h = Kokkos::create_mirror_view(ring.state());
+  for (std::size_t s = 0; s < h.extent(0); ++s) {
+    h(s, 0) = 0;
+    h(s, 1) = length;
+    h(s, 2) = high;
+  }
+  Kokkos::deep_copy(ring.state(), h);
+}
+
+// The ring's contents stand for earlier calls of unknown length: every
+// slot holds every position (start 0, L = 2^31 - 1) and H = 1, so that
+// any start continues the sequence within the ring's depth (docs/ring.md,
+// "No gaps"): a test of one call at arbitrary starts over a random ring.
 template <class T, class M>
 void load_ring(KPool::Ring<T, M> const& ring, KPoolRef::Ring const& ref) {
   auto h = Kokkos::create_mirror_view(ring.tail());
@@ -351,6 +370,7 @@ void load_ring(KPool::Ring<T, M> const& ring, KPoolRef::Ring const& ref) {
         for (int c = 0; c < ref.D; ++c)
           h(s, w, m, c) = to_storage<T>(ref.at(s, w, m, c));
   Kokkos::deep_copy(ring.tail(), h);
+  hold_positions(ring, 0x7FFFFFFFu, 1);
 }
 
 template <class T, class M>

@@ -39,6 +39,11 @@ struct Twin {
         cache(space, blocks, block_pools, D, K, KPool::CacheScale::amax, true),
         out(space, KPool::StepOutput<float, M>::capacity_for(32, 3, K), 3, D) {
     fill_uniform(rng, ring.tail(), -2, 2);
+    hold_positions(ring, 0x7FFFFFFFu, 1);  // stands for earlier calls
+    // Allocated uninitialized: the same bytes in both twins' rows that no
+    // call writes.
+    Kokkos::deep_copy(out.pooled(), 0.0f);
+    Kokkos::deep_copy(out.pool_id(), -1);
   }
 };
 

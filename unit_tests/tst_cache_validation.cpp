@@ -522,6 +522,7 @@ struct StepSetup {
     randomize(rng, dkey);
     randomize(rng, dgate);
     randomize(rng, ring.tail());
+    hold_positions(ring, 0x7FFFFFFFu, 1);  // stands for earlier calls
     randomize(rng, ape);
     randomize(rng, out.pooled());
     // Allocated uninitialized: give the rows a step leaves alone known values.

@@ -656,11 +656,11 @@ TEST_F(HostSync, ValidationFencesOnlyTheCallersInstance) {
     ASSERT_NE(f.second, instance) << "a global fence is indistinguishable here";
 #endif
   // Each call sends the same batch again, not its sequences' next tokens:
-  // the ring forgets the slots' history (H) before each, outside the record,
-  // so the depth rule sees fresh slots.
+  // before each, outside the record, every slot holds every position, so
+  // that the rows' starts continue their sequences.
   auto const fresh = [&](auto const& call) {
-    s.ring.reset(s.space);
     s.space.fence();
+    hold_positions(s.ring, 0x7FFFFFFFu, 1);
     return record(call);
   };
   std::vector<std::pair<std::string, Recorder>> runs;

@@ -241,20 +241,22 @@ struct World {
                            tu_pooled, tu_closed, o);
         break;
       // Each call is a batch of its own, not the next call of the same
-      // sequences: the ring forgets the slots' history (H) first, so the
-      // depth rule (tested in tst_streaming) sees fresh slots.
+      // sequences: the slots hold every position (as load_ring left them),
+      // so that any start continues its sequence within the ring's depth,
+      // and a call that returns leaves them so again (the slot rules are
+      // tested in tst_streaming).
       case Entry::step_fused:
       case Entry::step_unfused:
         o.fused = e == Entry::step_fused;
-        ring.reset(space);
         KPool::step(space, ring, key, gate, ape, ro, cl, si, num_requests,
                     step_out, o);
+        hold_positions(ring, 0x7FFFFFFFu, 1);
         break;
       case Entry::decode_step:
-        ring.reset(space);
         KPool::decode_step(space, ring, key3, gate3, ape, positions_view(),
                            index_view<U32>(dslots, "slot_idx"), dnum,
                            decode_out, o);
+        hold_positions(ring, 0x7FFFFFFFu, 1);
         break;
       case Entry::expand_topk:
         KPool::expand_topk(space, pool_ids, ro, cl, num_requests, kpool,
@@ -292,6 +294,7 @@ void add(Snapshot& s, std::string const& name, V const& v) {
 Snapshot snapshot(World const& w) {
   Snapshot s;
   add(s, "ring", w.ring.tail());
+  add(s, "ring.state", w.ring.state());
   if (w.tail.data() != w.ring.tail().data()) add(s, "tail", w.tail);
   add(s, "compress.pool_row_offsets", w.c_offsets);
   add(s, "compress.pooled", w.c_pooled);
@@ -779,6 +782,7 @@ TEST(Validation, RingLengthMustBeAMultipleOfKpool) {
   {
     World w;
     w.ring = Ring(w.space, kSlots, K, w.D, 2 * K);
+    hold_positions(w.ring, 0x7FFFFFFFu, 1);
     w.tail = w.ring.tail();
     EXPECT_EQ(w.ring.ring_length(), 2 * K);
     EXPECT_EQ(w.ring.kpool(), K);

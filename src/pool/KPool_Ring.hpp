@@ -4,6 +4,7 @@
 #include <common/KPool_Exceptions.hpp>
 #include <common/KPool_Types.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
+#include <common/detail/KPool_Request.hpp>
 
 #include <cstdint>
 #include <string>
@@ -24,20 +25,28 @@ namespace KPool {
 ///     H - floor(c / K) * K <= R,
 ///
 /// H being one past the highest position ever sent for that sequence, so
-/// that the members of the pool pending at c are still in the ring. The
-/// ring remembers H for each slot (high(), updated on the device by the
-/// steps' own launches): with Options::validate, KPool::step and
-/// KPool::decode_step refuse a rewind that breaks the rule, naming the
-/// slot, c, H and R, before anything is written. A call with
-/// cache_length 0 (a decode row whose first real position is 0) starts a
-/// new sequence and resets its slot's H; a sequence that takes a slot and
-/// starts past 0 (a prefix already cached elsewhere) calls reset() first.
-/// A serving engine sending the next token plus S drafts a step and
-/// re-sending from the first rejected one needs R >= K + S;
-/// serving_length(K, S) gives the size engines use.
+/// that the members of the pool pending at c are still in the ring. A
+/// call may not start past what the slot holds (no gaps): c > L would
+/// take the pending pool's earlier members from stale entries. A fresh or
+/// reset slot holds nothing: its sequence starts at a pool boundary
+/// (c % K == 0, the earlier pools from a prefix cache), or mid-pool only
+/// after seed_tail has put [floor(c/K)*K, c) into the slot.
 ///
-/// KPool::step and KPool::decode_step take the ring itself; the individual
-/// writers take its view, tail(), and neither read nor update H.
+/// The ring keeps each slot's state on the device (state(): where the
+/// positions it holds start, L and H), moved by the launches that write
+/// the ring: with Options::validate, the steps, ring_close and
+/// tail_update refuse a start the slot cannot serve, naming the slot, c
+/// and what the slot holds, before anything is written. A call with
+/// cache_length 0 (a decode row whose first real position is 0) starts a
+/// new sequence in its slot; a sequence that takes a slot and starts past
+/// 0 (a prefix already cached elsewhere) calls reset() first. A serving
+/// engine sending the next token plus S drafts a step and re-sending from
+/// the first rejected one needs R >= K + S; serving_length(K, S) gives the
+/// size engines use.
+///
+/// The steps and the writers' ring forms take the ring itself; the
+/// writers' forms that take its view, tail(), neither read nor move the
+/// slots' state.
 ///
 /// @tparam T the storage type (float, double, bfloat16, float16), that of
 /// the keys and gates the steps take.
@@ -57,8 +66,13 @@ class Ring {
   using memory_space = MemorySpace;
   /// The ring's view: [max_slots, 2, R, D], LayoutRight.
   using tail_type = Kokkos::View<T****, Kokkos::LayoutRight, MemorySpace>;
-  /// The view of each slot's H (high()): [max_slots], uint32.
-  using high_type = Kokkos::View<std::uint32_t*, MemorySpace>;
+  /// The slots' state (state()): [max_slots][3] uint32, a slot's start, L
+  /// and H (docs/ring.md, "What a slot holds").
+  using state_type = Kokkos::View<std::uint32_t* [Details::slot_state_words],
+                                  Kokkos::LayoutRight, MemorySpace>;
+  /// The view of each slot's H (high()): [max_slots], uint32, a column of
+  /// state().
+  using high_type = Kokkos::View<std::uint32_t*, Kokkos::LayoutStride, MemorySpace>;
 
   /// The ring length for S draft tokens a step:
   /// K * next_pow2(ceil((K + S) / K)), the smallest power-of-two number of
@@ -92,7 +106,8 @@ class Ring {
   /// Allocates [max_slots, 2, kpool, head_dim] (R = kpool), zero-filled on
   /// `space`, asynchronously like any work queued there; the allocation is
   /// labelled "KPool::Ring::tail". max_slots * 2 * R * head_dim *
-  /// sizeof(T) bytes, and 4 bytes a slot for H ("KPool::Ring::high", zero).
+  /// sizeof(T) bytes, and 12 bytes a slot for its state
+  /// ("KPool::Ring::state", zero: every slot fresh).
   /// @tparam ExecutionSpace a Kokkos execution space whose memory space is
   /// MemorySpace.
   /// @param space the instance the zero fill is queued on.
@@ -137,13 +152,14 @@ class Ring {
               " kpool = " + std::to_string(kpool) + ")");
     tail_ = tail_type(Kokkos::view_alloc(space, "KPool::Ring::tail"),
                       max_slots, 2, ring_length, head_dim);
-    high_ = high_type(Kokkos::view_alloc(space, "KPool::Ring::high"), max_slots);
+    state_ = state_type(Kokkos::view_alloc(space, "KPool::Ring::state"), max_slots);
   }
 
-  /// Forgets the history of one slot (H = 0), for a sequence that takes
-  /// the slot and starts at a cache_length above 0. A sequence starting at
-  /// 0 needs no reset: its first call resets H. Queued on `space`; nothing
-  /// waits for the host.
+  /// Forgets the history of one slot (it holds nothing, as a fresh one),
+  /// for a sequence that takes the slot and starts at a cache_length above
+  /// 0: at a pool boundary, or mid-pool after seed_tail. A sequence
+  /// starting at 0 needs no reset: its first call starts the slot anew.
+  /// Queued on `space`; nothing waits for the host.
   /// @param space the instance the steps run on.
   /// @param slot the slot, below max_slots().
   /// @throws KPool::InvalidArgument when slot is out of range (nothing
@@ -155,16 +171,17 @@ class Ring {
                             std::to_string(slot),
                             "is not a slot of a ring of max_slots = " +
                                 std::to_string(max_slots()));
-    Kokkos::deep_copy(space, Kokkos::subview(high_, static_cast<std::size_t>(slot)),
+    Kokkos::deep_copy(space,
+                      Kokkos::subview(state_, static_cast<std::size_t>(slot), Kokkos::ALL),
                       std::uint32_t(0));
   }
 
-  /// Forgets the history of every slot (H = 0 everywhere), queued on
+  /// Forgets the history of every slot (each holds nothing), queued on
   /// `space`.
   /// @param space the instance the steps run on.
   template <class ExecutionSpace>
   void reset(ExecutionSpace const& space) {
-    Kokkos::deep_copy(space, high_, std::uint32_t(0));
+    Kokkos::deep_copy(space, state_, std::uint32_t(0));
   }
 
   /// The raw view, for the individual writers (ring_close, seed_tail,
@@ -180,15 +197,23 @@ class Ring {
   /// @return D, channels of a key.
   int head_dim() const { return static_cast<int>(tail_.extent(3)); }
 
+  /// The slots' state, moved on the device by the launches that write the
+  /// ring and read by validation (docs/ring.md, "What a slot holds"):
+  /// state(s, 0) where the positions slot s holds start, state(s, 1) L,
+  /// where its last call ended, state(s, 2) H, one past the highest
+  /// position sent since its sequence started; H = 0: the slot holds
+  /// nothing (fresh, or reset()).
+  /// @return [max_slots][3], uint32.
+  state_type const& state() const { return state_; }
+
   /// The view of H, one past the highest position sent to each slot since
-  /// its sequence started (cache_length 0) or reset(): the steps' launches
-  /// write it, their validation reads it (docs/ring.md, "The depth rule").
+  /// its sequence started (cache_length 0) or reset(): column 2 of state().
   /// @return [max_slots], uint32.
-  high_type const& high() const { return high_; }
+  high_type high() const { return Kokkos::subview(state_, Kokkos::ALL, 2); }
 
  private:
   tail_type tail_;
-  high_type high_;
+  state_type state_;
   int kpool_ = 0;
 };
 

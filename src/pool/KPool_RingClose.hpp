@@ -8,8 +8,77 @@
 #include <pool/detail/KPool_WriterFunctors.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace KPool {
+
+namespace Details {
+
+// ring_close's checks and launch, for its every form; `slots` given (the
+// ring form) checks each live row's start against its slot's state.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class ApeView, class RowOffsetsView, class CacheLengthsView,
+          class SlotView, class PooledView, class ClosedView>
+void ring_close_impl(ExecutionSpace const& space, TailView const& tail,
+                     KeyView const& key, GateView const& gate, ApeView const& ape,
+                     RowOffsetsView const& row_offsets,
+                     CacheLengthsView const& cache_lengths,
+                     SlotView const& slot_idx, int num_requests,
+                     PooledView const& pooled, ClosedView const& closed_pool,
+                     Options const& options,
+                     RingSlots<typename ExecutionSpace::memory_space> const& slots) {
+  using T = typename KeyView::non_const_value_type;
+  static_cast<void>(Details::ragged_views_ok<ExecutionSpace, T, KeyView, GateView,
+                                              RowOffsetsView, CacheLengthsView>());
+  KPOOL_IMPL_CHECK_VIEW(TailView, T, 4, ExecutionSpace, "tail");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
+                        "slot_idx");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 2, ExecutionSpace, "pooled");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 1, ExecutionSpace,
+                               "closed_pool");
+  using M = typename ExecutionSpace::memory_space;
+
+  Details::Entry const chk("KPool::ring_close");
+  auto call = Details::ragged_call<ExecutionSpace, T>(chk, key, gate, ape, row_offsets,
+                                                      cache_lengths, num_requests);
+  int const K = call.batch.kpool, D = call.head_dim;
+  if (slots.given() && slots.kpool != K)
+    chk.fail("ring", "kpool", -1, std::to_string(slots.kpool),
+             "does not match the kpool of ape = " + std::to_string(K));
+  Details::attach_ring(chk, call, slot_idx, tail);
+  chk.extent_is("pooled", 0, pooled.extent(0), call.batch_size, "B");
+  chk.extent_is("pooled", 1, pooled.extent(1), D, "head_dim");
+  chk.extent_is("closed_pool", 0, closed_pool.extent(0), call.batch_size, "B");
+  if (options.validate) {
+    HostBatch const hb = Details::check_ragged_batch(
+        chk, space, row_offsets, cache_lengths, &slot_idx, num_requests, key.extent(0), K,
+        static_cast<int>(tail.extent(0)));
+    if (slots.given())
+      check_slot_starts(chk, space, slots.state, K, slots.ring_length,
+                        ragged_restarts(hb), "cache_lengths");
+  }
+
+  Details::View4<const T, M> const ring = tail;
+  Details::View2<T, M> const out = pooled;
+  bool const contiguous =
+      call.contiguous() && out.stride(1) == 1 && ring.stride(3) == 1;
+  bool const aligned = call.aligned() &&
+                       Details::rows_aligned(out.data(), out.stride(0), 16) &&
+                       Details::ring_aligned(ring);
+  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
+                                            [&](auto path) {
+    using P = decltype(path);
+    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, false, T const>;
+    Details::RingCloseFunctor<Writer> f{Details::ragged_writer<Writer>(call)};
+    f.writer.tail = ring;
+    f.writer.out.set_pooled(out);
+    f.writer.closed_pool = closed_pool;
+    Details::launch_rows<P>(chk, space, f, num_requests, D, options);
+  });
+}
+
+}  // namespace Details
 
 /// The one pending pool the ring already partly holds (docs/writers.md,
 /// "ring_close"). For request r with c = cache_lengths(r), have = c % K and
@@ -58,64 +127,53 @@ void ring_close(ExecutionSpace const& space, TailView const& tail,
                 SlotView const& slot_idx, int num_requests,
                 PooledView const& pooled, ClosedView const& closed_pool,
                 Options const& options = Options()) {
-  using T = typename KeyView::non_const_value_type;
-  static_cast<void>(Details::ragged_views_ok<ExecutionSpace, T, KeyView, GateView,
-                                              RowOffsetsView, CacheLengthsView>());
-  KPOOL_IMPL_CHECK_VIEW(TailView, T, 4, ExecutionSpace, "tail");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 2, ExecutionSpace, "pooled");
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 1, ExecutionSpace,
-                               "closed_pool");
-  using M = typename ExecutionSpace::memory_space;
-
-  Details::Entry const chk("KPool::ring_close");
-  auto call = Details::ragged_call<ExecutionSpace, T>(chk, key, gate, ape, row_offsets,
-                                                      cache_lengths, num_requests);
-  int const K = call.batch.kpool, D = call.head_dim;
-  Details::attach_ring(chk, call, slot_idx, tail);
-  chk.extent_is("pooled", 0, pooled.extent(0), call.batch_size, "B");
-  chk.extent_is("pooled", 1, pooled.extent(1), D, "head_dim");
-  chk.extent_is("closed_pool", 0, closed_pool.extent(0), call.batch_size, "B");
-  if (options.validate)
-    Details::check_ragged_batch(chk, space, row_offsets, cache_lengths,
-                                &slot_idx, num_requests, key.extent(0), K,
-                                static_cast<int>(tail.extent(0)));
-
-  Details::View4<const T, M> const ring = tail;
-  Details::View2<T, M> const out = pooled;
-  bool const contiguous =
-      call.contiguous() && out.stride(1) == 1 && ring.stride(3) == 1;
-  bool const aligned = call.aligned() &&
-                       Details::rows_aligned(out.data(), out.stride(0), 16) &&
-                       Details::ring_aligned(ring);
-  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
-                                            [&](auto path) {
-    using P = decltype(path);
-    using Writer = Details::RaggedWriter<ExecutionSpace, T, P, false, T const>;
-    Details::RingCloseFunctor<Writer> f{Details::ragged_writer<Writer>(call)};
-    f.writer.tail = ring;
-    f.writer.out.set_pooled(out);
-    f.writer.closed_pool = closed_pool;
-    Details::launch_rows<P>(chk, space, f, num_requests, D, options);
-  });
+  Details::ring_close_impl(space, tail, key, gate, ape, row_offsets, cache_lengths, slot_idx,
+                           num_requests, pooled, closed_pool, options,
+                           Details::RingSlots<typename ExecutionSpace::memory_space>());
 }
 
-/// ring_close with one batch argument (docs/api.md, "One batch argument"):
-/// space, the ring's tail, inputs, a ragged batch with slot_idx, outputs,
-/// options. As the positional form.
+/// ring_close with one batch argument and the ring itself (docs/api.md,
+/// "One batch argument"): space, the ring, inputs, a ragged batch with
+/// slot_idx, outputs, options. As the positional form, and with
+/// options.validate each live row's start is checked against its slot's
+/// state (docs/ring.md, "No gaps" and "The depth rule": no start past what
+/// the slot holds, none mid-pool in a fresh or reset slot, none deeper
+/// than the ring holds), with the other data checks. The ring is only
+/// read.
+/// @param ring the layer's ring (the one the steps use), built for ape's K.
+/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
+/// one without slot_idx, "cache_lengths" for a start the slot cannot
+/// serve (naming the slot, c and what the slot holds), and as the
+/// positional form. Nothing has been written then.
+template <class ExecutionSpace, class T, class MemorySpace, class KeyView, class GateView,
+          class ApeView, class PooledView, class ClosedView>
+void ring_close(ExecutionSpace const& space, Ring<T, MemorySpace> const& ring,
+                KeyView const& key, GateView const& gate, ApeView const& ape,
+                Batch<MemorySpace> const& batch, PooledView const& pooled,
+                ClosedView const& closed_pool, Options const& options = Options()) {
+  Details::writer_batch_ok("KPool::ring_close", batch, Batch<MemorySpace>::Kind::ragged, true);
+  Details::ring_close_impl(space, ring.tail(), key, gate, ape, batch.row_offsets,
+                           batch.cache_lengths, batch.slot_idx, batch.num_requests, pooled,
+                           closed_pool, options, Details::ring_slots(ring));
+}
+
+/// ring_close with one batch argument and the ring's view (docs/api.md,
+/// "One batch argument"): space, the ring's tail, inputs, a ragged batch
+/// with slot_idx, outputs, options. As the positional form: the slots'
+/// state is neither read nor checked (the ring form checks it).
 /// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
 /// one without slot_idx, and as the positional form.
 template <class ExecutionSpace, class TailView, class KeyView, class GateView,
-          class ApeView, class MemorySpace, class PooledView, class ClosedView>
+          class ApeView, class MemorySpace, class PooledView, class ClosedView,
+          std::enable_if_t<Kokkos::is_view<TailView>::value, int> = 0>
 void ring_close(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
                 GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
                 PooledView const& pooled, ClosedView const& closed_pool,
                 Options const& options = Options()) {
   Details::writer_batch_ok("KPool::ring_close", batch, Batch<MemorySpace>::Kind::ragged, true);
-  ring_close(space, tail, key, gate, ape, batch.row_offsets, batch.cache_lengths,
-             batch.slot_idx, batch.num_requests, pooled, closed_pool, options);
+  Details::ring_close_impl(space, tail, key, gate, ape, batch.row_offsets, batch.cache_lengths,
+                           batch.slot_idx, batch.num_requests, pooled, closed_pool, options,
+                           Details::RingSlots<typename ExecutionSpace::memory_space>());
 }
 
 }  // namespace KPool

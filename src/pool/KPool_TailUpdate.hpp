@@ -8,6 +8,8 @@
 #include <pool/detail/KPool_TailUpdateFunctor.hpp>
 
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 namespace KPool {
 
@@ -49,6 +51,92 @@ bool decode_aligned(View3<const T, M> const& key, View3<const T, M> const& gate,
   return rows_aligned(key.data(), key.stride(1), 16) && (key.stride(0) * sizeof(T)) % 16 == 0 &&
          rows_aligned(gate.data(), gate.stride(1), 16) && (gate.stride(0) * sizeof(T)) % 16 == 0 &&
          rows_aligned(ape.data(), ape.stride(0), W * sizeof(float)) && ring_aligned(ring);
+}
+
+// tail_update's checks and launch, for its every form; `slots` given (the
+// ring form) checks each live row's start against its slot's state and
+// moves the state past the row's real positions.
+template <class ExecutionSpace, class TailView, class KeyView, class GateView,
+          class ApeView, class PositionsView, class SlotView, class PooledView,
+          class ClosedView>
+void tail_update_impl(ExecutionSpace const& space, TailView const& tail,
+                      KeyView const& key, GateView const& gate, ApeView const& ape,
+                      PositionsView const& positions, SlotView const& slot_idx,
+                      int num_requests, PooledView const& pooled,
+                      ClosedView const& closed_pool, Options const& options,
+                      RingSlots<typename ExecutionSpace::memory_space> const& slots) {
+  using T = typename KeyView::non_const_value_type;
+  static_cast<void>(Details::decode_views_ok<ExecutionSpace, T, KeyView, GateView,
+                                              PositionsView, SlotView>());
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
+  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 3, ExecutionSpace, "pooled");
+  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 2, ExecutionSpace,
+                               "closed_pool");
+  using M = typename ExecutionSpace::memory_space;
+
+  Details::Entry const chk("KPool::tail_update");
+  Details::check_decode_shapes(chk, key, gate, ape, positions, tail,
+                               num_requests);
+  int const K = static_cast<int>(ape.extent(0));
+  int const D = static_cast<int>(ape.extent(1));
+  std::size_t const B = positions.extent(0);
+  std::size_t const next_n = positions.extent(1);
+  std::size_t const max_closed = (next_n + K - 1) / K;
+  chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,
+                "the batch size B (positions is [B, next_n])");
+  chk.extent_is("pooled", 0, pooled.extent(0), B, "the batch size B");
+  chk.extent_at_least("pooled", 1, pooled.extent(1), max_closed,
+                      "pools a row of next_n tokens can close (ceil(next_n / K))");
+  chk.extent_is("pooled", 2, pooled.extent(2), D, "head_dim");
+  chk.extent_is("closed_pool", 0, closed_pool.extent(0), B, "the batch size B");
+  chk.extent_is("closed_pool", 1, closed_pool.extent(1), pooled.extent(1),
+                "the extent 1 of pooled");
+  if (slots.given() && slots.kpool != K)
+    chk.fail("ring", "kpool", -1, std::to_string(slots.kpool),
+             "does not match the kpool of ape = " + std::to_string(K));
+  int const max_slots = static_cast<int>(tail.extent(0));
+  if (options.validate) {
+    std::vector<RingRestart> restarts;
+    Details::check_decode_batch(chk, space, positions, slot_idx, num_requests,
+                                K, max_slots, nullptr, slots.given() ? &restarts : nullptr);
+    if (slots.given())
+      check_slot_starts(chk, space, slots.state, K, slots.ring_length, restarts, "positions");
+  }
+
+  Details::View4<T, M> const ring = tail;
+  Details::View3<const T, M> const k = key;
+  Details::View3<const T, M> const g = gate;
+  Details::View2<const float, M> const a = ape;
+  Details::View3<T, M> const out = pooled;
+  bool const contiguous = k.stride(2) == 1 && g.stride(2) == 1 &&
+                          a.stride(1) == 1 && ring.stride(3) == 1 &&
+                          out.stride(2) == 1;
+  bool const aligned = Details::decode_aligned<ExecutionSpace, T, M>(k, g, a, ring) &&
+                       Details::rows_aligned(out.data(), out.stride(1), 16) &&
+                       (out.stride(0) * sizeof(T)) % 16 == 0;
+  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
+                                            [&](auto path) {
+    using P = decltype(path);
+    Details::TailUpdateFunctor<ExecutionSpace, T, P, false> f;
+    f.tail = ring;
+    f.key = k;
+    f.gate = g;
+    f.ape = Details::ape_source(a);
+    f.positions = positions;
+    f.slot_idx = slot_idx;
+    f.out.pooled = out;
+    f.out.closed_pool = closed_pool;
+    f.out.max_closed = static_cast<int>(closed_pool.extent(1));
+    f.num_requests = num_requests;
+    f.next_n = static_cast<int>(next_n);
+    f.kpool = K;
+    f.head_dim = D;
+    f.max_slots = max_slots;
+    f.ring_length = static_cast<int>(tail.extent(2));
+    f.ring_state = slots.words();
+    Details::launch_rows<P>(chk, space, f, num_requests, D, options);
+  });
 }
 
 }  // namespace Details
@@ -100,86 +188,52 @@ void tail_update(ExecutionSpace const& space, TailView const& tail,
                  int num_requests, PooledView const& pooled,
                  ClosedView const& closed_pool,
                  Options const& options = Options()) {
-  using T = typename KeyView::non_const_value_type;
-  static_cast<void>(Details::decode_views_ok<ExecutionSpace, T, KeyView, GateView,
-                                              PositionsView, SlotView>());
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 3, ExecutionSpace, "pooled");
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 2, ExecutionSpace,
-                               "closed_pool");
-  using M = typename ExecutionSpace::memory_space;
-
-  Details::Entry const chk("KPool::tail_update");
-  Details::check_decode_shapes(chk, key, gate, ape, positions, tail,
-                               num_requests);
-  int const K = static_cast<int>(ape.extent(0));
-  int const D = static_cast<int>(ape.extent(1));
-  std::size_t const B = positions.extent(0);
-  std::size_t const next_n = positions.extent(1);
-  std::size_t const max_closed = (next_n + K - 1) / K;
-  chk.extent_is("slot_idx", 0, slot_idx.extent(0), B,
-                "the batch size B (positions is [B, next_n])");
-  chk.extent_is("pooled", 0, pooled.extent(0), B, "the batch size B");
-  chk.extent_at_least("pooled", 1, pooled.extent(1), max_closed,
-                      "pools a row of next_n tokens can close (ceil(next_n / K))");
-  chk.extent_is("pooled", 2, pooled.extent(2), D, "head_dim");
-  chk.extent_is("closed_pool", 0, closed_pool.extent(0), B, "the batch size B");
-  chk.extent_is("closed_pool", 1, closed_pool.extent(1), pooled.extent(1),
-                "the extent 1 of pooled");
-  int const max_slots = static_cast<int>(tail.extent(0));
-  if (options.validate)
-    Details::check_decode_batch(chk, space, positions, slot_idx, num_requests,
-                                K, max_slots);
-
-  Details::View4<T, M> const ring = tail;
-  Details::View3<const T, M> const k = key;
-  Details::View3<const T, M> const g = gate;
-  Details::View2<const float, M> const a = ape;
-  Details::View3<T, M> const out = pooled;
-  bool const contiguous = k.stride(2) == 1 && g.stride(2) == 1 &&
-                          a.stride(1) == 1 && ring.stride(3) == 1 &&
-                          out.stride(2) == 1;
-  bool const aligned = Details::decode_aligned<ExecutionSpace, T, M>(k, g, a, ring) &&
-                       Details::rows_aligned(out.data(), out.stride(1), 16) &&
-                       (out.stride(0) * sizeof(T)) % 16 == 0;
-  Details::dispatch_path<ExecutionSpace, T>(K, D, contiguous, aligned,
-                                            [&](auto path) {
-    using P = decltype(path);
-    Details::TailUpdateFunctor<ExecutionSpace, T, P, false> f;
-    f.tail = ring;
-    f.key = k;
-    f.gate = g;
-    f.ape = Details::ape_source(a);
-    f.positions = positions;
-    f.slot_idx = slot_idx;
-    f.out.pooled = out;
-    f.out.closed_pool = closed_pool;
-    f.out.max_closed = static_cast<int>(closed_pool.extent(1));
-    f.num_requests = num_requests;
-    f.next_n = static_cast<int>(next_n);
-    f.kpool = K;
-    f.head_dim = D;
-    f.max_slots = max_slots;
-    f.ring_length = static_cast<int>(tail.extent(2));
-    Details::launch_rows<P>(chk, space, f, num_requests, D, options);
-  });
+  Details::tail_update_impl(space, tail, key, gate, ape, positions, slot_idx, num_requests,
+                            pooled, closed_pool, options,
+                            Details::RingSlots<typename ExecutionSpace::memory_space>());
 }
 
-/// tail_update with one batch argument (docs/api.md, "One batch
-/// argument"): space, the ring's tail, inputs, a decode batch with
-/// slot_idx, outputs, options. As the positional form.
+/// tail_update with one batch argument and the ring itself (docs/api.md,
+/// "One batch argument"): space, the ring, inputs, a decode batch with
+/// slot_idx, outputs, options. As the positional form, and with
+/// options.validate each live row's first real position is checked
+/// against its slot's state (docs/ring.md, "No gaps" and "The depth
+/// rule"), which each row's real positions then move on the device.
+/// @param ring the layer's ring (the one the steps use), built for ape's
+/// K; written.
+/// @throws KPool::InvalidArgument (argument "batch") for a ragged batch or
+/// one without slot_idx, "positions" for a start the slot cannot serve
+/// (naming the slot, c and what the slot holds), and as the positional
+/// form. Nothing has been written then.
+template <class ExecutionSpace, class T, class MemorySpace, class KeyView, class GateView,
+          class ApeView, class PooledView, class ClosedView>
+void tail_update(ExecutionSpace const& space, Ring<T, MemorySpace>& ring, KeyView const& key,
+                 GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
+                 PooledView const& pooled, ClosedView const& closed_pool,
+                 Options const& options = Options()) {
+  Details::writer_batch_ok("KPool::tail_update", batch, Batch<MemorySpace>::Kind::decode, true);
+  Details::tail_update_impl(space, ring.tail(), key, gate, ape, batch.positions, batch.slot_idx,
+                            batch.num_requests, pooled, closed_pool, options,
+                            Details::ring_slots(ring));
+}
+
+/// tail_update with one batch argument and the ring's view (docs/api.md,
+/// "One batch argument"): space, the ring's tail, inputs, a decode batch
+/// with slot_idx, outputs, options. As the positional form: the slots'
+/// state is neither checked nor moved (the ring form does both).
 /// @throws KPool::InvalidArgument (argument "batch") for a ragged batch or
 /// one without slot_idx, and as the positional form.
 template <class ExecutionSpace, class TailView, class KeyView, class GateView,
-          class ApeView, class MemorySpace, class PooledView, class ClosedView>
+          class ApeView, class MemorySpace, class PooledView, class ClosedView,
+          std::enable_if_t<Kokkos::is_view<TailView>::value, int> = 0>
 void tail_update(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
                  GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
                  PooledView const& pooled, ClosedView const& closed_pool,
                  Options const& options = Options()) {
   Details::writer_batch_ok("KPool::tail_update", batch, Batch<MemorySpace>::Kind::decode, true);
-  tail_update(space, tail, key, gate, ape, batch.positions, batch.slot_idx, batch.num_requests,
-              pooled, closed_pool, options);
+  Details::tail_update_impl(space, tail, key, gate, ape, batch.positions, batch.slot_idx,
+                            batch.num_requests, pooled, closed_pool, options,
+                            Details::RingSlots<typename ExecutionSpace::memory_space>());
 }
 
 }  // namespace KPool

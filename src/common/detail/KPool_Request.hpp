@@ -65,24 +65,60 @@ KOKKOS_INLINE_FUNCTION RequestGeometry request_geometry(std::uint64_t c,
   return g;
 }
 
-// The ring's depth rule (docs/ring.md, "Rewinds"). A slot keeps H, one
-// past the highest position sent since its sequence started: a call that
-// (re)starts the sequence at c and ends at end leaves H = end when c is 0
-// (a new sequence) and max(H, end) otherwise. The steps' launches update
-// it (next_high) and their validation checks each restart against it
-// (rewind_depth <= R): H - floor(c / K) * K, the positions the ring must
-// still hold, from the pending pool's first member on; 0 for a new
-// sequence, which needs nothing from the ring.
-KOKKOS_INLINE_FUNCTION std::uint32_t next_high(std::uint32_t high, std::uint64_t c,
-                                               std::uint64_t end) {
-  return static_cast<std::uint32_t>(c == 0 || end > high ? end : high);
+// A ring slot's state (Ring::state(), docs/ring.md, "What a slot holds"):
+// the slot holds its sequence's positions [start, length), length being
+// L, where the last call ended, and high H, one past the highest position
+// sent since the sequence started (high 0: the slot holds nothing, fresh
+// or reset). Three words a slot, in this order, on the ring's memory space.
+struct SlotState {
+  std::uint32_t start = 0, length = 0, high = 0;
+};
+constexpr int slot_state_words = 3;
+
+// What a call that sends positions [c, end), end > c, to a slot leaves
+// there, moved on the device by the launch that writes the ring (one
+// thread a slot): a call that continues or rewinds what the slot holds
+// (c <= L, and [c, end) touches [start, L)) keeps start (or lowers it to
+// c), sets L = end and H = max(H, end); any other (c = 0, a fresh or
+// reset slot, or validation off letting a gap through) holds [c, end)
+// alone, H = end.
+KOKKOS_INLINE_FUNCTION void advance_slot(std::uint32_t* state, std::uint64_t c,
+                                         std::uint64_t end) {
+  std::uint32_t const start = state[0], length = state[1], high = state[2];
+  bool const continues = c != 0 && high != 0 && c <= length && end >= start;
+  state[0] = static_cast<std::uint32_t>(continues && start < c ? start : c);
+  state[1] = static_cast<std::uint32_t>(end);
+  state[2] = static_cast<std::uint32_t>(continues && high > end ? high : end);
 }
 
+// The ring's depth rule (docs/ring.md, "Rewinds"): a (re)start at c needs
+// H - floor(c / K) * K <= R, the positions the ring must still hold from
+// the pending pool's first member on; 0 for a new sequence (c = 0), which
+// needs nothing from the ring.
 KOKKOS_INLINE_FUNCTION std::uint64_t rewind_depth(std::uint64_t high, std::uint64_t c,
                                                   int kpool) {
   std::uint64_t const base = c / static_cast<std::uint64_t>(kpool) *
                              static_cast<std::uint64_t>(kpool);
   return c == 0 || high <= base ? 0 : high - base;
+}
+
+// Whether a call that reads the ring (a step, ring_close, tail_update) may
+// start a slot's sequence at c (SEMANTICS, "No gaps"; docs/ring.md): c = 0
+// always (a new sequence); in a slot that holds nothing, only at a pool
+// boundary; otherwise at c <= L, with the pending pool's earlier members
+// [floor(c/K)*K, c) held (from start on) and within the ring's depth.
+enum class SlotStart { ok, fresh_mid_pool, gap, before_start, too_deep };
+
+KOKKOS_INLINE_FUNCTION SlotStart slot_start(SlotState const& s, std::uint64_t c, int kpool,
+                                            int ring_length) {
+  std::uint64_t const K = static_cast<std::uint64_t>(kpool);
+  if (c == 0) return SlotStart::ok;
+  if (s.high == 0) return c % K == 0 ? SlotStart::ok : SlotStart::fresh_mid_pool;
+  if (c > s.length) return SlotStart::gap;
+  if (c % K != 0 && c / K * K < s.start) return SlotStart::before_start;
+  if (rewind_depth(s.high, c, kpool) > static_cast<std::uint64_t>(ring_length))
+    return SlotStart::too_deep;
+  return SlotStart::ok;
 }
 
 // Pools that close when a decode row stashes `pos`: one when it is the last

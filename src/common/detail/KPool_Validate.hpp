@@ -289,7 +289,7 @@ struct HostBatch {
 };
 
 // A live row's (re)start of its slot's sequence: it sends positions
-// [start, end) (the ring's depth rule, check_ring_depth).
+// [start, end) (the slot rules, check_slot_starts).
 struct RingRestart {
   std::uint32_t slot;
   std::uint64_t start, end;
@@ -366,11 +366,21 @@ HostBatch check_ragged_batch(Checker const& chk, ExecutionSpace const& space,
   return hb;
 }
 
+// A validated ragged batch's rows as starts of their slots' sequences
+// (hb.slots needed): row r sends positions [c, c + n).
+inline std::vector<RingRestart> ragged_restarts(HostBatch const& hb) {
+  std::vector<RingRestart> restarts;
+  restarts.reserve(hb.geometry.size());
+  for (std::size_t r = 0; r < hb.geometry.size(); ++r)
+    restarts.push_back({hb.slots[r], hb.geometry[r].cache_length, hb.geometry[r].end});
+  return restarts;
+}
+
 // The data rules of decode rows whose shapes are already checked: live
 // slots below max_slots and distinct; real positions (>= 0) of a row
 // consecutive, since a gap would close a pool from stale ring entries.
 // A row's first real position may rewind below the sequence's length (the
-// ring's depth rule, check_ring_depth, from `restarts`).
+// slot rules, check_slot_starts, from `restarts`).
 // Returns the pools each live row closes; `pools`, when given, receives
 // each live row's closed pool ids as a range [first, end) (consecutive
 // positions close consecutive pools; empty when none); `restarts`, when

@@ -10,11 +10,13 @@
 #include <common/detail/KPool_Launch.hpp>
 #include <common/detail/KPool_Validate.hpp>
 #include <common/detail/KPool_Views.hpp>
+#include <pool/KPool_Ring.hpp>
 #include <pool/detail/KPool_OffsetsFunctor.hpp>
 #include <pool/detail/KPool_RaggedWriter.hpp>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace KPool {
 namespace Details {
@@ -141,6 +143,105 @@ void attach_ring(Checker const& chk, RaggedCall<ExecutionSpace, T>& call,
   call.batch.slot_idx = slot_idx;
   call.batch.max_slots = static_cast<int>(tail.extent(0));
   call.batch.ring_length = static_cast<int>(tail.extent(2));
+}
+
+// The slots' state a writer moves and checks when it is given the ring
+// itself (Ring::state(), its K and R); empty for a writer given the
+// ring's view only, which neither checks nor moves it.
+template <class M>
+struct RingSlots {
+  Kokkos::View<std::uint32_t* [slot_state_words], Kokkos::LayoutRight, M> state;
+  int kpool = 0;
+  int ring_length = 0;
+
+  bool given() const { return state.data() != nullptr; }
+  std::uint32_t* words() const { return state.data(); }
+};
+
+// The ring a step or a writer's ring form is given: its tail's shape
+// (check_tail) and the kpool it was built for, which must be ape's.
+template <class T, class M>
+void check_ring(Checker const& chk, Ring<T, M> const& ring, int kpool, int head_dim) {
+  check_tail(chk, ring.tail(), kpool, head_dim);
+  if (ring.kpool() != kpool)
+    chk.fail("ring", "kpool", -1, std::to_string(ring.kpool()),
+             "does not match the kpool of ape = " + std::to_string(kpool));
+}
+
+template <class T, class M>
+RingSlots<M> ring_slots(Ring<T, M> const& ring) {
+  RingSlots<M> s;
+  s.state = ring.state();
+  s.kpool = ring.kpool();
+  s.ring_length = ring.ring_length();
+  return s;
+}
+
+// With validation: each live row that sends a position starts its slot's
+// sequence where the slot can serve it (docs/ring.md, "No gaps" and "The
+// depth rule"; slot_start), against the slots' state as the launches
+// queued before left it: one copy of the ring's state (12 bytes a slot)
+// on `space`, within the call's validation. `argument` is what carries c:
+// cache_lengths (ragged) or positions (decode).
+template <class ExecutionSpace, class State>
+void check_slot_starts(Checker const& chk, ExecutionSpace const& space, State const& state,
+                       int kpool, int ring_length, std::vector<RingRestart> const& restarts,
+                       char const* argument) {
+  bool any = false;
+  for (RingRestart const& q : restarts) any = any || q.end > q.start;
+  if (!any) return;
+  auto const h = host_readable(space, state);
+  std::uint64_t const K = static_cast<std::uint64_t>(kpool);
+  for (std::size_t r = 0; r < restarts.size(); ++r) {
+    RingRestart const& q = restarts[r];
+    if (q.end <= q.start) continue;  // sends nothing
+    SlotState s;
+    s.start = h(q.slot, 0);
+    s.length = h(q.slot, 1);
+    s.high = h(q.slot, 2);
+    std::uint64_t const c = q.start, base = c / K * K;
+    std::string const slot = "slot " + std::to_string(q.slot);
+    std::string const held = s.high == 0 ? slot + " holds nothing (fresh or reset)"
+                                         : slot + " holds positions [" +
+                                               std::to_string(s.start) + ", " +
+                                               std::to_string(s.length) + ")";
+    std::string const members =
+        "the pending pool's earlier members [" + std::to_string(base) + ", " +
+        std::to_string(c) + ")";
+    std::string problem;
+    switch (slot_start(s, c, kpool, ring_length)) {
+      case SlotStart::ok: break;
+      case SlotStart::fresh_mid_pool:
+        problem = "starts a sequence mid-pool, but " + held + ": " + members +
+                  " are not in the ring (start at a pool boundary, or seed_tail them "
+                  "into the slot first; docs/ring.md, \"No gaps\")";
+        break;
+      case SlotStart::gap:
+        problem = "starts past what " + slot + " holds: positions [" +
+                  std::to_string(s.start) + ", " + std::to_string(s.length) +
+                  "), c > L = " + std::to_string(s.length) + " is a gap (" +
+                  (c % K != 0 ? members + " would come from stale ring entries; "
+                              : std::string()) +
+                  "a new sequence takes a reset slot, Ring::reset; docs/ring.md, "
+                  "\"No gaps\")";
+        break;
+      case SlotStart::before_start:
+        problem = "needs " + members + ", but " + held + " (docs/ring.md, \"No gaps\")";
+        break;
+      case SlotStart::too_deep:
+        problem = "restarts the sequence in " + slot +
+                  " deeper than the ring holds: H - floor(c/K)*K = " +
+                  std::to_string(s.high) + " - " + std::to_string(base) + " = " +
+                  std::to_string(rewind_depth(s.high, c, kpool)) + " > R = " +
+                  std::to_string(ring_length) +
+                  " (H: one past the highest position the slot was sent; "
+                  "docs/ring.md, \"The depth rule\")";
+        break;
+    }
+    if (!problem.empty())
+      chk.fail_row(argument, static_cast<std::int64_t>(r), static_cast<std::int64_t>(c),
+                   problem);
+  }
 }
 
 // A ragged writer reading this call's batch, key, gate and ape; the caller

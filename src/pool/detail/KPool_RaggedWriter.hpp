@@ -70,9 +70,9 @@ struct RaggedWriter {
   Strided<RingValue, 4> tail;
   PoolSink<T> out;
   Strided<std::int32_t, 1> closed_pool;  // ring_close writer only
-  // The ring's H a slot (Ring::high), which seed updates; null for the
-  // seed_tail writer, which takes the ring's view only.
-  std::uint32_t* ring_high = nullptr;
+  // The slots' state (Ring::state), which seed moves; null for the
+  // seed_tail writer given the ring's view only.
+  std::uint32_t* ring_state = nullptr;
   int head_dim;
 
   // ring_close: the pending pool whose first `have` members the ring holds.
@@ -131,15 +131,17 @@ struct RaggedWriter {
   }
 
   // seed_tail: stash the call's last R positions, [seed_start, end), at
-  // ring index pos % R. Nothing else in the ring is written. In a step it
-  // also moves the slot's H (after the close, which the same thread ran).
+  // ring index pos % R. Nothing else in the ring is written. Given the
+  // ring's state (a step, seed_tail's ring form) it also moves the slot's
+  // state (in a step after the close, which the same thread ran).
   KOKKOS_INLINE_FUNCTION void seed(member_type const& member, int r) const {
     if (r >= batch.num_requests) return;
     Request const q = batch.request(r);
     if (!q.valid || !q.slot_ok) return;
-    if (ring_high != nullptr)
+    if (ring_state != nullptr && q.g.end > q.g.cache_length)
       KokkosExt::single_per_thread(member, [&]() {
-        ring_high[q.slot] = next_high(ring_high[q.slot], q.g.cache_length, q.g.end);
+        advance_slot(ring_state + static_cast<std::size_t>(q.slot) * slot_state_words,
+                     q.g.cache_length, q.g.end);
       });
     for (std::uint64_t pos = q.g.seed_start; pos < q.g.end; ++pos) {
       std::uint64_t const row = q.row_begin + (pos - q.g.cache_length);

@@ -41,42 +41,13 @@ PoolSink<T> step_sink(StepOutput<T, M> const& out,
   return s;
 }
 
-// The ring a step is given: its tail's shape (check_tail) and the kpool it
-// was built for, which must be ape's.
-template <class T, class M>
-void check_ring(Checker const& chk, Ring<T, M> const& ring, int kpool,
-                int head_dim) {
-  check_tail(chk, ring.tail(), kpool, head_dim);
-  if (ring.kpool() != kpool)
-    chk.fail("ring", "kpool", -1, std::to_string(ring.kpool()),
-             "does not match the kpool of ape = " + std::to_string(kpool));
-}
-
-// With validation: each live row that sends a position (re)starts its
-// slot's sequence within the ring's depth (docs/ring.md, "The depth
-// rule"), against H as the launches queued before left it. `argument` is
-// what carries c: cache_lengths (step) or positions (decode_step).
+// With validation: each live row that sends a position starts its slot's
+// sequence where the slot can serve it (check_slot_starts).
 template <class ExecutionSpace, class T, class M>
-void check_ring_depth(Checker const& chk, ExecutionSpace const& space,
-                      Ring<T, M> const& ring, std::vector<RingRestart> const& restarts,
-                      char const* argument) {
-  if (restarts.empty()) return;
-  auto const high = host_readable(space, ring.high());
-  std::uint64_t const R = static_cast<std::uint64_t>(ring.ring_length());
-  for (std::size_t r = 0; r < restarts.size(); ++r) {
-    RingRestart const& q = restarts[r];
-    if (q.end <= q.start) continue;  // sends nothing
-    std::uint64_t const H = high(q.slot);
-    std::uint64_t const depth = rewind_depth(H, q.start, ring.kpool());
-    if (depth > R)
-      chk.fail_row(argument, static_cast<std::int64_t>(r), static_cast<std::int64_t>(q.start),
-                   "restarts the sequence in slot " + std::to_string(q.slot) +
-                       " deeper than the ring holds: H - floor(c/K)*K = " +
-                       std::to_string(H) + " - " + std::to_string(H - depth) + " = " +
-                       std::to_string(depth) + " > R = " + std::to_string(R) +
-                       " (H: one past the highest position the slot was sent; "
-                       "docs/ring.md, \"The depth rule\")");
-  }
+void check_ring_starts(Checker const& chk, ExecutionSpace const& space, Ring<T, M> const& ring,
+                       std::vector<RingRestart> const& restarts, char const* argument) {
+  check_slot_starts(chk, space, ring.state(), ring.kpool(), ring.ring_length(), restarts,
+                    argument);
 }
 
 template <class T, class M>
@@ -305,10 +276,7 @@ void step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
     HostBatch const hb = check_ragged_batch(
         chk, space, row_offsets, cache_lengths, &slot_idx, num_requests,
         key.extent(0), K, ring.max_slots());
-    std::vector<RingRestart> restarts;
-    for (std::size_t r = 0; r < hb.geometry.size(); ++r)
-      restarts.push_back({hb.slots[r], hb.geometry[r].cache_length, hb.geometry[r].end});
-    check_ring_depth(chk, space, ring, restarts, "cache_lengths");
+    check_ring_starts(chk, space, ring, ragged_restarts(hb), "cache_lengths");
     if constexpr (Arg::enabled) {
       // A request emits the pools whose last member it sends:
       // [floor(c / K), floor((c + n) / K)).
@@ -341,7 +309,7 @@ void step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
     using Writer = RaggedWriter<ExecutionSpace, T, P, true>;
     Writer writer = ragged_writer<Writer>(call);
     writer.tail = tail;
-    writer.ring_high = ring.high().data();
+    writer.ring_state = ring.state().data();
     writer.out = sink;
     // Every launch is planned (and its size checked) before the first is
     // queued, so a call that throws has written nothing.
@@ -426,7 +394,7 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
     std::vector<RingRestart> restarts;
     check_decode_batch(chk, space, positions, slot_idx, num_requests, K,
                        ring.max_slots(), Arg::enabled ? &pools : nullptr, &restarts);
-    check_ring_depth(chk, space, ring, restarts, "positions");
+    check_ring_starts(chk, space, ring, restarts, "positions");
     check_step_blocks(chk, space, arg, pools);
   }
 
@@ -470,7 +438,7 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
       f.ring_length = ring.ring_length();
       f.cache = cache;
       f.cache_slots = per_row;
-      f.ring_high = ring.high().data();
+      f.ring_state = ring.state().data();
       LaunchShape const shape = step_items_shape<ExecutionSpace, T, Cache,
                                                  decltype(f), void>(
           chk, "num_requests", space, f,

@@ -62,10 +62,9 @@ struct TailUpdateFunctor {
   int items_per_team = 1;
   Cache cache{};
   int cache_slots = 1;  // scratch slots a row, with a cache
-  // The ring's H a slot (Ring::high), moved past each row's last real
-  // position; null for the tail_update writer, which takes the ring's view
-  // only.
-  std::uint32_t* ring_high = nullptr;
+  // The slots' state (Ring::state), moved by each row's real positions;
+  // null for the tail_update writer given the ring's view only.
+  std::uint32_t* ring_state = nullptr;
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     int const begin = member.league_rank() * items_per_team;
@@ -125,10 +124,10 @@ struct TailUpdateFunctor {
         }
         ++closed;
       }
-      if (ring_high != nullptr && first >= 0)
+      if (ring_state != nullptr && first >= 0)
         KokkosExt::single_per_thread(member, [&]() {
-          ring_high[slot] = next_high(ring_high[slot], static_cast<std::uint64_t>(first),
-                                      static_cast<std::uint64_t>(last) + 1);
+          advance_slot(ring_state + static_cast<std::size_t>(slot) * slot_state_words,
+                       static_cast<std::uint64_t>(first), static_cast<std::uint64_t>(last) + 1);
         });
     }
     if constexpr (!StepMode) {
