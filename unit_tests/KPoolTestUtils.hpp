@@ -332,6 +332,17 @@ inline RaggedInputs ragged_inputs(Rng& rng, DType t, TestBatch const& batch, int
   return RaggedInputs{rows, std::move(key), std::move(gate), random_ape(rng, K, D)};
 }
 
+// Inputs are a function of (sequence, position, channel, sending), never of
+// how the tokens were batched; each re-send of a position (`revision`)
+// gets new values.
+inline double input(std::uint64_t seq, std::uint64_t pos, int c, int which, DType t,
+             int revision = 0) {
+  Rng r((seq * 0x9E3779B97F4A7C15ull) ^ (pos * 0xC2B2AE3D27D4EB4Full) ^
+        (static_cast<std::uint64_t>(c) * 0x165667B19E3779F9ull + which +
+         8 * static_cast<std::uint64_t>(revision)));
+  return KPoolRef::round_to(t, r.uniform(which ? -5 : -2, which ? 5 : 2));
+}
+
 // The ring: random contents standing for earlier calls, loaded into a
 // KPool::Ring, and compared back bit for bit (the ring only ever holds
 // copies of stored values).

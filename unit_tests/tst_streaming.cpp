@@ -35,17 +35,6 @@ template <class C>
 class Streaming : public ::testing::Test {};
 TYPED_TEST_SUITE(Streaming, Configs, ConfigName);
 
-// Inputs are a function of (sequence, position, channel, sending), never of
-// how the tokens were batched; each re-send of a position (`revision`)
-// gets new values.
-double input(std::uint64_t seq, std::uint64_t pos, int c, int which, DType t,
-             int revision = 0) {
-  Rng r((seq * 0x9E3779B97F4A7C15ull) ^ (pos * 0xC2B2AE3D27D4EB4Full) ^
-        (static_cast<std::uint64_t>(c) * 0x165667B19E3779F9ull + which +
-         8 * static_cast<std::uint64_t>(revision)));
-  return KPoolRef::round_to(t, r.uniform(which ? -5 : -2, which ? 5 : 2));
-}
-
 // The cache a simulation's steps write (on = false: none).
 struct CacheKind {
   bool on = false;
@@ -682,14 +671,12 @@ class DraftScenario {
     length_ = c + n;
   }
 
-  // The ring's bytes and H, to show a refused call wrote nothing.
+  // The ring's bytes and its slots' state, to show a refused call wrote
+  // nothing.
   std::vector<unsigned char> ring_state() const {
-    auto const t = on_host(ring_.tail());
-    auto const h = on_host(ring_.high());
-    auto const* tb = reinterpret_cast<unsigned char const*>(t.data());
-    auto const* hb = reinterpret_cast<unsigned char const*>(h.data());
-    std::vector<unsigned char> v(tb, tb + t.size() * sizeof(T));
-    v.insert(v.end(), hb, hb + h.size() * sizeof(std::uint32_t));
+    std::vector<unsigned char> v = raw_bytes(ring_.tail());
+    std::vector<unsigned char> const s = raw_bytes(ring_.state());
+    v.insert(v.end(), s.begin(), s.end());
     return v;
   }
 
@@ -818,7 +805,8 @@ TYPED_TEST(Streaming, TheRingRefusesRewindsPastItsDepth) {
 // A slot's H belongs to the sequence in it: a new sequence starting at 0
 // resets it by its first call; one that starts past 0 (a prefix cached
 // elsewhere) needs Ring::reset, without which its start reads as a rewind
-// of the former sequence.
+// of the former sequence (deeper than the ring holds here; past its
+// length, a gap: tst_slots.cpp).
 TYPED_TEST(Streaming, ASlotsDepthMarkResetsWithANewSequence) {
   using S = DraftScenario<TypeParam>;
   using E = typename TypeParam::execution_space;
