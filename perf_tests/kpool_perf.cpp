@@ -1498,12 +1498,14 @@ struct SelectData {
     fill(space, weights.data(), weights.size(), 0x7171u);
     pool_ids = View2<std::int32_t>(Kokkos::view_alloc(space, "kpool_perf::pool_ids"), T,
                                    d.topk);
-    workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(space, T, d.max_visible(),
-                                                             d.heads, kD);
+    // Every pool a row of the block table addresses: the timed calls run
+    // without validation (docs/validation.md).
+    std::size_t const table_pools = block_table.extent(1) * static_cast<std::size_t>(d.block_pools);
+    workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(space, T, table_pools, d.heads, kD);
     if (KPOOL_HAS_KOKKOSKERNELS &&
         Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible)
       blas_workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(
-          space, T, d.max_visible(), d.heads, kD, KPool::ScoreEngine::blas);
+          space, T, table_pools, d.heads, kD, KPool::ScoreEngine::blas);
     std::size_t const P = std::max<std::uint64_t>(1, (d.scored() + T / 2) / T);
     a = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_a"),
                      T * d.heads, kD);
@@ -1628,7 +1630,8 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
     Kokkos::deep_copy(half, hh);
     auto const mine = KPool::paged(data.cache.sharded(shard), half);
     KPool::SelectWorkspace<KPool::bfloat16, Mem> local_ws(
-        space, d.tokens(), shard.local_count(d.max_visible()), d.heads, kD);
+        space, d.tokens(), half.extent(1) * static_cast<std::size_t>(d.block_pools), d.heads,
+        kD);
     KPool::ShardWorkspace<KPool::bfloat16, Mem> exchange(space, d.tokens(), d.topk, W);
     std::size_t const bytes =
         KPool::ShardWorkspace<KPool::bfloat16, Mem>::payload_bytes(d.tokens(), d.topk);

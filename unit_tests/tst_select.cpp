@@ -251,6 +251,15 @@ struct Inputs {
 
 // pool_ids (or, with tokens, the token rows) of one call, as a flat host
 // vector; the output starts filled with kSentinel.
+// The workspace's row length for a call of `sc`: the rows' visible pools,
+// or without validation every pool the block table addresses (a shorter
+// one is refused then: docs/validation.md).
+std::size_t workspace_visible(Scenario const& sc, KPool::Options const& o) {
+  std::size_t const table = static_cast<std::size_t>(sc.max_blocks) *
+                            static_cast<std::size_t>(sc.s.block_pools);
+  return o.validate ? sc.max_visible : std::max(sc.max_visible, table);
+}
+
 template <class E, class T, class C>
 std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& options,
                                    bool tokens, std::size_t ws_rows = 0) {
@@ -269,7 +278,8 @@ std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& opt
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, width);
   Kokkos::deep_copy(out, kSentinel);
   KPool::SelectWorkspace<T, M> ws(in.space, ws_rows > 0 ? ws_rows : sc.rows,
-                                  sc.max_visible, sc.s.H, sc.s.D, workspace_engine<M>(o));
+                                  workspace_visible(sc, o), sc.s.H, sc.s.D,
+                                  workspace_engine<M>(o));
   int const n = sc.batch.device.num_requests;
   if (tokens)
     KPool::select_tokens(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
@@ -1403,7 +1413,10 @@ TEST(SelectHostSync, WithoutValidationNothingWaitsForTheHost) {
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> ids("ids", sc.rows, s.topk);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> tokens(
       "tokens", sc.rows, KPool::select_tokens_width(s.topk, s.K));
-  KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, sc.max_visible, s.H, s.D);
+  KPool::Options unvalidated;
+  unvalidated.validate = false;
+  KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, workspace_visible(sc, unvalidated), s.H,
+                                  s.D);
   std::vector<KPool::ScoreEngine> engines =
       built_engines({KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm});
   if (!KPool::Details::KokkosExt::is_device_backend<E>::value)

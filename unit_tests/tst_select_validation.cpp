@@ -352,6 +352,29 @@ TEST(SelectValidation, VisiblePoolsMustFitTheWorkspace) {
   expect_rejected(w, at_row("cache_lengths", 1, 9));
 }
 
+// Without validation the rows' visible pools are not read, so a workspace
+// that may be too short for a row is refused by its size alone: it must
+// hold every pool a row of the block table addresses (3 columns of 4
+// pools), never truncate a row (docs/validation.md).
+TEST(SelectValidation, WithoutValidationTheWorkspaceHoldsTheBlockTable) {
+  World w;
+  w.opts.validate = false;
+  ASSERT_EQ(w.ws_visible, 8u);  // every row's visible pools, not the table's 12
+  expect_rejected(w, Expect{"workspace", -1, "8", "max_visible"});
+  // The same workspace and a decode batch of the same rows.
+  {
+    I2 const positions = positions_view<M>({0, 1, 2, 3, 4, 9, 10, 11, -1, -1}, 5);
+    I2 const table = positions_view<M>(w.table, w.max_blocks);
+    Workspace ws(w.space, w.ws_rows, w.ws_visible, w.H, w.D);
+    EXPECT_TRUE(rejects(w, Entry::score_select, Expect{"workspace", -1, "8", "max_visible"}, [&] {
+      KPool::score_select(w.space, KPool::paged(w.cache, table), w.q, w.weights, w.topk,
+                          KPool::decode_batch(positions, 2), w.pool_ids, ws, w.opts);
+    }));
+  }
+  w.ws_visible = 12;
+  for (Entry e : kBoth) EXPECT_NO_THROW(w.run(e));
+}
+
 TEST(SelectValidation, WorkspaceHeadsMustMatch) {
   World w;
   w.ws_heads = 8;
@@ -468,7 +491,7 @@ TEST(SelectDefenceInDepth, GarbageStaysInBounds) {
       if (trial >= 1) w.cache_lengths[1] = 0x7FFFFFF0u + trial;  // overflowing positions
       if (trial >= 2) w.row_offsets[2] = 3;                       // decreasing
       if (trial >= 3) w.row_offsets[3] = 1000;                    // past the q rows
-      w.ws_visible = 8;
+      w.ws_visible = 12;  // every pool the table addresses
       Snapshot const before = snapshot(w);
       for (Entry e : kBoth) ASSERT_NO_THROW(w.run(e));
       Snapshot const after = snapshot(w);
@@ -491,6 +514,7 @@ TEST(SelectDefenceInDepth, GarbageBlocksYieldOnlyVisibleIds) {
     World w;
     w.opts.validate = false;
     w.opts.score_engine = engine;
+    w.ws_visible = 12;  // every pool the table addresses
     for (auto& b : w.table) b = static_cast<std::int32_t>(w.rng.next() % 9) - 2;
     w.run(Entry::score_select);
     auto const ids = bytes_of(w.pool_ids);

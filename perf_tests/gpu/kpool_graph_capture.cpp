@@ -288,7 +288,9 @@ int check_select(Space const& space, cudaStream_t stream) {
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> w(Kokkos::view_alloc(space, "sel_w"), T_rows, H);
   fill_random(space, q, 13, -1, 1);
   fill_random(space, w, 14, -0.5f, 1);
-  KPool::SelectWorkspace<T, Mem> ws(space, T_rows, max_visible, H, kD);
+  // Without validation the workspace holds every pool the table addresses.
+  std::size_t const table_pools = static_cast<std::size_t>(max_blocks) * block_pools;
+  KPool::SelectWorkspace<T, Mem> ws(space, T_rows, table_pools > max_visible ? table_pools : max_visible, H, kD);
   using Ids = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, Mem>;
   Ids want_ids(Kokkos::view_alloc(space, "sel_want"), T_rows, topk);
   Ids got_ids(Kokkos::view_alloc(space, "sel_got"), T_rows, topk);

@@ -218,6 +218,28 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     run(SelectFunctor<ExecutionSpace, Key, Expand, false>{});
 }
 
+// Without validation, the workspace holds every pool a row can see, by
+// the sizes alone (free): the pools a row of the block table addresses,
+// its columns times the cache's block_pools (on a shard its own pools: a
+// rank's table holds only them); the kernels see no pool past the table.
+// A row that saw more than max_visible would be cut short, and whether one
+// does is in the index data, which validation reads (check_visible_pools,
+// the exact count) and this does not.
+template <class Cache, class Table, class Workspace>
+void check_workspace_holds_table(Checker const& chk, Cache const& cache, Table const& block_table,
+                                 Workspace const& workspace) {
+  std::uint64_t const addressed = static_cast<std::uint64_t>(block_table.extent(1)) *
+                                  static_cast<std::uint64_t>(cache.block_pools());
+  if (addressed > workspace.max_visible())
+    chk.fail("workspace", "max_visible", -1, std::to_string(workspace.max_visible()),
+             "is less than the " + std::to_string(addressed) +
+                 " pools a row of block_table addresses (" +
+                 std::to_string(block_table.extent(1)) + " blocks of " +
+                 std::to_string(cache.block_pools()) +
+                 " pools): a row that saw more would be cut short (size the workspace "
+                 "for the block table, or pass only the columns the rows need)");
+}
+
 // The shapes of a selection call (always checked, free): the scalars, the
 // cache, q, weights, the output's width, the batch and the workspace.
 template <bool Expand, class T, class RowOffsetsView, class CacheLengthsView,
@@ -396,6 +418,10 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     if constexpr (Decode)
       fuse = fuse_decode_selection<ExecutionSpace, Key, Expand>(chk, options, engine, workspace,
                                                                 topk);
+    // Without validation, a workspace that may be too short for a row is
+    // refused (a decode batch's by its batch form, before its chunks).
+    if (!options.validate && !Decode)
+      check_workspace_holds_table(chk, cache, block_table, workspace);
     // A decode batch is validated whole, before its first chunk.
     if (options.validate && !Decode)
       check_select_batch(chk, space, row_offsets, cache_lengths, block_table,
@@ -554,6 +580,8 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
     chk.extent_at_least("block_table", 0, paged.block_table.extent(0),
                         static_cast<std::size_t>(batch.num_requests),
                         "rows of the live requests");
+    if (!options.validate && paged.cache.is_allocated())
+      check_workspace_holds_table(chk, paged.cache, paged.block_table, workspace);
     // Validated whole here; the chunks' own calls then check shapes only.
     if (options.validate)
       check_decode_select_batch(chk, space, batch.positions, paged.block_table,
