@@ -16,6 +16,7 @@
 #include <select/KPool_ScoreSelect.hpp>
 #include <select/KPool_SelectTokens.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -24,6 +25,41 @@
 #include <vector>
 
 namespace KPool {
+
+namespace Details {
+
+// Layer's copy of a step's batch (Layer::keep_batch): item i copies index
+// entry i (positions in a decode batch, row_offsets and cache_lengths in a
+// ragged one) and block-table entry i of the live rows, in the layer's
+// columns (-1 past the caller's table).
+template <class M>
+struct KeepBatchFunctor {
+  bool decode = false;
+  std::size_t batch = 0, next_n = 0, index_items = 0, live = 0, columns = 0, table_columns = 0;
+  Kokkos::View<std::uint32_t*, M> offsets, lengths;
+  Kokkos::View<std::int32_t*, M> positions;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> table;
+  Kokkos::View<const std::uint32_t*, Kokkos::LayoutStride, M> src_offsets, src_lengths;
+  Kokkos::View<const std::int32_t**, Kokkos::LayoutStride, M> src_positions, src_table;
+
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    std::size_t const u = static_cast<std::size_t>(i);
+    if (u < index_items) {
+      if (decode) {
+        positions(u) = src_positions(u / next_n, u % next_n);
+      } else {
+        offsets(u) = src_offsets(u);
+        if (u < batch) lengths(u) = src_lengths(u);
+      }
+    }
+    if (u < live * columns) {
+      std::size_t const r = u / columns, j = u % columns;
+      table(r, j) = j < table_columns ? src_table(r, j) : -1;
+    }
+  }
+};
+
+}  // namespace Details
 
 /// The sizes of one indexer layer (KPool::Layer). Fields left 0 take the
 /// default their comment gives.
@@ -109,10 +145,13 @@ struct LayerBuffers {
 ///   decode_step(), query row r * next_n + i is entry (r, i) of positions,
 ///   the rows built on the device from positions (no host work).
 ///
-/// The layer keeps references to the step's index views (not copies):
-/// leave them unchanged until the selection has been queued. Results are
-/// bit for bit the low-level calls' on the same objects; the low-level
-/// entry points stay for engines that own their buffers.
+/// The layer keeps its own device copy of what its selection needs from
+/// the step's batch (row_offsets and cache_lengths, or positions, and the
+/// block table's live rows), made by one launch on the step's instance
+/// with no host wait, in buffers sized by LayerConfig: the engine may
+/// reuse or overwrite its own buffers as soon as step() returns. Results
+/// are bit for bit the low-level calls' on the same objects; the
+/// low-level entry points stay for engines that own their buffers.
 ///
 /// @tparam T the storage type of keys, gates and queries.
 /// @tparam C the cache element type: T (native) or KPool::float8_e4m3.
@@ -219,6 +258,12 @@ class Layer {
                "longest context (max_context, in tokens) or the most pools a query "
                "row sees (max_visible)");
     if (c.select_rows == 0) config_.select_rows = c.max_tokens;
+    // The block table's columns the layer keeps: those of max_visible
+    // pools, and the workspace holds every pool they address (so that
+    // a selection without validation takes it, docs/validation.md).
+    std::size_t const bp = static_cast<std::size_t>(c.block_pools);
+    std::size_t const table_columns = (config_.max_visible + bp - 1) / bp;
+    std::size_t const table_pools = table_columns * bp;
     if (adopted.is_allocated()) {
       check_adopted_cache(chk, adopted);
       cache_ = adopted;
@@ -248,14 +293,25 @@ class Layer {
       if (w.head_dim() != c.head_dim)
         differs("head_dim", static_cast<std::size_t>(w.head_dim()),
                 "does not match config.head_dim = " + std::to_string(c.head_dim));
-      if (w.max_visible() < c.max_visible)
+      if (w.max_visible() < table_pools)
         differs("max_visible", w.max_visible(),
-                "is less than the pools a query row of this layer sees (" +
-                    std::to_string(c.max_visible) + ")");
+                "is less than the pools a query row of this layer may see (" +
+                    std::to_string(table_pools) + ": max_visible = " +
+                    std::to_string(c.max_visible) + " rounded up to whole blocks of " +
+                    std::to_string(c.block_pools) + ")");
       workspace_ = w;
     } else {
-      workspace_ = workspace_type(space, c.select_rows, c.max_visible, c.num_heads, c.head_dim);
+      workspace_ = workspace_type(space, c.select_rows, table_pools, c.num_heads, c.head_dim);
     }
+    std::size_t const B = static_cast<std::size_t>(c.max_batch);
+    kept_offsets_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+        Kokkos::view_alloc(space, "KPool::Layer::row_offsets"), B + 1);
+    kept_lengths_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+        Kokkos::view_alloc(space, "KPool::Layer::cache_lengths"), B);
+    kept_positions_ = Kokkos::View<std::int32_t*, MemorySpace>(
+        Kokkos::view_alloc(space, "KPool::Layer::positions"), c.max_tokens);
+    kept_table_ = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace>(
+        Kokkos::view_alloc(space, "KPool::Layer::block_table"), B, table_columns);
   }
 
   /// @return the sizes, defaults filled in (ring_length, scale,
@@ -313,9 +369,7 @@ class Layer {
     }
     auto const cache = KPool::paged(cache_, block_table);
     KPool::step(space, ring_, key, gate, ape_, batch, out_, cache, options);
-    batch_ = batch;
-    block_table_ = cache.block_table;
-    has_batch_ = true;
+    keep_batch(space, batch, cache.block_table);
     if constexpr (Kokkos::is_view<KeyView>::value)
       rows_ = batch.is_decode() ? batch.size() * batch.next_n() : key.extent(0);
     return out_;
@@ -387,7 +441,9 @@ class Layer {
                         workspace_, options);
   }
 
-  /// @return the batch of the last step() (empty before the first).
+  /// @return the batch of the last step(), over the layer's own copy of
+  /// its index arrays (valid while the layer lives; empty before the
+  /// first step).
   Batch<MemorySpace> const& batch() const { return batch_; }
 
   /// @return the query rows of the last batch: the step's key rows, or B *
@@ -436,6 +492,54 @@ class Layer {
                    std::to_string(config_.max_tokens) + " (the layer's size)");
   }
 
+  // The layer's copy of what its selection needs from a step's batch (its
+  // rows, and the block table's live rows, in the columns the layer
+  // keeps; columns past the caller's table read -1): one launch on the
+  // step's instance, no host wait. The step has checked the batch's
+  // shapes and, with validation, its data.
+  template <class ExecutionSpace, class Table>
+  void keep_batch(ExecutionSpace const& space, Batch<MemorySpace> const& batch,
+                  Table const& table) {
+    std::size_t const B = batch.size();
+    std::size_t const next_n = batch.next_n();
+    bool const decode = batch.is_decode();
+    Details::KeepBatchFunctor<MemorySpace> f;
+    f.decode = decode;
+    f.batch = B;
+    f.next_n = next_n;
+    f.index_items = decode ? B * next_n : B + 1;
+    f.live = static_cast<std::size_t>(batch.num_requests);
+    f.columns = kept_table_.extent(1);
+    f.table_columns = table.extent(1);
+    f.offsets = kept_offsets_;
+    f.lengths = kept_lengths_;
+    f.positions = kept_positions_;
+    f.table = kept_table_;
+    f.src_offsets = batch.row_offsets;
+    f.src_lengths = batch.cache_lengths;
+    f.src_positions = batch.positions;
+    f.src_table = table;
+    std::size_t const items = std::max(f.index_items, f.live * f.columns);
+    Kokkos::parallel_for("KPool::Layer::keep_batch",
+                         Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(
+                             space, 0, static_cast<std::int64_t>(items)),
+                         f);
+    Batch<MemorySpace> kept;
+    kept.kind = batch.kind;
+    kept.num_requests = batch.num_requests;
+    if (decode) {
+      kept.positions = Kokkos::View<const std::int32_t**, Kokkos::LayoutRight, MemorySpace,
+                                    Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+          kept_positions_.data(), B, next_n);
+    } else {
+      kept.row_offsets = Kokkos::subview(kept_offsets_, std::make_pair(std::size_t(0), B + 1));
+      kept.cache_lengths = Kokkos::subview(kept_lengths_, std::make_pair(std::size_t(0), B));
+    }
+    batch_ = kept;
+    block_table_ = kept_table_;
+    has_batch_ = true;
+  }
+
   // The cache with the last step's block table, for a selection.
   PagedCache<C, MemorySpace> last_paged(char const* what) const {
     if (!has_batch_)
@@ -457,6 +561,10 @@ class Layer {
   Batch<MemorySpace> batch_;
   Details::View2<const std::int32_t, MemorySpace> block_table_;
   std::size_t rows_ = 0;
+  // The layer's copy of a step's batch (keep_batch), sized by the config.
+  Kokkos::View<std::uint32_t*, MemorySpace> kept_offsets_, kept_lengths_;
+  Kokkos::View<std::int32_t*, MemorySpace> kept_positions_;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> kept_table_;
 };
 
 }  // namespace KPool

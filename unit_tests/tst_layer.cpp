@@ -48,7 +48,28 @@ struct Variant {
   bool adopt_cache = false;  // an engine-owned cache, over unmanaged Views
   bool share_workspace = false;  // a workspace shared with a second layer
   std::size_t select_rows = 0;   // the layer's own workspace rows (0: max_tokens)
+  // The engine overwrites the buffers it gave a step (its index arrays and
+  // block table) before the selection, as engines recycle their staging
+  // buffers every step.
+  bool overwrite = false;
 };
+
+// A copy of an index View, the engine's staging buffer for one call.
+template <class V>
+V staged(V const& v) {
+  V s(std::string(v.label()) + "_staged", v.layout());
+  Kokkos::deep_copy(s, v);
+  return s;
+}
+
+// The engine reuses a staging buffer: garbage over every entry.
+template <class V>
+void recycle(V const& v, Rng& rng) {
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < h.span(); ++i)
+    h.data()[i] = static_cast<typename V::value_type>(rng.next() % 97) - 5;
+  Kokkos::deep_copy(v, h);
+}
 
 // A cache's bytes, whatever its layout.
 template <class C>
@@ -214,9 +235,17 @@ void layer_matches_low_level(Variant const& v) {
     Kokkos::View<T**, Kokkos::LayoutRight, M> key("key", rows, D), gate("gate", rows, D);
     fill_uniform(rng, key, -2, 2);
     fill_uniform(rng, gate, -3, 3);
-    layer.step(space, key, gate, ro, cl, slots, 2, table, opts);
-    other.step(space, key, gate, ro, cl, slots, 2, table, opts);
+    U32 const ro_s = staged(ro), cl_s = staged(cl), slots_s = staged(slots);
+    I2 const table_s = staged(table);
+    layer.step(space, key, gate, ro_s, cl_s, slots_s, 2, table_s, opts);
+    other.step(space, key, gate, ro_s, cl_s, slots_s, 2, table_s, opts);
     KPool::step(space, ring, key, gate, ape, ro, cl, slots, 2, out, cache, table, opts);
+    if (v.overwrite) {
+      recycle(ro_s, rng);
+      recycle(cl_s, rng);
+      recycle(slots_s, rng);
+      recycle(table_s, rng);
+    }
     compare("prefill chunk");
     select("selection after the prefill chunk", rows, ro, cl, 2);
   }
@@ -236,10 +265,18 @@ void layer_matches_low_level(Variant const& v) {
         gate("gate", 3, next_n, D);
     fill_uniform(rng, key, -2, 2);
     fill_uniform(rng, gate, -3, 3);
-    layer.decode_step(space, key, gate, positions, slots, 2, table, opts);
-    other.decode_step(space, key, gate, positions, slots, 2, table, opts);
+    auto const positions_s = staged(positions);
+    U32 const slots_s = staged(slots);
+    I2 const table_s = staged(table);
+    layer.decode_step(space, key, gate, positions_s, slots_s, 2, table_s, opts);
+    other.decode_step(space, key, gate, positions_s, slots_s, 2, table_s, opts);
     KPool::decode_step(space, ring, key, gate, ape, positions, slots, 2, out, cache, table,
                        opts);
+    if (v.overwrite) {
+      recycle(positions_s, rng);
+      recycle(slots_s, rng);
+      recycle(table_s, rng);
+    }
     compare("decode round");
     // Row r owns rows [3r, 3r + 3), entry i at position p - i' + i for its
     // first real entry (i', p).
@@ -254,6 +291,18 @@ void layer_matches_low_level(Variant const& v) {
     select("selection after the decode round", 9, to_index_view<U32>(ro, "ro"),
            to_index_view<U32>(cl, "cl"), 2);
   }
+}
+
+// The engine recycles the buffers it gave each step before the selection:
+// the layer selects from its own copy, the same bits as the low-level calls
+// on the original batch (a layer holding the engine's handles would read
+// garbage).
+TEST(Layer, SelectsTheStepsBatchAfterTheEngineReusedItsBuffers) {
+  Variant v;
+  v.overwrite = true;
+  layer_matches_low_level<float, float>(v);
+  v.rotate = true;
+  layer_matches_low_level<KPool::bfloat16, KPool::float8_e4m3>(v);
 }
 
 TEST(Layer, NativeCacheMatchesTheLowLevelCallsBitForBit) {
@@ -347,7 +396,14 @@ TEST(Layer, AdoptedBuffersMustMatchTheConfig) {
   // A shared workspace with shorter rows than the layer's queries see.
   KPool::LayerBuffers<KPool::bfloat16, KPool::float8_e4m3, M> w;
   w.workspace = KPool::SelectWorkspace<KPool::bfloat16, M>(space, 8, 15, 4, 32);
-  refused(cfg, w, "workspace", "15", "is less than the pools a query row of this layer sees (16)");
+  refused(cfg, w, "workspace", "15",
+          "is less than the pools a query row of this layer may see (16: max_visible = 16 "
+          "rounded up to whole blocks of 4)");
+  // max_visible 17 is 5 whole blocks of 4 pools: the workspace holds 20.
+  KPool::LayerConfig odd = cfg;
+  odd.max_context = 68;
+  w.workspace = KPool::SelectWorkspace<KPool::bfloat16, M>(space, 8, 17, 4, 32);
+  refused(odd, w, "workspace", "17", "(20: max_visible = 17 rounded up to whole blocks of 4)");
   w.workspace = KPool::SelectWorkspace<KPool::bfloat16, M>(space, 8, 16, 2, 32);
   refused(cfg, w, "workspace", "2", "does not match config.num_heads = 4");
 }
