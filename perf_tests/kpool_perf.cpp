@@ -76,6 +76,9 @@
 #if KPOOL_HAS_KOKKOSKERNELS
 #include <KokkosBlas3_gemm.hpp>
 #endif
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -87,9 +90,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -113,11 +119,22 @@ using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
 
 struct Settings {
   std::string filter;
+  // --cases: exact entry names (scenario/dtype/op); some cases run only
+  // when named here (named_only, device-sized).
+  std::vector<std::string> cases;
   std::string out = "perf_report.json";
+  // --lines, --summary: each case's JSON line and its printed line,
+  // appended as the case ends, so a run cut short keeps what it measured.
+  std::string lines, summary;
+  // --describe: each selected case's description (bytes, FLOPs), no run.
+  bool describe = false;
   bool quick = false;
   double min_time = 0.2;
   int min_runs = 5;
   int max_runs = 200;
+  // Calls a batch of back-to-back calls with one fence (and a graph).
+  int batch_calls = 16;
+  int batches = 5;
 };
 
 struct Result {
@@ -167,6 +184,16 @@ struct Result {
   // row sends through the exchange (ranks * topk * 8 for f32 keys).
   int ranks = 0;
   std::uint64_t exchange_bytes_per_row = 0;
+  // Compute-bound cases: the tensor work on a GPU ("e4m3": `flops` of
+  // E4M3 MMA, "bf16x3": 3 * `flops` of bf16 MMA, "f32": CUDA cores).
+  std::string tensor;
+  // The device time without the host's fence in it: the per-call median
+  // over `batches` batches of batch_calls calls back to back with one
+  // fence, and (CUDA) the per-call time of a CUDA graph of batch_calls
+  // calls replayed (0: not timed).
+  double seconds_batched = 0;
+  double graph_seconds = 0;
+  int batch_calls = 0;
 };
 
 // ------------------------------------------------------------ device work
@@ -626,12 +653,248 @@ void fresh_ring(Ring& ring, Space const& space, KPool::Options const& o) {
   space.fence();
 }
 
+// ----------------------------------------------------------------- JSON
+
+std::string json_string(std::string const& s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      o += '\\';
+      o += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+      o += buf;
+    } else {
+      o += ch;
+    }
+  }
+  return o + "\"";
+}
+
+std::string json_number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+// One case as a JSON object on one line: its description (name, op,
+// dtype, tokens, batch, bytes, flops, tensor), then what was measured, by
+// kind (a top-k case against a read of its keys, a compute-bound case
+// against a copy of its bytes and a GEMM, the others against a copy).
+std::string case_json(Result const& r) {
+  std::ostringstream f;
+  f << "{\"name\": " << json_string(r.name);
+  f << ", \"op\": " << json_string(r.op);
+  f << ", \"dtype\": " << json_string(r.dtype);
+  f << ", \"tokens\": " << r.tokens;
+  f << ", \"batch\": " << r.batch;
+  f << ", \"bytes\": " << r.bytes;
+  if (r.flops > 0) f << ", \"flops\": " << json_number(r.flops);
+  if (!r.tensor.empty()) f << ", \"tensor\": " << json_string(r.tensor);
+  f << ", \"launches\": " << r.launches;
+  if (r.seconds <= 0) return f.str() + ", \"described\": true}";
+  f << ", \"seconds\": " << json_number(r.seconds);
+  f << ", \"seconds_min\": " << json_number(r.seconds_min);
+  f << ", \"runs\": " << r.runs;
+  if (r.batch_calls > 0) {
+    f << ", \"seconds_batched\": " << json_number(r.seconds_batched);
+    f << ", \"batch_calls\": " << r.batch_calls;
+    if (r.graph_seconds > 0) f << ", \"graph_seconds\": " << json_number(r.graph_seconds);
+  }
+  if (r.keys_read_seconds > 0) {
+    f << ", \"keys_read_seconds\": " << json_number(r.keys_read_seconds);
+    f << ", \"ratio\": " << json_number(r.keys_read_seconds / r.seconds);
+    f << ", \"stream_read_seconds\": " << json_number(r.stream_read_seconds);
+    f << ", \"stream_ratio\": " << json_number(r.stream_read_seconds / r.seconds);
+    return f.str() + "}";
+  }
+  double const gbps = r.bytes / r.seconds * 1e-9;
+  double const cgbps = r.copy_bytes / r.copy_seconds * 1e-9;
+  f << ", \"gbps\": " << json_number(gbps);
+  f << ", \"copy_bytes\": " << r.copy_bytes;
+  f << ", \"copy_seconds\": " << json_number(r.copy_seconds);
+  f << ", \"copy_gbps\": " << json_number(cgbps);
+  f << ", \"copy_seconds_min\": " << json_number(r.copy_seconds_min);
+  if (r.flops > 0) {
+    double const gf = r.flops / r.seconds * 1e-9;
+    f << ", \"gflops\": " << json_number(gf);
+    f << ", \"copy_ratio\": " << json_number(gbps / cgbps);
+    if (r.gemm_seconds > 0) {
+      double const ggf = r.gemm_flops / r.gemm_seconds * 1e-9;
+      f << ", \"gemm_flops\": " << json_number(r.gemm_flops);
+      f << ", \"gemm_seconds\": " << json_number(r.gemm_seconds);
+      f << ", \"gemm_gflops\": " << json_number(ggf);
+      f << ", \"ratio\": " << json_number(gf / ggf);
+    } else {
+      f << ", \"ratio\": " << json_number(gbps / cgbps);
+    }
+  } else {
+    f << ", \"ratio\": " << json_number(gbps / cgbps);
+    f << ", \"ring\": " << r.ring;
+  }
+  if (!r.baseline_op.empty()) {
+    f << ", \"baseline_op\": " << json_string(r.baseline_op);
+    f << ", \"baseline_seconds\": " << json_number(r.baseline_seconds);
+    f << ", \"overhead\": " << json_number(r.overhead);
+  }
+  if (r.ranks > 0) {
+    f << ", \"ranks\": " << r.ranks;
+    f << ", \"exchange_bytes_per_row\": " << r.exchange_bytes_per_row;
+  }
+  if (!r.pass_op.empty()) {
+    // The rule: cached <= uncached + store_pools, 5% for noise.
+    f << ", \"cache_path\": " << json_string(r.cache_path);
+    f << ", \"uncached_seconds\": " << json_number(r.baseline_seconds);
+    f << ", \"store_pools_op\": " << json_string(r.pass_op);
+    f << ", \"store_pools_seconds\": " << json_number(r.pass_seconds);
+    f << ", \"rule_ratio\": " << json_number(r.rule_ratio);
+    f << ", \"rule_ratio_p10\": " << json_number(r.rule_ratio_lo);
+    f << ", \"rule_ratio_p90\": " << json_number(r.rule_ratio_hi);
+    f << ", \"rule_ratio_min_times\": " << json_number(r.rule_ratio_best);
+    f << ", \"rule_holds\": " << (r.rule_ratio <= 1.05 ? "true" : "false");
+    f << ", \"cpu_seconds\": " << json_number(r.cpu_seconds);
+    f << ", \"uncached_cpu_seconds\": " << json_number(r.baseline_cpu_seconds);
+    f << ", \"store_pools_cpu_seconds\": " << json_number(r.pass_cpu_seconds);
+    f << ", \"rule_ratio_cpu\": " << json_number(r.rule_ratio_cpu);
+    f << ", \"rule_ratio_cpu_min\": " << json_number(r.rule_ratio_cpu_min);
+  }
+  return f.str() + "}";
+}
+
+// The run's own facts: the backend, its threads, Kokkos, the shapes, and
+// what one fence of the idle instance costs.
+std::string header_json(double fence_seconds) {
+  int const v = KOKKOS_VERSION;
+  std::string const version = std::to_string(v / 10000) + "." +
+                              std::to_string(v / 100 % 100) + "." +
+                              std::to_string(v % 100);
+  std::ostringstream f;
+  f << "\"backend\": " << json_string(Space::name());
+  f << ", \"threads\": " << Space().concurrency();
+  f << ", \"kokkos_version\": " << json_string(version);
+  f << ", \"kokkos_kernels\": " << (KPOOL_HAS_KOKKOSKERNELS ? "true" : "false");
+  f << ", \"head_dim\": " << kD;
+  f << ", \"kpool\": " << kK;
+  f << ", \"fence_seconds\": " << json_number(fence_seconds);
+  return f.str();
+}
+
+bool write_report(std::string const& path, std::vector<Result> const& results,
+                  double fence_seconds) {
+  std::ofstream f(path);
+  if (!f) return false;
+  f << "{" << header_json(fence_seconds) << ",\n  \"cases\": [";
+  for (std::size_t i = 0; i < results.size(); ++i)
+    f << (i ? ",\n" : "\n") << "    " << case_json(results[i]);
+  f << (results.empty() ? "]\n" : "\n  ]\n") << "}\n";
+  return static_cast<bool>(f);
+}
+
+// The device's own time for a call, without the host's fence in each
+// timed call: `calls` calls back to back and one fence, per call; on CUDA
+// also a CUDA graph of those calls, captured on the instance's stream and
+// replayed (docs/performance.md, "Measuring on a GPU").
+class DeviceTimer {
+ public:
+  explicit DeviceTimer(Space const& space) : space_(space) {}
+
+  // The median over `batches` batches of the per-call time.
+  double batched(std::function<void()> const& call, int calls, int batches) const {
+    std::vector<double> per;
+    for (int b = 0; b < batches; ++b) {
+      space_.fence();
+      Clock::time_point const t0 = Clock::now();
+      for (int i = 0; i < calls; ++i) call();
+      space_.fence();
+      per.push_back(seconds_between(t0, Clock::now()) / calls);
+    }
+    return median(per);
+  }
+
+  // The per-call time of a CUDA graph of `calls` calls, the median over
+  // `batches` replays; 0 where there is no graph (another backend, or the
+  // calls broke the capture: `why` says so).
+  double graph(std::function<void()> const& call, int calls, int batches,
+               std::string& why) const {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (std::is_same<Space, Kokkos::Cuda>::value) {
+      cudaStream_t const stream = space_.cuda_stream();
+      space_.fence();
+      cudaGraph_t g = nullptr;
+      if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        why = "cudaStreamBeginCapture failed";
+        return 0;
+      }
+      try {
+        for (int i = 0; i < calls; ++i) call();
+      } catch (std::exception const& e) {
+        why = e.what();
+      }
+      cudaError_t const end = cudaStreamEndCapture(stream, &g);
+      if (!why.empty() || end != cudaSuccess) {
+        if (why.empty()) why = cudaGetErrorString(end);
+        if (g) cudaGraphDestroy(g);
+        return 0;
+      }
+      cudaGraphExec_t exec = nullptr;
+      if (cudaGraphInstantiateWithFlags(&exec, g, 0) != cudaSuccess) {
+        why = "cudaGraphInstantiate failed";
+        cudaGraphDestroy(g);
+        return 0;
+      }
+      std::vector<double> per;
+      for (int b = 0; b <= batches; ++b) {  // the first replay warms up
+        Clock::time_point const t0 = Clock::now();
+        cudaGraphLaunch(exec, stream);
+        cudaStreamSynchronize(stream);
+        if (b > 0) per.push_back(seconds_between(t0, Clock::now()) / calls);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(g);
+      return median(per);
+    }
+#endif
+    (void)call, (void)calls, (void)batches;
+    why = "no CUDA graph on this backend";
+    return 0;
+  }
+
+  // What one fence of the idle instance costs: the median of 50.
+  double fence_seconds() const {
+    std::vector<double> t;
+    space_.fence();
+    for (int i = 0; i < 50; ++i) {
+      Clock::time_point const t0 = Clock::now();
+      space_.fence();
+      t.push_back(seconds_between(t0, Clock::now()));
+    }
+    return median(t);
+  }
+
+ private:
+  Space space_;
+};
+
 class Runner {
  public:
-  Runner(Space const& space, Settings const& s) : space_(space), s_(s), copy_(space) {}
+  Runner(Space const& space, Settings const& s)
+      : space_(space), s_(s), copy_(space), timer_(space) {
+    fence_seconds_ = timer_.fence_seconds();
+  }
 
-  // --filter A,B: entries whose name contains A or B.
+  double fence_seconds() const { return fence_seconds_; }
+  bool describing() const { return s_.describe; }
+
+  // A case that runs only when --cases names it (device-sized).
+  bool named(std::string const& name) const {
+    return std::find(s_.cases.begin(), s_.cases.end(), name) != s_.cases.end();
+  }
+
+  // --cases A,B: exactly the entries named A or B; else --filter A,B:
+  // entries whose name contains A or B.
   bool selected(std::string const& name) const {
+    if (!s_.cases.empty()) return named(name);
     if (s_.filter.empty()) return true;
     std::size_t begin = 0;
     while (begin <= s_.filter.size()) {
@@ -656,6 +919,7 @@ class Runner {
                Call const& pass = Call()) {
     std::string const name = scenario + "/" + dtype + "/" + op;
     if (!selected(name)) return;
+    if (describe(name, op, dtype, tokens, batch, bytes, 0, "", launches)) return;
     KPool::Options checked;
     checked.validate = true;
     KPool::Options fast;
@@ -790,24 +1054,26 @@ class Runner {
                   r.rule_ratio, r.rule_ratio_lo, r.rule_ratio_hi,
                   r.rule_ratio_best, r.rule_ratio_cpu, r.rule_ratio_cpu_min,
                   pass_op.c_str(), r.pass_seconds * 1e3);
-    std::printf("\n");
-    std::fflush(stdout);
-    results_.push_back(r);
+    device_times(r, [&] { call(fast); });
+    finish(r);
   }
 
-#if KPOOL_HAS_KOKKOSKERNELS
-  // Runs `call(options)` once validated, then timed next to `baseline()`
-  // (a same-run GEMM of `baseline_flops`).
+  // A compute-bound case: `call(options)` once validated, then timed next
+  // to a same-run copy of `bytes` (the bytes the call must read and write)
+  // and, given one, a same-run GEMM `gemm` of `gemm_flops` (Kokkos
+  // Kernels); `versus` (optional) is a second op timed in the same loop.
+  // `tensor` names its FLOPs' kind on a GPU (Result::tensor).
   void measure_flops(std::string const& scenario, std::string const& dtype,
                      std::string const& op, std::uint64_t tokens, int batch,
-                     double flops, int launches,
+                     double flops, std::string const& tensor, std::uint64_t bytes,
+                     int launches,
                      std::function<void(KPool::Options const&)> const& call,
-                     double baseline_flops,
-                     std::function<void()> const& baseline,
+                     double gemm_flops, std::function<void()> const& gemm,
                      std::string const& versus_op = "",
                      std::function<void(KPool::Options const&)> const& versus = {}) {
     std::string const name = scenario + "/" + dtype + "/" + op;
     if (!selected(name)) return;
+    if (describe(name, op, dtype, tokens, batch, bytes, flops, tensor, launches)) return;
     KPool::Options checked;
     checked.validate = true;
     KPool::Options fast;
@@ -815,6 +1081,8 @@ class Runner {
     call(checked);
     if (versus) versus(checked);
     space_.fence();
+    std::size_t const words = CopyBaseline::words_for(bytes);
+    copy_.reserve(words);
     Clock::time_point const w0 = Clock::now();
     for (int i = 0;; ++i) {
       call(fast);
@@ -823,13 +1091,14 @@ class Runner {
         versus(fast);
         space_.fence();
       }
-      baseline();
+      if (gemm) gemm();
+      copy_.run(words);
       space_.fence();
       if (i >= 1 && seconds_between(w0, Clock::now()) >= 0.05 * s_.min_time)
         break;
       if (i >= 20) break;
     }
-    std::vector<double> kt, gt, vt, ratio;
+    std::vector<double> kt, ct, gt, vt, ratio;
     Clock::time_point const start = Clock::now();
     for (;;) {
       space_.fence();
@@ -837,11 +1106,17 @@ class Runner {
       call(fast);
       space_.fence();
       Clock::time_point const t1 = Clock::now();
-      baseline();
+      copy_.run(words);
       space_.fence();
       Clock::time_point const t2 = Clock::now();
       kt.push_back(seconds_between(t0, t1));
-      gt.push_back(seconds_between(t1, t2));
+      ct.push_back(seconds_between(t1, t2));
+      if (gemm) {
+        Clock::time_point const g0 = Clock::now();
+        gemm();
+        space_.fence();
+        gt.push_back(seconds_between(g0, Clock::now()));
+      }
       if (versus) {
         Clock::time_point const v0 = Clock::now();
         versus(fast);
@@ -862,10 +1137,17 @@ class Runner {
     r.tokens = tokens;
     r.batch = batch;
     r.flops = flops;
+    r.tensor = tensor;
+    r.bytes = bytes;
     r.seconds = median(kt);
     r.seconds_min = *std::min_element(kt.begin(), kt.end());
-    r.gemm_flops = baseline_flops;
-    r.gemm_seconds = median(gt);
+    r.copy_bytes = words * 16;
+    r.copy_seconds = median(ct);
+    r.copy_seconds_min = *std::min_element(ct.begin(), ct.end());
+    if (gemm) {
+      r.gemm_flops = gemm_flops;
+      r.gemm_seconds = median(gt);
+    }
     r.runs = static_cast<int>(kt.size());
     r.launches = launches;
     if (versus) {
@@ -874,18 +1156,19 @@ class Runner {
       r.overhead = median(ratio) - 1.0;
     }
     double const gf = r.flops / r.seconds * 1e-9;
-    double const ggf = r.gemm_flops / r.gemm_seconds * 1e-9;
-    std::printf("%-44s %8.2f GF/s  gemm %8.2f GF/s  ratio %5.2f  %10.4f ms  "
-                "(%d runs)",
-                name.c_str(), gf, ggf, gf / ggf, r.seconds * 1e3, r.runs);
+    double const copy_ratio = (r.bytes / r.seconds) / (r.copy_bytes / r.copy_seconds);
+    std::printf("%-44s %8.2f GF/s  %8.2f GB/s  copy ratio %5.2f", name.c_str(), gf,
+                r.bytes / r.seconds * 1e-9, copy_ratio);
+    if (gemm)
+      std::printf("  gemm %8.2f GF/s ratio %5.2f", r.gemm_flops / r.gemm_seconds * 1e-9,
+                  gf / (r.gemm_flops / r.gemm_seconds * 1e-9));
+    std::printf("  %10.4f ms  (%d runs)", r.seconds * 1e3, r.runs);
     if (versus)
       std::printf("  overhead %+.1f%% over %s (%.4f ms)", 100.0 * r.overhead,
                   versus_op.c_str(), r.baseline_seconds * 1e3);
-    std::printf("\n");
-    std::fflush(stdout);
-    results_.push_back(r);
+    device_times(r, [&] { call(fast); });
+    finish(r);
   }
-#endif
 
   // Runs `call()` timed next to `read()` (a pass reading the same keys
   // once), alternating, after a warm-up.
@@ -896,6 +1179,7 @@ class Runner {
                     std::function<void()> const& stream) {
     std::string const name = scenario + "/" + dtype + "/" + op;
     if (!selected(name)) return;
+    if (describe(name, op, dtype, tokens, batch, bytes, 0, "", launches)) return;
     Clock::time_point const w0 = Clock::now();
     for (int i = 0;; ++i) {
       call();
@@ -944,12 +1228,12 @@ class Runner {
     r.launches = launches;
     std::printf(
         "%-44s %10.4f ms  keys read %10.4f ms  ratio %5.2f  (streamed %7.4f ms, %5.2f)  "
-        "(%d runs)\n",
+        "(%d runs)",
         name.c_str(), r.seconds * 1e3, r.keys_read_seconds * 1e3,
         r.keys_read_seconds / r.seconds, r.stream_read_seconds * 1e3,
         r.stream_read_seconds / r.seconds, r.runs);
-    std::fflush(stdout);
-    results_.push_back(r);
+    device_times(r, call);
+    finish(r);
   }
 
   std::vector<Result> const& results() const { return results_; }
@@ -969,9 +1253,73 @@ class Runner {
   Space const& space() const { return space_; }
 
  private:
+  // With --describe: the case's description, as its line, instead of a run.
+  bool describe(std::string const& name, std::string const& op, std::string const& dtype,
+                std::uint64_t tokens, int batch, std::uint64_t bytes, double flops,
+                std::string const& tensor, int launches) {
+    if (!s_.describe) return false;
+    Result r;
+    r.name = name;
+    r.op = op;
+    r.dtype = dtype;
+    r.tokens = tokens;
+    r.batch = batch;
+    r.bytes = bytes;
+    r.flops = flops;
+    r.tensor = tensor;
+    r.launches = launches;
+    std::printf("%-44s %12llu bytes  %14.6g flops%s%s\n", name.c_str(),
+                static_cast<unsigned long long>(bytes), flops, tensor.empty() ? "" : "  ",
+                tensor.c_str());
+    emit(r, "");
+    results_.push_back(r);
+    return true;
+  }
+
+  // The device's own time for `call` (validation off): batched, and on
+  // CUDA a graph (DeviceTimer).
+  void device_times(Result& r, std::function<void()> const& call) {
+    r.batch_calls = s_.batch_calls;
+    r.seconds_batched = timer_.batched(call, s_.batch_calls, s_.batches);
+    std::string why;
+    r.graph_seconds = timer_.graph(call, s_.batch_calls, s_.batches, why);
+    std::printf("  batched %.4f ms", r.seconds_batched * 1e3);
+    if (r.graph_seconds > 0) std::printf("  graph %.4f ms", r.graph_seconds * 1e3);
+  }
+
+  // The case's line ends; its JSON line and its printed line go to the
+  // --lines and --summary files now, so a run cut short keeps them.
+  void finish(Result const& r) {
+    std::printf("\n");
+    std::fflush(stdout);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%s: %.2f us a call (fenced), %.2f us batched, %s; %d runs",
+                  r.name.c_str(), r.seconds * 1e6, r.seconds_batched * 1e6,
+                  r.graph_seconds > 0
+                      ? (std::to_string(r.graph_seconds * 1e6) + " us in a graph").c_str()
+                      : "no graph",
+                  r.runs);
+    emit(r, line);
+    results_.push_back(r);
+  }
+
+  void emit(Result const& r, std::string const& summary) const {
+    if (!s_.lines.empty()) {
+      std::ofstream f(s_.lines, std::ios::app);
+      f << case_json(r) << "\n";
+    }
+    if (!s_.summary.empty() && !summary.empty()) {
+      std::ofstream f(s_.summary, std::ios::app);
+      f << summary << "\n";
+    }
+  }
+
   Space space_;
   Settings s_;
   CopyBaseline copy_;
+  DeviceTimer timer_;
+  double fence_seconds_ = 0;
   std::vector<Result> results_;
 };
 
@@ -1402,7 +1750,6 @@ void run_all(Runner& run, Settings const& s) {
 
 // ----------------------------------------------------------- selection
 
-#if KPOOL_HAS_KOKKOSKERNELS
 // One selection call's inputs: `rows[r]` query rows at cache length
 // `cache_lengths[r]` per request, an fp8 rotated cache holding every
 // request's pools in shuffled blocks, bf16 queries.
@@ -1411,7 +1758,31 @@ struct SelectDesc {
   int heads = 32;
   int topk = 512;
   int block_pools = 64;
+  // Whether the case is timed beside a same-run GEMM of its FLOPs (with
+  // Kokkos Kernels; not for rows too long for one).
+  bool gemm = true;
   int batch() const { return static_cast<int>(rows.size()); }
+  int max_blocks() const {
+    std::uint64_t m = 1;
+    for (int r = 0; r < batch(); ++r)
+      m = std::max<std::uint64_t>(
+          m, ((cache_lengths[r] + rows[r]) / kK + block_pools - 1) / block_pools);
+    return static_cast<int>(m);
+  }
+  // The least a selection moves: each request's visible pools read once
+  // (an fp8 entry, D codes and an f32 scale: D + 4 bytes; both profiles),
+  // the bf16 queries and f32 weights, the ids written, the block table and
+  // the batch's index arrays. The cost model and h200_limits.py take their
+  // memory time from it.
+  std::uint64_t bytes() const {
+    std::uint64_t n = 0;
+    for (int r = 0; r < batch(); ++r)
+      n += (cache_lengths[r] + rows[r]) / kK * std::uint64_t(kD + 4);
+    n += tokens() * static_cast<std::uint64_t>(heads) * (kD * 2 + 4);
+    n += tokens() * static_cast<std::uint64_t>(topk) * 4;
+    n += static_cast<std::uint64_t>(batch()) * max_blocks() * 4 + (2 * batch() + 1) * 4;
+    return n;
+  }
   std::uint64_t tokens() const {
     return std::accumulate(rows.begin(), rows.end(), std::uint64_t(0));
   }
@@ -1470,6 +1841,7 @@ struct SelectData {
     std::vector<std::uint32_t> offsets(B + 1, 0);
     std::vector<int> blocks(B);
     int total = 0, max_blocks = 1;
+    std::size_t const P = d.gemm ? std::max<std::uint64_t>(1, (d.scored() + T / 2) / T) : 1;
     for (int r = 0; r < B; ++r) {
       offsets[r + 1] = offsets[r] + d.rows[r];
       std::uint64_t const vis = (d.cache_lengths[r] + d.rows[r]) / kK;
@@ -1515,13 +1887,12 @@ struct SelectData {
         Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible)
       blas_workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(
           space, T, table_pools, d.heads, kD, KPool::ScoreEngine::blas);
-    std::size_t const P = std::max<std::uint64_t>(1, (d.scored() + T / 2) / T);
     a = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_a"),
-                     T * d.heads, kD);
+                     d.gemm ? T * d.heads : 1, kD);
     b = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_b"),
                      P, kD);
     c = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_c"),
-                     T * d.heads, P);
+                     d.gemm ? T * d.heads : 1, P);
     fill(space, a.data(), a.size(), 0x9191u);
     fill(space, b.data(), b.size(), 0xA1A1u);
     space.fence();
@@ -1529,89 +1900,125 @@ struct SelectData {
   double gemm_flops() const {
     return 2.0 * static_cast<double>(a.extent(0)) * b.extent(0) * kD;
   }
+  // The same-run GEMM where there is one (Kokkos Kernels, SelectDesc::gemm).
+  std::function<void()> gemm() const {
+#if KPOOL_HAS_KOKKOSKERNELS
+    if (desc.gemm)
+      return [a = a, b = b, c = c]() { KokkosBlas::gemm("N", "T", 1.0f, a, b, 0.0f, c); };
+#endif
+    return {};
+  }
 };
+
+// The tensor work of a selection op on a GPU (Result::tensor): the serving
+// profile's E4M3 MMA, the exact profile's three bf16 terms (automatic takes
+// tensor_cores there), the other engines' f32 CUDA cores.
+char const* select_tensor(std::string const& op) {
+  if (op.find("serving") != std::string::npos) return "e4m3";
+  if (op == "select" || op == "select_tensor_cores" || op == "select_fused" ||
+      op == "select_ranks2")
+    return "bf16x3";
+  return "f32";
+}
 
 void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
                 std::mt19937& rng) {
   std::string const prefix = scenario + "/bf16/";
   std::vector<std::pair<std::string, KPool::ScoreEngine>> engines = {
       {"select", KPool::ScoreEngine::automatic},
-      {"select_team_gemm", KPool::ScoreEngine::team_gemm},
       {"select_tiles", KPool::ScoreEngine::tiles}};
+  if (KPOOL_HAS_KOKKOSKERNELS) engines.push_back({"select_team_gemm", KPool::ScoreEngine::team_gemm});
   if (!KPool::Details::KokkosExt::is_device_backend<Space>::value) {
     engines.push_back({"select_register_tiles", KPool::ScoreEngine::register_tiles});
-    engines.push_back({"select_blas", KPool::ScoreEngine::blas});
+    if (KPOOL_HAS_KOKKOSKERNELS) engines.push_back({"select_blas", KPool::ScoreEngine::blas});
   } else if (KPool::Details::mma_plan<Space, KPool::bfloat16, KPool::float8_e4m3>(true)
                  .on_device) {
     // The tensor-core engine by name (automatic picks it too); its
     // tensor-core work is 3x `flops` (three bf16 terms of the rotated query).
     engines.push_back({"select_tensor_cores", KPool::ScoreEngine::tensor_cores});
   }
-  bool any = run.selected(prefix + "select_serving") || run.selected(prefix + "select_fused") ||
-             run.selected(prefix + "select_ranks2");
-  for (auto const& e : engines) any = any || run.selected(prefix + e.first);
+  bool const one_row_each =
+      std::all_of(d.rows.begin(), d.rows.end(), [](std::uint32_t n) { return n == 1; });
+  std::vector<std::string> ops = {"select_serving"};
+  for (auto const& e : engines) ops.push_back(e.first);
+  if (one_row_each) {
+    ops.push_back("select_fused");
+    ops.push_back("select_fused_serving");
+    ops.push_back("select_ranks2");
+  }
+  bool any = false;
+  for (auto const& op : ops) any = any || run.selected(prefix + op);
   if (!any) return;
-  SelectData data(run.space(), d, rng);
+  // --describe builds nothing: the cases' sizes come from `d` alone.
+  std::unique_ptr<SelectData> owned;
+  if (!run.describing()) owned = std::make_unique<SelectData>(run.space(), d, rng);
+  SelectData* const data = owned.get();  // null with --describe
   Space const space = run.space();
   double const flops = 2.0 * d.heads * kD * static_cast<double>(d.scored());
+  std::uint64_t const bytes = d.bytes();
+  double const gemm_flops = owned ? data->gemm_flops() : 0.0;
+  std::function<void()> const gemm = owned ? data->gemm() : std::function<void()>();
   bool const device = KPool::Details::KokkosExt::is_device_backend<Space>::value;
   for (auto const& e : engines) {
     KPool::ScoreEngine const engine = e.second;
     bool const blas = engine == KPool::ScoreEngine::blas;
     run.measure_flops(
-        scenario, "bf16", e.first, d.tokens(), d.batch(), flops,
+        scenario, "bf16", e.first, d.tokens(), d.batch(), flops, select_tensor(e.first), bytes,
         blas && !device ? d.blas_launches() : 2,
         [&, engine](KPool::Options const& o) {
           KPool::Options p = o;
           p.score_engine = engine;
-          KPool::score_select(space, data.row_offsets, data.cache_lengths,
-                              data.block_table, d.batch(), kK, data.q, data.weights,
-                              data.cache, d.topk, data.pool_ids,
-                              blas ? data.blas_workspace : data.workspace, p);
+          KPool::score_select(space, data->row_offsets, data->cache_lengths,
+                              data->block_table, d.batch(), kK, data->q, data->weights,
+                              data->cache, d.topk, data->pool_ids,
+                              blas ? data->blas_workspace : data->workspace, p);
         },
-        data.gemm_flops(),
-        [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); });
+        gemm_flops, gemm);
   }
   // select_serving: the default engine over the serving-profile cache (the
   // queries quantized in the same launches), timed beside "select" over
   // the exact profile's: its overhead + 1 is the serving profile's cost.
   auto const select_over = [&](KPool::Options const& o, SelectData::Cache const& cache) {
-    KPool::score_select(space, data.row_offsets, data.cache_lengths, data.block_table,
-                        d.batch(), kK, data.q, data.weights, cache, d.topk,
-                        data.pool_ids, data.workspace, o);
+    KPool::score_select(space, data->row_offsets, data->cache_lengths, data->block_table,
+                        d.batch(), kK, data->q, data->weights, cache, d.topk,
+                        data->pool_ids, data->workspace, o);
   };
   run.measure_flops(
-      scenario, "bf16", "select_serving", d.tokens(), d.batch(), flops, 2,
-      [&](KPool::Options const& o) { select_over(o, data.serving_cache); },
-      data.gemm_flops(),
-      [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); },
-      "select", [&](KPool::Options const& o) { select_over(o, data.cache); });
-  // select_fused: a decode batch (one row a request) through the Batch
-  // form, scoring and top-k in one launch, timed beside the same call in
-  // two (Options::decode_selection): its overhead + 1 is the fused
-  // kernel's cost against the two launches'.
-  bool const one_row_each =
-      std::all_of(d.rows.begin(), d.rows.end(), [](std::uint32_t n) { return n == 1; });
-  if (one_row_each && run.selected(prefix + "select_fused")) {
-    std::vector<std::int32_t> pos(d.cache_lengths.begin(), d.cache_lengths.end());
-    View2<std::int32_t> positions("kpool_perf::select_positions", d.batch(), 1);
+      scenario, "bf16", "select_serving", d.tokens(), d.batch(), flops, "e4m3", bytes, 2,
+      [&](KPool::Options const& o) { select_over(o, data->serving_cache); }, gemm_flops, gemm,
+      "select", [&](KPool::Options const& o) { select_over(o, data->cache); });
+  if (!one_row_each) return;
+  // select_fused and select_fused_serving: a decode batch (one row a
+  // request) through the Batch form, scoring and top-k in one launch,
+  // timed beside the same call in three (Options::decode_selection): its
+  // overhead + 1 is the fused kernel's cost against the separate path's;
+  // over the exact and the serving profile's cache.
+  View2<std::int32_t> positions;
+  if (owned) {
+    positions = View2<std::int32_t>("kpool_perf::select_positions", d.batch(), 1);
     auto h = Kokkos::create_mirror_view(positions);
-    for (int r = 0; r < d.batch(); ++r) h(r, 0) = pos[r];
+    for (int r = 0; r < d.batch(); ++r) h(r, 0) = static_cast<std::int32_t>(d.cache_lengths[r]);
     Kokkos::deep_copy(positions, h);
-    auto const decode_over = [&](KPool::Options const& o, KPool::DecodeSelection how) {
-      KPool::Options p = o;
-      p.decode_selection = how;
-      KPool::score_select(space, KPool::paged(data.cache, data.block_table), data.q,
-                          data.weights, d.topk, KPool::decode_batch(positions, d.batch()),
-                          data.pool_ids, data.workspace, p);
-    };
+  }
+  auto const decode_over = [&](KPool::Options const& o, KPool::DecodeSelection how,
+                               SelectData::Cache const& cache) {
+    KPool::Options p = o;
+    p.decode_selection = how;
+    KPool::score_select(space, KPool::paged(cache, data->block_table), data->q, data->weights,
+                        d.topk, KPool::decode_batch(positions, d.batch()), data->pool_ids,
+                        data->workspace, p);
+  };
+  for (bool serving : {false, true}) {
+    SelectData::Cache const* cache = owned ? (serving ? &data->serving_cache : &data->cache)
+                                           : nullptr;
+    std::string const op = serving ? "select_fused_serving" : "select_fused";
     run.measure_flops(
-        scenario, "bf16", "select_fused", d.tokens(), d.batch(), flops, 1,
-        [&](KPool::Options const& o) { decode_over(o, KPool::DecodeSelection::fused); },
-        data.gemm_flops(),
-        [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); },
-        "select_separate",
-        [&](KPool::Options const& o) { decode_over(o, KPool::DecodeSelection::separate); });
+        scenario, "bf16", op, d.tokens(), d.batch(), flops, select_tensor(op), bytes, 1,
+        [&](KPool::Options const& o) { decode_over(o, KPool::DecodeSelection::fused, *cache); },
+        gemm_flops, gemm, serving ? "select_separate_serving" : "select_separate",
+        [&](KPool::Options const& o) {
+          decode_over(o, KPool::DecodeSelection::separate, *cache);
+        });
   }
   // select_ranks2: one rank's work in a decode selection over a cache
   // sharded over 2 ranks (docs/ranks.md), in this one process: rank 0's
@@ -1622,50 +2029,44 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
   // overhead + 1 is one rank's share of the time. No real second rank runs
   // (its work would share these cores): the collective's latency is not in
   // it (docs/ranks.md has the arithmetic for NVLink).
-  if (one_row_each && run.selected(prefix + "select_ranks2")) {
-    int const W = 2;
-    View2<std::int32_t> positions("kpool_perf::ranks_positions", d.batch(), 1);
-    auto h = Kokkos::create_mirror_view(positions);
-    for (int r = 0; r < d.batch(); ++r) h(r, 0) = static_cast<std::int32_t>(d.cache_lengths[r]);
-    Kokkos::deep_copy(positions, h);
-    auto const batch = KPool::decode_batch(positions, d.batch());
-    KPool::Shard const shard{0, W, d.block_pools};
-    View2<std::int32_t> half("kpool_perf::ranks_table", d.batch(),
-                             (data.block_table.extent(1) + 1) / 2);
-    auto ht = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data.block_table);
-    auto hh = Kokkos::create_mirror_view(half);
-    for (int r = 0; r < d.batch(); ++r)
-      for (std::size_t c = 0; c < hh.extent(1); ++c) hh(r, c) = ht(r, 2 * c);
-    Kokkos::deep_copy(half, hh);
-    auto const mine = KPool::paged(data.cache.sharded(shard), half);
-    KPool::SelectWorkspace<KPool::bfloat16, Mem> local_ws(
-        space, d.tokens(), half.extent(1) * static_cast<std::size_t>(d.block_pools), d.heads,
-        kD);
-    KPool::ShardWorkspace<KPool::bfloat16, Mem> exchange(space, d.tokens(), d.topk, W);
-    std::size_t const bytes =
-        KPool::ShardWorkspace<KPool::bfloat16, Mem>::payload_bytes(d.tokens(), d.topk);
-    run.measure_flops(
-        scenario, "bf16", "select_ranks2", d.tokens(), d.batch(), flops / W, 4,
-        [&](KPool::Options const& o) {
-          KPool::shard_select_local(space, mine, data.q, data.weights, d.topk, batch, local_ws,
-                                    exchange, o);
-          for (int r = 0; r < W; ++r)
-            Kokkos::deep_copy(
-                space, Kokkos::subview(exchange.recv(), std::make_pair(r * bytes, (r + 1) * bytes)),
-                Kokkos::subview(exchange.send(), std::make_pair(std::size_t(0), bytes)));
-          KPool::shard_select_merge(space, mine, d.topk, data.pool_ids, exchange, o);
-        },
-        data.gemm_flops(),
-        [&]() { KokkosBlas::gemm("N", "T", 1.0f, data.a, data.b, 0.0f, data.c); },
-        "select_one_rank",
-        [&](KPool::Options const& o) {
-          KPool::score_select(space, KPool::paged(data.cache, data.block_table), data.q,
-                              data.weights, d.topk, batch, data.pool_ids, data.workspace, o);
-        });
-    run.set_exchange(prefix + "select_ranks2", W,
-                     static_cast<std::uint64_t>(W) * d.topk *
-                         (4 + sizeof(KPool::ShardWorkspace<KPool::bfloat16, Mem>::key_type)));
-  }
+  if (!owned || !run.selected(prefix + "select_ranks2")) return;
+  int const W = 2;
+  auto const batch = KPool::decode_batch(positions, d.batch());
+  KPool::Shard const shard{0, W, d.block_pools};
+  View2<std::int32_t> half("kpool_perf::ranks_table", d.batch(),
+                           (data->block_table.extent(1) + 1) / 2);
+  auto ht = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data->block_table);
+  auto hh = Kokkos::create_mirror_view(half);
+  for (int r = 0; r < d.batch(); ++r)
+    for (std::size_t c = 0; c < hh.extent(1); ++c) hh(r, c) = ht(r, 2 * c);
+  Kokkos::deep_copy(half, hh);
+  auto const mine = KPool::paged(data->cache.sharded(shard), half);
+  KPool::SelectWorkspace<KPool::bfloat16, Mem> local_ws(
+      space, d.tokens(), half.extent(1) * static_cast<std::size_t>(d.block_pools), d.heads, kD);
+  KPool::ShardWorkspace<KPool::bfloat16, Mem> exchange(space, d.tokens(), d.topk, W);
+  std::size_t const payload =
+      KPool::ShardWorkspace<KPool::bfloat16, Mem>::payload_bytes(d.tokens(), d.topk);
+  run.measure_flops(
+      scenario, "bf16", "select_ranks2", d.tokens(), d.batch(), flops / W, "bf16x3", bytes / W,
+      4,
+      [&](KPool::Options const& o) {
+        KPool::shard_select_local(space, mine, data->q, data->weights, d.topk, batch, local_ws,
+                                  exchange, o);
+        for (int r = 0; r < W; ++r)
+          Kokkos::deep_copy(
+              space,
+              Kokkos::subview(exchange.recv(), std::make_pair(r * payload, (r + 1) * payload)),
+              Kokkos::subview(exchange.send(), std::make_pair(std::size_t(0), payload)));
+        KPool::shard_select_merge(space, mine, d.topk, data->pool_ids, exchange, o);
+      },
+      gemm_flops, gemm, "select_one_rank",
+      [&](KPool::Options const& o) {
+        KPool::score_select(space, KPool::paged(data->cache, data->block_table), data->q,
+                            data->weights, d.topk, batch, data->pool_ids, data->workspace, o);
+      });
+  run.set_exchange(prefix + "select_ranks2", W,
+                   static_cast<std::uint64_t>(W) * d.topk *
+                       (4 + sizeof(KPool::ShardWorkspace<KPool::bfloat16, Mem>::key_type)));
 }
 
 void run_selects(Runner& run, Settings const& s) {
@@ -1689,8 +2090,23 @@ void run_selects(Runner& run, Settings const& s) {
     run_select(run, s.quick ? "select_prefill_q256_p256" : "select_prefill_q2k_p2k", d,
                rng);
   }
+  {
+    // One query row over 2^20 visible pools (a 4M-token context), only
+    // when --cases names it: a GPU's case (run_device.sh tier 1), minutes
+    // on a host. No GEMM beside it.
+    std::string const scenario = "select_decode_b1_p1m";
+    bool named = false;
+    for (char const* op : {"select", "select_serving", "select_fused", "select_fused_serving"})
+      named = named || run.named(scenario + "/bf16/" + op);
+    if (named) {
+      SelectDesc d;
+      d.rows.assign(1, 1);
+      d.cache_lengths.assign(1, (1u << 20) * kK - 1);
+      d.gemm = false;
+      run_select(run, scenario, d, rng);
+    }
+  }
 }
-
 // Keys of scores in [-2, 2), as the scoring engines write them.
 struct KeyFillFunctor {
   Kokkos::View<std::uint32_t*, Mem> keys;
@@ -1799,158 +2215,28 @@ void run_topks(Runner& run, Settings const& s) {
     run_topk(run, "topk_b1_p1m", 1, 1u << 20, 2048);
   }
 }
-#else
-void run_selects(Runner&, Settings const&) {}
-void run_topks(Runner&, Settings const&) {}
-#endif
 
 // ---------------------------------------------------------------- report
 
-std::string json_string(std::string const& s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      o += '\\';
-      o += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-      o += buf;
-    } else {
-      o += ch;
-    }
-  }
-  return o + "\"";
-}
-
-std::string json_number(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
-}
-
-bool write_report(std::string const& path, std::vector<Result> const& results) {
-  std::ofstream f(path);
-  if (!f) return false;
-  int const v = KOKKOS_VERSION;
-  std::string const version = std::to_string(v / 10000) + "." +
-                              std::to_string(v / 100 % 100) + "." +
-                              std::to_string(v % 100);
-  f << "{\n";
-  f << "  \"backend\": " << json_string(Space::name()) << ",\n";
-  f << "  \"threads\": " << Space().concurrency() << ",\n";
-  f << "  \"kokkos_version\": " << json_string(version) << ",\n";
-  f << "  \"head_dim\": " << kD << ",\n";
-  f << "  \"kpool\": " << kK << ",\n";
-  f << "  \"cases\": [";
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    Result const& r = results[i];
-    f << (i ? ",\n" : "\n") << "    {";
-    if (r.keys_read_seconds > 0) {
-      f << "\"name\": " << json_string(r.name);
-      f << ", \"op\": " << json_string(r.op);
-      f << ", \"dtype\": " << json_string(r.dtype);
-      f << ", \"tokens\": " << r.tokens;
-      f << ", \"batch\": " << r.batch;
-      f << ", \"bytes\": " << r.bytes;
-      f << ", \"seconds\": " << json_number(r.seconds);
-      f << ", \"keys_read_seconds\": " << json_number(r.keys_read_seconds);
-      f << ", \"ratio\": " << json_number(r.keys_read_seconds / r.seconds);
-      f << ", \"stream_read_seconds\": " << json_number(r.stream_read_seconds);
-      f << ", \"stream_ratio\": " << json_number(r.stream_read_seconds / r.seconds);
-      f << ", \"seconds_min\": " << json_number(r.seconds_min);
-      f << ", \"runs\": " << r.runs;
-      f << ", \"launches\": " << r.launches << "}";
-      continue;
-    }
-    if (r.flops > 0) {
-      double const gf = r.flops / r.seconds * 1e-9;
-      double const ggf = r.gemm_flops / r.gemm_seconds * 1e-9;
-      f << "\"name\": " << json_string(r.name);
-      f << ", \"op\": " << json_string(r.op);
-      f << ", \"dtype\": " << json_string(r.dtype);
-      f << ", \"tokens\": " << r.tokens;
-      f << ", \"batch\": " << r.batch;
-      f << ", \"flops\": " << json_number(r.flops);
-      f << ", \"seconds\": " << json_number(r.seconds);
-      f << ", \"gflops\": " << json_number(gf);
-      f << ", \"gemm_flops\": " << json_number(r.gemm_flops);
-      f << ", \"gemm_seconds\": " << json_number(r.gemm_seconds);
-      f << ", \"gemm_gflops\": " << json_number(ggf);
-      f << ", \"ratio\": " << json_number(gf / ggf);
-      f << ", \"seconds_min\": " << json_number(r.seconds_min);
-      f << ", \"runs\": " << r.runs;
-      f << ", \"launches\": " << r.launches;
-      if (!r.baseline_op.empty()) {
-        f << ", \"baseline_op\": " << json_string(r.baseline_op);
-        f << ", \"baseline_seconds\": " << json_number(r.baseline_seconds);
-        f << ", \"overhead\": " << json_number(r.overhead);
-      }
-      if (r.ranks > 0) {
-        f << ", \"ranks\": " << r.ranks;
-        f << ", \"exchange_bytes_per_row\": " << r.exchange_bytes_per_row;
-      }
-      f << "}";
-      continue;
-    }
-    double const gbps = r.bytes / r.seconds * 1e-9;
-    double const cgbps = r.copy_bytes / r.copy_seconds * 1e-9;
-    f << "\"name\": " << json_string(r.name);
-    f << ", \"op\": " << json_string(r.op);
-    f << ", \"dtype\": " << json_string(r.dtype);
-    f << ", \"tokens\": " << r.tokens;
-    f << ", \"batch\": " << r.batch;
-    f << ", \"bytes\": " << r.bytes;
-    f << ", \"seconds\": " << json_number(r.seconds);
-    f << ", \"gbps\": " << json_number(gbps);
-    f << ", \"copy_bytes\": " << r.copy_bytes;
-    f << ", \"copy_seconds\": " << json_number(r.copy_seconds);
-    f << ", \"copy_gbps\": " << json_number(cgbps);
-    f << ", \"ratio\": " << json_number(gbps / cgbps);
-    f << ", \"seconds_min\": " << json_number(r.seconds_min);
-    f << ", \"copy_seconds_min\": " << json_number(r.copy_seconds_min);
-    f << ", \"runs\": " << r.runs;
-    f << ", \"launches\": " << r.launches;
-    f << ", \"ring\": " << r.ring;
-    if (!r.baseline_op.empty()) {
-      f << ", \"baseline_op\": " << json_string(r.baseline_op);
-      f << ", \"baseline_seconds\": " << json_number(r.baseline_seconds);
-      f << ", \"overhead\": " << json_number(r.overhead);
-    }
-    if (!r.pass_op.empty()) {
-      // The rule: cached <= uncached + store_pools, 5% for noise.
-      f << ", \"cache_path\": " << json_string(r.cache_path);
-      f << ", \"uncached_seconds\": " << json_number(r.baseline_seconds);
-      f << ", \"store_pools_op\": " << json_string(r.pass_op);
-      f << ", \"store_pools_seconds\": " << json_number(r.pass_seconds);
-      f << ", \"rule_ratio\": " << json_number(r.rule_ratio);
-      f << ", \"rule_ratio_p10\": " << json_number(r.rule_ratio_lo);
-      f << ", \"rule_ratio_p90\": " << json_number(r.rule_ratio_hi);
-      f << ", \"rule_ratio_min_times\": " << json_number(r.rule_ratio_best);
-      f << ", \"rule_holds\": " << (r.rule_ratio <= 1.05 ? "true" : "false");
-      f << ", \"cpu_seconds\": " << json_number(r.cpu_seconds);
-      f << ", \"uncached_cpu_seconds\": " << json_number(r.baseline_cpu_seconds);
-      f << ", \"store_pools_cpu_seconds\": " << json_number(r.pass_cpu_seconds);
-      f << ", \"rule_ratio_cpu\": " << json_number(r.rule_ratio_cpu);
-      f << ", \"rule_ratio_cpu_min\": " << json_number(r.rule_ratio_cpu_min);
-    }
-    f << "}";
-  }
-  f << (results.empty() ? "]\n" : "\n  ]\n") << "}\n";
-  return static_cast<bool>(f);
-}
-
 void usage(char const* argv0) {
   std::printf(
-      "usage: %s [--quick] [--filter SUBSTRING[,SUBSTRING...]] [--out PATH] "
-      "[--min-time SECONDS]\n"
+      "usage: %s [--quick] [--filter SUBSTRING[,SUBSTRING...]] [--cases NAME[,NAME...]]\n"
+      "       [--out PATH] [--lines PATH] [--summary PATH] [--describe] [--min-time SECONDS]\n"
+      "       [--batch-calls N]\n"
       "  --quick        fewer, smaller cases (smoke test)\n"
       "  --filter S     only entries whose name contains S (names are\n"
       "                 scenario/dtype/op, e.g. prefill_b8_16k/bf16/compress);\n"
       "                 S1,S2,... any of them\n"
-      "  --out PATH     report path (default perf_report.json)\n"
+      "  --cases N      exactly the entries named N (N1,N2,...); device-sized\n"
+      "                 cases (select_decode_b1_p1m) run only when named\n"
+      "  --out PATH     report path (default perf_report.json), written at the end\n"
+      "  --lines PATH   append each case's JSON line to PATH as it ends (and a\n"
+      "                 first line with the run's own facts)\n"
+      "  --summary PATH append each case's printed summary line to PATH as it ends\n"
+      "  --describe     list the selected cases' bytes and FLOPs, run nothing\n"
       "  --min-time S   seconds of timed runs per entry (default 0.2; quick\n"
-      "                 0.02); at least 5 runs, at most 200\n",
+      "                 0.02); at least 5 runs, at most 200\n"
+      "  --batch-calls N  calls a batch of back-to-back calls (default 16)\n",
       argv0);
 }
 
@@ -1972,6 +2258,27 @@ int main(int argc, char* argv[]) {
       s.quick = true;
     } else if (a == "--filter") {
       s.filter = value("--filter");
+    } else if (a == "--cases") {
+      std::string const v = value("--cases");
+      std::size_t begin = 0;
+      while (begin <= v.size()) {
+        std::size_t const comma = v.find(',', begin);
+        std::size_t const end = comma == std::string::npos ? v.size() : comma;
+        if (end > begin) s.cases.push_back(v.substr(begin, end - begin));
+        begin = end + 1;
+      }
+    } else if (a == "--lines") {
+      s.lines = value("--lines");
+    } else if (a == "--summary") {
+      s.summary = value("--summary");
+    } else if (a == "--describe") {
+      s.describe = true;
+    } else if (a == "--batch-calls") {
+      s.batch_calls = std::atoi(value("--batch-calls").c_str());
+      if (s.batch_calls < 1) {
+        std::fprintf(stderr, "kpool_perf: --batch-calls needs a count of at least 1\n");
+        return 2;
+      }
     } else if (a == "--out") {
       s.out = value("--out");
     } else if (a == "--min-time") {
@@ -1998,13 +2305,35 @@ int main(int argc, char* argv[]) {
 
   int status = 0;
   Kokkos::initialize(argc, argv);
+#if defined(KOKKOS_ENABLE_CUDA)
+  // On CUDA the instance runs on a stream of its own, which the graph
+  // timing captures (DeviceTimer::graph).
+  cudaStream_t stream = nullptr;
+  if constexpr (std::is_same<Space, Kokkos::Cuda>::value)
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+#endif
   {
+#if defined(KOKKOS_ENABLE_CUDA)
+    Space space = [&] {
+      if constexpr (std::is_same<Space, Kokkos::Cuda>::value)
+        return Space(stream);
+      else
+        return Space();
+    }();
+#else
     Space space;
-    std::printf("kpool_perf: %s, concurrency %d, D = %d, K = %d%s\n",
-                Space::name(), space.concurrency(), kD, kK,
-                s.quick ? ", quick" : "");
+#endif
     Clock::time_point const t0 = Clock::now();
     Runner run(space, s);
+    std::printf("kpool_perf: %s, concurrency %d, D = %d, K = %d%s; a fence of the idle "
+                "instance: %.2f us\n",
+                Space::name(), space.concurrency(), kD, kK, s.quick ? ", quick" : "",
+                run.fence_seconds() * 1e6);
+    std::fflush(stdout);
+    if (!s.lines.empty()) {
+      std::ofstream f(s.lines, std::ios::app);
+      f << "{" << header_json(run.fence_seconds()) << "}\n";
+    }
     try {
       run_all<KPool::bfloat16>(run, s);
       run_all<float>(run, s);
@@ -2014,7 +2343,7 @@ int main(int argc, char* argv[]) {
       std::fprintf(stderr, "kpool_perf: %s\n", e.what());
       status = 1;
     }
-    if (!write_report(s.out, run.results())) {
+    if (!write_report(s.out, run.results(), run.fence_seconds())) {
       std::fprintf(stderr, "kpool_perf: cannot write %s\n", s.out.c_str());
       status = 1;
     } else {
@@ -2025,6 +2354,9 @@ int main(int argc, char* argv[]) {
                   ec ? s.out.c_str() : p.string().c_str());
     }
   }
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (stream) cudaStreamDestroy(stream);
+#endif
   Kokkos::finalize();
   return status;
 }

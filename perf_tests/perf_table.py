@@ -38,18 +38,22 @@ CASE_FIELDS = {
     "ratio": (int, float),
 }
 
-# Compute-bound cases (the selection stage) report FLOP rates against a
-# same-run GEMM instead of bytes against a copy.
+# Compute-bound cases (the selection stage) report FLOP rates and the
+# bytes they must move against a same-run copy of those bytes, and, with
+# Kokkos Kernels, against a same-run GEMM of their FLOPs (`ratio` is then
+# gflops / gemm_gflops; without it, the copy ratio).
 FLOP_CASE_FIELDS = {
     "name": str,
     "op": str,
     "dtype": str,
     "tokens": int,
     "batch": int,
+    "bytes": int,
     "flops": (int, float),
     "seconds": (int, float),
     "gflops": (int, float),
-    "gemm_gflops": (int, float),
+    "copy_gbps": (int, float),
+    "copy_ratio": (int, float),
     "ratio": (int, float),
 }
 
@@ -68,6 +72,14 @@ TOPK_CASE_FIELDS = {
 }
 
 OPTIONAL_CASE_FIELDS = {
+    # The device's own time: batch_calls calls back to back with one
+    # fence, per call (median of batches), and on CUDA a graph of them.
+    "seconds_batched": (int, float),
+    "graph_seconds": (int, float),
+    "batch_calls": int,
+    # Compute-bound cases: their tensor work on a GPU (e4m3, bf16x3, f32).
+    "tensor": str,
+    "gemm_gflops": (int, float),
     "stream_read_seconds": (int, float),
     "stream_ratio": (int, float),
     "runs": int,
@@ -159,7 +171,7 @@ def check(report):
             if field in case and not is_type(case[field], types):
                 problems.append("%s: field '%s' has type %s"
                                 % (where, field, type(case[field]).__name__))
-        positive = (("seconds", "gflops", "gemm_gflops", "ratio") if flop_case
+        positive = (("seconds", "gflops", "copy_gbps", "ratio") if flop_case
                     else ("seconds", "keys_read_seconds", "ratio") if topk_case
                     else ("seconds", "gbps", "copy_gbps", "ratio"))
         for field in positive:
@@ -196,13 +208,15 @@ def table(report, sort_key=None):
           % (report.get("backend", "?"), report.get("threads", "?"),
              report.get("kokkos_version", "?"), len(cases)))
     # Byte-bound cases give GB/s against a copy; compute-bound ones GF/s
-    # against a GEMM (marked in the unit column). Pool cache ops also give
+    # against a GEMM (marked in the unit column), or without Kokkos Kernels
+    # their bytes' rate against the copy. Pool cache ops also give
     # their overhead over the same step without a cache.
     header = ["name", "op", "dtype", "tokens", "batch", "rate",
               "baseline", "unit", "ratio", "ms", "overhead"]
     rows = []
     for c in cases:
         flop_case = "gflops" in c
+        gemm = flop_case and "gemm_gflops" in c
         topk_case = "keys_read_seconds" in c
         overhead = ""
         if "overhead" in c:
@@ -224,9 +238,10 @@ def table(report, sort_key=None):
             "%.4f" % (1e3 * c.get("seconds", 0.0)) if topk_case else
             "%.2f" % c.get("gflops" if flop_case else "gbps", 0.0),
             "%.4f" % (1e3 * c.get("keys_read_seconds", 0.0)) if topk_case else
-            "%.2f" % c.get("gemm_gflops" if flop_case else "copy_gbps", 0.0),
+            "%.2f" % c.get("gemm_gflops" if gemm else "copy_gbps", 0.0),
             "ms vs keys read" if topk_case else
-            "GF/s vs gemm" if flop_case else "GB/s vs copy",
+            "GF/s vs gemm" if gemm else
+            "GF/s; GB/s vs copy" if flop_case else "GB/s vs copy",
             "%.2f" % c.get("ratio", 0.0),
             "%.4f" % (1e3 * c.get("seconds", 0.0)),
             overhead,

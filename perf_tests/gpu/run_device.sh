@@ -4,21 +4,27 @@
 #
 #   perf_tests/gpu/run_device.sh [--tier 1|2] [--bin DIR]
 #
-# Tier 1 (at most 4 minutes of device time) runs what decides the design:
-#   mma      tst_score_mma's hardware tests: the tensor-core MMA against the
-#            emulation bit for bit, and the E4M3 MMA's accumulation on
-#            serving-shaped data against the serving profile's tolerance
-#   e4m3     tst_device_bits: the hardware E4M3 conversion against KPool's
-#            on every exponent and the saturation and subnormal edges
-#   graph    kpool_graph_capture: steps and a selection captured into a
-#            CUDA graph and replayed give the eager bits
-#   perf     kpool_perf on the cases that decide the design (decode
-#            selection 64 x 8192, exact and serving profiles; top-k 64 x
-#            8192 and 1 x 2^20; prefill selection 2048 x 2048; the fused
-#            step), each printed with its figure and its ratio to the
-#            H200's limit (h200_limits.py)
-# Tier 2 runs the rest: every unit-test program in full, the hardware E4M3
-# conversion on all 2^32 floats, the whole perf suite.
+# Tier 1 (at most 4 minutes of device time, start and transfers included;
+# its parts' limits add up to 160 s: docs/verification.md, "Tier 1's
+# budget") runs what decides the design:
+#   mma        tst_score_mma's hardware tests: the tensor-core MMA against
+#              the emulation bit for bit, and the E4M3 MMA's accumulation on
+#              serving-shaped data against the serving profile's tolerance
+#              (a line saying plainly whether it holds)
+#   e4m3       tst_device_bits: the hardware E4M3 conversion against KPool's
+#              on every exponent and the saturation and subnormal edges
+#   graph      kpool_graph_capture: steps, a ragged selection and a decode
+#              selection (fused and separate) captured into CUDA graphs and
+#              replayed, other calls between the replays, give the eager bits
+#   sanitizer  compute-sanitizer memcheck, racecheck and synccheck over a
+#              small subset: the fused and separate decode selection, the
+#              MMA engine's exactness, a long row's split top-k
+#   perf       kpool_perf on exactly the cases of tier1_cases.txt, each
+#              case's JSON line and summary line appended under OUT as it
+#              ends, then each against the H200's limit (h200_limits.py)
+# Tier 2 runs the rest: every unit-test program in full (and under the three
+# sanitizers), the hardware E4M3 conversion on all 2^32 floats, the whole
+# perf suite.
 #
 # Each part writes its log and one summary line under OUT (default
 # <repo>/device-out) as soon as it ends, so a run cut short still returns
@@ -109,26 +115,76 @@ part() {
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && status="FAILED (exit $rc)"
   note "$name: $status in $((SECONDS - t0)) s: $(grep -h -E '^\[  (PASSED|FAILED|SKIPPED) |graph capture:|kpool_perf:.*cases' "$log" | tr '\n' ' ' | cut -c 1-240)"
   # What the tests measured and printed for the record.
-  grep -h -E 'measured|hardware E4M3 of NaN|first differing|accumulation' "$log" >>"$summary" 2>/dev/null
+  grep -h -E 'measured|hardware E4M3 of NaN|first differing|accumulation|SERVING PROFILE' "$log" >>"$summary" 2>/dev/null
   sync
 }
 
-# The cases of the perf suite that decide the design.
-tier1_perf="select_decode_b64_p8k/bf16/select,select_prefill_q2k_p2k/bf16/select,topk_b64_p8k,topk_b1_p1m,mixed_64c_192d/bf16/step_fused"
+# The cases of the perf suite that decide the design, exactly.
+tier1_cases=$(grep -v '^#' "$repo/perf_tests/gpu/tier1_cases.txt" | paste -sd, -)
+
+# compute-sanitizer: the staged one, the machine's, or none.
+sanitizer=""
+for c in "$bin/compute-sanitizer/compute-sanitizer" "$(command -v compute-sanitizer 2>/dev/null)" \
+         /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  if [ -n "$c" ] && [ -x "$c" ]; then sanitizer=$c; break; fi
+done
+# sanitize NAME SECONDS FILTER: the three tools over the subset, each a
+# third of the time; skipped with the reason where there is no tool.
+sanitize() {
+  local name=$1 limit=$2 each=$(( $2 / 3 ))
+  if [ -z "$sanitizer" ]; then
+    note "$name: skipped: no compute-sanitizer (not staged, not on PATH, not in /usr/local/cuda)"
+    return 0
+  fi
+  if [ -n "$no_gpu" ]; then
+    note "$name: skipped: $no_gpu; compute-sanitizer found at $sanitizer"
+    return 0
+  fi
+  local tool prog filter
+  for tool in memcheck racecheck synccheck; do
+    for spec in "tst_select:Select/*bf16.DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit" \
+                "tst_score_mma:MmaDevice.*MatchesTheEmulation" \
+                "tst_select_topk:SelectTopk.SelectsTheRankingWith32BitKeys"; do
+      prog=${spec%%:*}
+      filter=${spec#*:}
+      [ -x "$bin/$prog" ] || { note "$name/$tool/$prog: skipped: $prog was not staged"; continue; }
+      local log=$out/${name}_${tool}_$prog.log t0=$SECONDS
+      run_limited $(( each / 3 )) "$log" "$sanitizer" --tool "$tool" --error-exitcode 9 \
+        "$bin/$prog" --gtest_filter="$filter"
+      local status=ok
+      [ "$rc" -eq 124 ] && status="TIMED OUT"
+      [ "$rc" -eq 9 ] && status="ERRORS REPORTED"
+      [ "$rc" -ne 0 ] && [ "$rc" -ne 9 ] && [ "$rc" -ne 124 ] && status="FAILED (exit $rc)"
+      note "$name/$tool/$prog: $status in $((SECONDS - t0)) s: $(grep -h -E 'ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$log" | tr '\n' ' ' | cut -c 1-160)"
+    done
+  done
+}
 
 if [ "$tier" = 1 ]; then
-  part mma 60 tst_score_mma --gtest_filter='MmaDevice.*:MmaFragments.*'
-  part e4m3 60 tst_device_bits --gtest_filter='-*AllFloats*'
-  part graph 60 kpool_graph_capture
-  part perf 150 kpool_perf --filter "$tier1_perf" --min-time 0.05 --out "$out/perf_tier1.json"
-  report=$out/perf_tier1.json
+  part mma 20 tst_score_mma --gtest_filter='MmaDevice.*:MmaFragments.*'
+  part e4m3 15 tst_device_bits --gtest_filter='-*AllFloats*'
+  part graph 15 kpool_graph_capture
+  sanitize sanitizer 60
+  part perf 50 kpool_perf --cases "$tier1_cases" --min-time 0.05 --out "$out/perf_tier1.json" \
+    --lines "$out/perf_tier1.jsonl" --summary "$summary"
+  report=$out/perf_tier1.jsonl
 else
   for t in "$bin"/tst_*; do
     [ -x "$t" ] || continue
     part "unit_$(basename "$t")" 300 "$(basename "$t")"
   done
-  part perf_full 600 kpool_perf --out "$out/perf_report.json"
-  report=$out/perf_report.json
+  for t in "$bin"/tst_*; do
+    [ -x "$t" ] || continue
+    for tool in memcheck racecheck synccheck; do
+      if [ -n "$sanitizer" ] && [ -z "$no_gpu" ]; then
+        run_limited 600 "$out/sanitize_${tool}_$(basename "$t").log" "$sanitizer" --tool "$tool" \
+          --error-exitcode 9 "$t"
+        note "sanitize/$tool/$(basename "$t"): exit $rc $(grep -h 'ERROR SUMMARY' "$out/sanitize_${tool}_$(basename "$t").log" | head -n 1)"
+      fi
+    done
+  done
+  part perf_full 600 kpool_perf --out "$out/perf_report.json" --lines "$out/perf_report.jsonl"
+  report=$out/perf_report.jsonl
   # The same pooling as PyTorch eager operations, where torch is installed.
   if [ -z "$no_gpu" ] && python3 -c 'import torch' 2>/dev/null; then
     python3 "$repo/perf_tests/gpu/torch_pooling.py" --tokens 65536 --batch 1 \
