@@ -433,16 +433,22 @@ struct ChainedMma {
   }
 };
 
-// Hopper's FP8 MMA is reported to accumulate with fewer bits than f32,
-// which the small integers above cannot show. Serving-shaped data: rotated
-// keys (16 pools) and queries (8 heads) of 128 channels, each row scaled by
-// its UE8M0 power of two and coded in E4M3 as the serving profile does;
-// each (pool, head) score is four chained m16n8k32 MMAs. The hardware's
-// scores are compared with KPool's f32 emulation and with the exact sum,
-// relative to S = sum_c |q_c k_c|, and must stay within half the serving
-// profile's selection tolerance of 1e-5 S (docs/indexer.md, "Tolerance": two
-// scores' errors may add). The measured bound is printed either way, so
-// that the tolerance can be set from it.
+// Hopper's FP8 MMA accumulates with about 14 bits retained, not f32's 24
+// (DeepSeek-V3 Technical Report, arXiv:2412.19437, section 3.3.2), which
+// the small integers above cannot show. Serving-shaped data: rotated keys
+// (16 pools) and queries (8 heads) of 128 channels, each row scaled by its
+// UE8M0 power of two and coded in E4M3 as the serving profile does; each
+// (pool, head) score is four chained m16n8k32 MMAs. The hardware's scores
+// are compared with KPool's f32 emulation and with the exact sum, relative
+// to S = sum_c |q_c k_c|. Each MMA step keeps ~14 bits of the largest
+// magnitude it adds, at most S: an error of at most 2^-13 S a step, 2^-11 S
+// over the four (docs/indexer.md, "The E4M3 MMA's accumulation"); the
+// serving profile's tolerance on the E4M3 MMA, 2^-10 S between two scores,
+// is two such errors. The measured error and whether the bound holds are
+// printed either way, plainly, for the device run's summary: where it does
+// not hold, the serving profile is to be built with
+// KPool_SERVING_MMA_BF16=ON (the bf16 MMA, f32 accumulation) until a fix
+// lands.
 TEST(MmaDevice, E4m3AccumulationOnServingShapedData) {
   constexpr MmaKind Kind = MmaKind::e4m3;
   if (!KPool::Details::mma_device_supported<Kind>::value) GTEST_SKIP() << "arch";
@@ -524,12 +530,20 @@ TEST(MmaDevice, E4m3AccumulationOnServingShapedData) {
         worst_emulated = std::max(worst_emulated, std::fabs(h - emulated[o]) / mag[o]);
         emulation_exact = std::max(emulation_exact, std::fabs(emulated[o] - exact[o]) / mag[o]);
       }
+  double const bound = std::ldexp(1.0, -11);  // 4 steps of 2^-13 S
   std::printf(
       "measured: E4M3 MMA accumulation over %d serving-shaped scores of %d channels: "
-      "max |hardware - exact| = %.3g S, max |hardware - f32 emulation| = %.3g S "
-      "(f32 emulation - exact: %.3g S); the serving tolerance allows 5e-06 S a score\n",
-      tiles * S::m * S::n, D, worst_exact, worst_emulated, emulation_exact);
-  EXPECT_LE(worst_exact, 5e-6) << "the hardware MMA's accumulation needs a wider tolerance";
+      "max |hardware - exact| = %.3g S (%.2f bits), max |hardware - f32 emulation| = %.3g S "
+      "(f32 emulation - exact: %.3g S); the bound from ~14 retained bits is 2^-11 S = %.3g S\n",
+      tiles * S::m * S::n, D, worst_exact, worst_exact > 0 ? -std::log2(worst_exact) : 99.0,
+      worst_emulated, emulation_exact, bound);
+  std::printf("SERVING PROFILE on the E4M3 MMA: %s\n",
+              worst_exact <= bound
+                  ? "within its tolerance (2^-11 S a score, 2^-10 S between two)"
+                  : "OUTSIDE its tolerance: build with KPool_SERVING_MMA_BF16=ON (the bf16 MMA) "
+                    "until a fix lands");
+  EXPECT_LE(worst_exact, bound) << "the hardware MMA's accumulation is outside the serving "
+                                   "profile's tensor-core tolerance";
 }
 #endif
 

@@ -292,11 +292,12 @@ void launch_score_tiles(Checker const& chk, ExecutionSpace const& space,
 // visible pools to fill the machine. The serving profile takes the E4M3
 // MMA on an fp8 cache (queries quantized per row and head by
 // prepare_query_row). Level-0 scratch on devices, as every engine.
-template <class ExecutionSpace, class T, class C, MmaKind Kind, class Run>
+template <class ExecutionSpace, class T, class C, MmaKind Kind, bool Serving = (Kind == MmaKind::e4m3),
+          class Run>
 void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
                            ScoreInputs<ExecutionSpace, T, C> const& in,
                            Options const& options, int terms, Run const& run) {
-  using F = ScoreMmaFunctor<ExecutionSpace, T, C, Kind>;
+  using F = ScoreMmaFunctor<ExecutionSpace, T, C, Kind, Serving>;
   constexpr bool warp_lanes = mma_lanes<ExecutionSpace>::value == 1;
   int const D = in.cache.head_dim();
   F f;
@@ -377,6 +378,12 @@ void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
                     mma_kernel_runs<ExecutionSpace, MmaKind::f16>())
         launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::f16>(chk, space, in, options,
                                                                   plan.terms, run);
+    } else if (in.cache.serving) {
+      // The serving profile on the bf16 MMA (KPOOL_SERVING_MMA_BF16).
+      if constexpr (std::is_same<C, float8_e4m3>::value && KPOOL_SERVING_MMA_BF16 &&
+                    mma_kernel_runs<ExecutionSpace, MmaKind::bf16>())
+        launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::bf16, true>(chk, space, in,
+                                                                         options, 1, run);
     } else {
       if constexpr (!std::is_same<C, float16>::value &&
                     mma_kernel_runs<ExecutionSpace, MmaKind::bf16>())

@@ -19,8 +19,10 @@
 //    rotated f16 query would need f16 terms, whose exponent range loses
 //    small values: such calls keep team_gemm;
 //  - f32 and f64 caches keep the portable engines;
-//  - the serving profile: E4M3 codes of key and query on the E4M3 MMA.
+//  - the serving profile: E4M3 codes of key and query on the E4M3 MMA (or,
+//    built with KPOOL_SERVING_MMA_BF16, on the bf16 MMA: exact there too).
 
+#include <KPool_Config.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Types.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
@@ -62,7 +64,9 @@ MmaPlan mma_plan(bool rotated, bool serving = false) {
       p.why = "the serving profile needs an fp8 cache";
       return p;
     }
-    p.kind = MmaKind::e4m3;
+    // E4M3 codes on the E4M3 MMA, or (KPOOL_SERVING_MMA_BF16) on the bf16
+    // MMA, where they are exact operands.
+    p.kind = KPOOL_SERVING_MMA_BF16 ? MmaKind::bf16 : MmaKind::e4m3;
     p.terms = 1;
   } else if (fp8 || std::is_same<T, bfloat16>::value) {
     p.kind = MmaKind::bf16;

@@ -80,7 +80,11 @@ KOKKOS_INLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[
   for (int j = 0; j < 3; ++j) out[j] = j < terms ? bf16_term(x, j) : 0u;
 }
 
-template <class ExecutionSpace, class T, class C, MmaKind Kind>
+// Serving: the serving profile's scores (prepared E4M3 codes, the pool's
+// scale after the head sum), on the E4M3 MMA or, with
+// KPOOL_SERVING_MMA_BF16, on the bf16 MMA (the codes exact in bf16).
+template <class ExecutionSpace, class T, class C, MmaKind Kind,
+          bool Serving = (Kind == MmaKind::e4m3)>
 struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   KPOOL_IMPL_SCORE_TEAM_INPUTS(ExecutionSpace, T, C);
   static_assert(std::is_same<A, float>::value, "the tensor-core engine scores in f32");
@@ -89,7 +93,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   using S = MmaShape<Kind>;
   static constexpr int L = mma_lanes<ExecutionSpace>::value;
   static constexpr int TM = mma_tile_pools;
-  static constexpr bool serving = Kind == MmaKind::e4m3;
+  static constexpr bool serving = Serving;
 
   int scratch_level;
   // Every pool's row starts 16-byte aligned and D is a multiple of a
