@@ -40,7 +40,7 @@ case "$tier" in 1|2) ;; *) echo "stage_binaries.sh: --tier is 1 or 2" >&2; exit 
 build=${BUILD_DIR:-$repo/build-cuda}
 export PATH=/usr/local/cuda/bin:$PATH
 
-kernels=()
+kernels=(-DKPool_ENABLE_KOKKOSKERNELS=OFF)
 if [ -n "${KOKKOSKERNELS_CUDA:-}" ]; then
   kernels=(-DKokkosKernels_ROOT="$KOKKOSKERNELS_CUDA")
 else
