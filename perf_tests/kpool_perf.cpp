@@ -39,7 +39,7 @@
 // median, and `rule_ratio_cpu_min`, of the least CPU times: every
 // thread's, which a loaded machine's time slicing does not inflate), and
 // `rule_holds` = rule_ratio <= 1.05; these entries take at least 15 runs. `cache_path` names the
-// path the build's cached step takes (src/cache/detail/KPool_CachePath.hpp);
+// path the build's cached step takes (src/common/detail/KPool_CachePath.hpp);
 // the ops *_cache_fp8_in_step and *_cache_fp8_second_pass force each path,
 // the measurements the hosts' choice is made from. Their `bytes` add the
 // cache entries written (D + 4 bytes a pool). store_pools_fp8 is also
@@ -1425,7 +1425,7 @@ void cached_step(Space const& space, RaggedData<T>& data, CacheData& cd, int B,
 // that, store_pools_fp8 writing the same cache from the uncached step's
 // output rows: the entry's rule_ratio is cached / (uncached + store_pools).
 // step_fused_cache_fp8_in_step and _second_pass force each path (what the
-// host table in cache/detail/KPool_CachePath.hpp is chosen from).
+// host table in common/detail/KPool_CachePath.hpp is chosen from).
 template <class T>
 void run_step_cache(Runner& run, std::string const& scenario,
                     RaggedDesc const& d, RaggedData<T>& data) {

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include <KPool.hpp>
-#include <cache/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_CacheWrite.hpp>
 
 #include <KPoolCacheReference.hpp>
 #include <KPoolReference.hpp>
@@ -267,7 +267,7 @@ TEST(DeviceBits, HardwareE4M3ConversionOnAllFloats) {
             << " differ from the contract\n";
 }
 
-// The cache write's padded scratch rows (cache/detail/KPool_CacheWrite.hpp,
+// The cache write's padded scratch rows (common/detail/KPool_CacheWrite.hpp,
 // SlotRow): for the lane mappings a device uses, the 32 lanes of a warp
 // reach 32 distinct banks of 4-byte words. Lanes: min(32, D / W) per team
 // thread, 32 / lanes team threads a warp, thread t staging slot t (rows

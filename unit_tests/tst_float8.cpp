@@ -4,7 +4,7 @@
 
 #include <KPoolCacheReference.hpp>
 #include <KPoolTestUtils.hpp>
-#include <cache/detail/KPool_CacheVectors.hpp>
+#include <common/detail/KPool_CacheVectors.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -211,7 +211,7 @@ TEST(Float8E4M3, DeviceConversionsMatchTheHost) {
 }  // namespace
 
 #if defined(KPOOL_IMPL_GNU_VECTORS)
-// The host cache write's vector rounding (cache/detail/KPool_CacheVectors.hpp)
+// The host cache write's vector rounding (common/detail/KPool_CacheVectors.hpp)
 // gives float_to_e4m3_bits' byte for every f32 it accepts: every bit
 // pattern of magnitude below 464, both signs, NaN excluded (2^31.1
 // inputs), 16 at a time as the cache write calls it.

@@ -461,7 +461,7 @@ TEST_F(HostSync, StepsWithoutValidationNeitherFenceNorCopy) {
 // Writing the pool cache inside the step adds no launch: the steps' own
 // kernels write it (two for a fused step or a decode step, four for a
 // three-launch step, the same labels). Where the path is the second pass
-// (cache/detail/KPool_CachePath.hpp: hosts, 16-bit prefill pools) exactly one
+// (common/detail/KPool_CachePath.hpp: hosts, 16-bit prefill pools) exactly one
 // launch follows the step's own, "KPool::step::cache" or
 // "KPool::decode_step::cache". Each path forced gives its own launches.
 template <KPool::Details::CacheWritePath P>
@@ -530,7 +530,7 @@ TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunchesOrOneMore) {
   EXPECT_TRUE(pass.fences.empty() && pass.deep_copies == 0) << "decode_step, second pass";
 }
 
-// The host rule for a decode call's cache (cache/detail/KPool_CachePath.hpp):
+// The host rule for a decode call's cache (common/detail/KPool_CachePath.hpp):
 // in the step below 64 requests, one more launch, the second pass, from 64
 // on; devices and device shapes always in the step. Each call is a cached
 // decode_step of `requests` requests, one pool closed each, its launches

@@ -476,7 +476,7 @@ TYPED_TEST(PoolCacheTest, StreamedCachesEqualOneShotCaches) {
     }
 }
 
-// The two paths of a cached step's write (cache/detail/KPool_CachePath.hpp),
+// The two paths of a cached step's write (common/detail/KPool_CachePath.hpp),
 // forced: the same calls (fresh prefills, chunk continuations, decodes with
 // drafts; fused and three-launch steps; a sequence without blocks, skipped
 // with validation off) through KPool::Details::step_impl and

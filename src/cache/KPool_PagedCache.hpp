@@ -1,5 +1,5 @@
-#ifndef KPOOL_PAGED_CACHE_HPP
-#define KPOOL_PAGED_CACHE_HPP
+#ifndef KPOOL_CACHE_PAGED_CACHE_HPP
+#define KPOOL_CACHE_PAGED_CACHE_HPP
 
 #include <cache/KPool_PoolCache.hpp>
 #include <common/detail/KPool_Validate.hpp>

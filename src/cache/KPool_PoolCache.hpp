@@ -1,5 +1,5 @@
-#ifndef KPOOL_POOL_CACHE_HPP
-#define KPOOL_POOL_CACHE_HPP
+#ifndef KPOOL_CACHE_POOL_CACHE_HPP
+#define KPOOL_CACHE_POOL_CACHE_HPP
 
 // The paged pool cache of one layer (docs/indexer.md, "The pool cache"):
 //   values [num_blocks][block_pools][D]  element type C

@@ -1,5 +1,5 @@
-#ifndef KPOOL_BATCH_HPP
-#define KPOOL_BATCH_HPP
+#ifndef KPOOL_COMMON_BATCH_HPP
+#define KPOOL_COMMON_BATCH_HPP
 
 #include <common/detail/KPool_Validate.hpp>
 #include <common/detail/KPool_Views.hpp>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_EXCEPTIONS_HPP
-#define KPOOL_EXCEPTIONS_HPP
+#ifndef KPOOL_COMMON_EXCEPTIONS_HPP
+#define KPOOL_COMMON_EXCEPTIONS_HPP
 
 #include <cstdint>
 #include <stdexcept>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_FLOAT8_HPP
-#define KPOOL_FLOAT8_HPP
+#ifndef KPOOL_COMMON_FLOAT8_HPP
+#define KPOOL_COMMON_FLOAT8_HPP
 
 // KPool's own 8-bit cache element type, OCP FP8 E4M3FN (docs/indexer.md, "The
 // pool cache"): 1 sign, 4 exponent bits with bias 7, 3 mantissa bits,

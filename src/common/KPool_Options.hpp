@@ -1,5 +1,5 @@
-#ifndef KPOOL_OPTIONS_HPP
-#define KPOOL_OPTIONS_HPP
+#ifndef KPOOL_COMMON_OPTIONS_HPP
+#define KPOOL_COMMON_OPTIONS_HPP
 
 #include <KPool_Config.hpp>
 

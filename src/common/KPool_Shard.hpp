@@ -1,5 +1,5 @@
-#ifndef KPOOL_SHARD_HPP
-#define KPOOL_SHARD_HPP
+#ifndef KPOOL_COMMON_SHARD_HPP
+#define KPOOL_COMMON_SHARD_HPP
 
 /// @file
 /// KPool::Shard: which of a sequence's pools one rank of a sharded pool

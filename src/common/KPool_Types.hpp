@@ -1,5 +1,5 @@
-#ifndef KPOOL_TYPES_HPP
-#define KPOOL_TYPES_HPP
+#ifndef KPOOL_COMMON_TYPES_HPP
+#define KPOOL_COMMON_TYPES_HPP
 
 /// @file
 /// Storage types. key, gate, the ring and the pooled output share one of

@@ -1,5 +1,5 @@
-#ifndef KPOOL_MPI_COMMUNICATOR_HPP
-#define KPOOL_MPI_COMMUNICATOR_HPP
+#ifndef KPOOL_MPI_MPI_COMMUNICATOR_HPP
+#define KPOOL_MPI_MPI_COMMUNICATOR_HPP
 
 /// @file
 /// KPool::MpiCommunicator: the sharded selection's all-gather over an MPI

@@ -1,5 +1,5 @@
-#ifndef KPOOL_COMPRESS_HPP
-#define KPOOL_COMPRESS_HPP
+#ifndef KPOOL_POOL_COMPRESS_HPP
+#define KPOOL_POOL_COMPRESS_HPP
 
 #include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_RING_HPP
-#define KPOOL_RING_HPP
+#ifndef KPOOL_POOL_RING_HPP
+#define KPOOL_POOL_RING_HPP
 
 #include <common/KPool_Exceptions.hpp>
 #include <common/KPool_Types.hpp>

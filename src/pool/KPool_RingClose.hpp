@@ -1,5 +1,5 @@
-#ifndef KPOOL_RING_CLOSE_HPP
-#define KPOOL_RING_CLOSE_HPP
+#ifndef KPOOL_POOL_RING_CLOSE_HPP
+#define KPOOL_POOL_RING_CLOSE_HPP
 
 #include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>

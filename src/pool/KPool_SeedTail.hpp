@@ -1,5 +1,5 @@
-#ifndef KPOOL_SEED_TAIL_HPP
-#define KPOOL_SEED_TAIL_HPP
+#ifndef KPOOL_POOL_SEED_TAIL_HPP
+#define KPOOL_POOL_SEED_TAIL_HPP
 
 #include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_STEP_HPP
-#define KPOOL_STEP_HPP
+#ifndef KPOOL_POOL_STEP_HPP
+#define KPOOL_POOL_STEP_HPP
 
 #include <cache/KPool_PagedCache.hpp>
 #include <cache/KPool_PoolCache.hpp>
@@ -93,7 +93,7 @@ void step(ExecutionSpace const& space, Ring<T, MemorySpace>& ring,
 /// On a GPU (and with device shapes) in the same launches: each pool goes
 /// from the registers that made it into team scratch, is rotated and
 /// quantized there. On a host, by whichever path measured cheaper
-/// (src/cache/detail/KPool_CachePath.hpp; docs/performance.md, "Writing
+/// (src/common/detail/KPool_CachePath.hpp; docs/performance.md, "Writing
 /// the pool cache"): in the step, or one more launch on `space` over the
 /// output's rows, store_pools' (the count read on the device). Same bytes
 /// either way. Everything else is KPool::step's.

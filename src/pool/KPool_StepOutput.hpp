@@ -1,5 +1,5 @@
-#ifndef KPOOL_STEP_OUTPUT_HPP
-#define KPOOL_STEP_OUTPUT_HPP
+#ifndef KPOOL_POOL_STEP_OUTPUT_HPP
+#define KPOOL_POOL_STEP_OUTPUT_HPP
 
 #include <common/KPool_Types.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>

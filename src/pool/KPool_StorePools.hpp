@@ -1,5 +1,5 @@
-#ifndef KPOOL_STORE_POOLS_HPP
-#define KPOOL_STORE_POOLS_HPP
+#ifndef KPOOL_POOL_STORE_POOLS_HPP
+#define KPOOL_POOL_STORE_POOLS_HPP
 
 // The standalone pool cache passes: store_pools writes a step's output into
 // a PoolCache, load_pools reads pools back, dequantized.
@@ -11,8 +11,8 @@
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
 #include <pool/KPool_StepOutput.hpp>
-#include <cache/detail/KPool_CacheFunctors.hpp>
-#include <cache/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_CacheFunctors.hpp>
+#include <common/detail/KPool_CacheWrite.hpp>
 #include <common/detail/KPool_Validate.hpp>
 
 #include <algorithm>

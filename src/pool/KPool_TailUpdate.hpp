@@ -1,5 +1,5 @@
-#ifndef KPOOL_TAIL_UPDATE_HPP
-#define KPOOL_TAIL_UPDATE_HPP
+#ifndef KPOOL_POOL_TAIL_UPDATE_HPP
+#define KPOOL_POOL_TAIL_UPDATE_HPP
 
 #include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>

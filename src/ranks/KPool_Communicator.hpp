@@ -1,5 +1,5 @@
-#ifndef KPOOL_COMMUNICATOR_HPP
-#define KPOOL_COMMUNICATOR_HPP
+#ifndef KPOOL_RANKS_COMMUNICATOR_HPP
+#define KPOOL_RANKS_COMMUNICATOR_HPP
 
 /// @file
 /// KPool::Communicator: the one collective a sharded selection needs

@@ -1,5 +1,5 @@
-#ifndef KPOOL_SHARD_SELECT_HPP
-#define KPOOL_SHARD_SELECT_HPP
+#ifndef KPOOL_RANKS_SHARD_SELECT_HPP
+#define KPOOL_RANKS_SHARD_SELECT_HPP
 
 /// @file
 /// The indexer across ranks (docs/ranks.md): a pool cache sharded over W

@@ -1,5 +1,5 @@
-#ifndef KPOOL_EXPAND_TOPK_HPP
-#define KPOOL_EXPAND_TOPK_HPP
+#ifndef KPOOL_SELECT_EXPAND_TOPK_HPP
+#define KPOOL_SELECT_EXPAND_TOPK_HPP
 
 #include <common/KPool_Batch.hpp>
 #include <common/KPool_Options.hpp>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_SCORE_SELECT_HPP
-#define KPOOL_SCORE_SELECT_HPP
+#ifndef KPOOL_SELECT_SCORE_SELECT_HPP
+#define KPOOL_SELECT_SCORE_SELECT_HPP
 
 #include <KPool_Config.hpp>
 

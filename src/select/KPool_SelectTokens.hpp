@@ -1,5 +1,5 @@
-#ifndef KPOOL_SELECT_TOKENS_HPP
-#define KPOOL_SELECT_TOKENS_HPP
+#ifndef KPOOL_SELECT_SELECT_TOKENS_HPP
+#define KPOOL_SELECT_SELECT_TOKENS_HPP
 
 #include <select/KPool_ExpandTopk.hpp>
 #include <select/KPool_ScoreSelect.hpp>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_KOKKOS_EXT_HPP
-#define KPOOL_DETAILS_KOKKOS_EXT_HPP
+#ifndef KPOOL_COMMON_DETAIL_KOKKOS_EXT_HPP
+#define KPOOL_COMMON_DETAIL_KOKKOS_EXT_HPP
 
 // The one place where Kokkos version and backend differences live. Kernels
 // call these names and never test KOKKOS_VERSION themselves.

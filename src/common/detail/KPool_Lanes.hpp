@@ -61,7 +61,7 @@ KOKKOS_FORCEINLINE_FUNCTION void store_packet(T* p,
 }
 
 // Where a pool's values go besides the output row. NoStage: nowhere. A
-// cache write passes its team-scratch stage (cache/detail/KPool_CacheWrite.hpp),
+// cache write passes its team-scratch stage (common/detail/KPool_CacheWrite.hpp),
 // which receives each channel's value from the registers that just rounded
 // it into T, so the pool never makes a second trip through memory.
 // After the pool is complete, thread_vector_pool calls finish(member, out,

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_LAUNCH_HPP
-#define KPOOL_DETAILS_LAUNCH_HPP
+#ifndef KPOOL_COMMON_DETAIL_LAUNCH_HPP
+#define KPOOL_COMMON_DETAIL_LAUNCH_HPP
 
 // Launch shapes. A team thread owns one work item at a time (a pool, a
 // request, a decode row, a token row) and its vector lanes cover the

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_REQUEST_HPP
-#define KPOOL_DETAILS_REQUEST_HPP
+#ifndef KPOOL_COMMON_DETAIL_REQUEST_HPP
+#define KPOOL_COMMON_DETAIL_REQUEST_HPP
 
 // The one place that derives a request's pools from its cache length and
 // row count (docs/writers.md, "The writers"). The kernels, the offset scan and

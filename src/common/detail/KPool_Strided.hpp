@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_STRIDED_HPP
-#define KPOOL_DETAILS_STRIDED_HPP
+#ifndef KPOOL_COMMON_DETAIL_STRIDED_HPP
+#define KPOOL_COMMON_DETAIL_STRIDED_HPP
 
 // What a kernel needs of a View: the pointer and the strides. A
 // LayoutStride View also carries its extents and a reference-count handle,

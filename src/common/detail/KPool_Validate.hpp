@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_VALIDATE_HPP
-#define KPOOL_DETAILS_VALIDATE_HPP
+#ifndef KPOOL_COMMON_DETAIL_VALIDATE_HPP
+#define KPOOL_COMMON_DETAIL_VALIDATE_HPP
 
 // Argument validation, run on the host before anything is launched. Checks
 // on extents are free; checks on index data fence the caller's execution

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_CALL_HPP
-#define KPOOL_DETAILS_CALL_HPP
+#ifndef KPOOL_POOL_DETAIL_CALL_HPP
+#define KPOOL_POOL_DETAIL_CALL_HPP
 
 // What every ragged entry point does between its signature and its launch:
 // the normalized views, the shape checks (free, always on), and the path

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_EXP_HPP
-#define KPOOL_DETAILS_EXP_HPP
+#ifndef KPOOL_POOL_DETAIL_EXP_HPP
+#define KPOOL_POOL_DETAIL_EXP_HPP
 
 #include <common/detail/KPool_KokkosExt.hpp>
 

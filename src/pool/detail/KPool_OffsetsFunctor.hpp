@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_OFFSETS_FUNCTOR_HPP
-#define KPOOL_DETAILS_OFFSETS_FUNCTOR_HPP
+#ifndef KPOOL_POOL_DETAIL_OFFSETS_FUNCTOR_HPP
+#define KPOOL_POOL_DETAIL_OFFSETS_FUNCTOR_HPP
 
 // Exclusive prefix sums of pools per request, on the device, with no host
 // synchronization: scanning B + 1 entries leaves the total in the last.

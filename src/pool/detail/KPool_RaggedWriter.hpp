@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_RAGGED_WRITER_HPP
-#define KPOOL_DETAILS_RAGGED_WRITER_HPP
+#ifndef KPOOL_POOL_DETAIL_RAGGED_WRITER_HPP
+#define KPOOL_POOL_DETAIL_RAGGED_WRITER_HPP
 
 // The ragged writers' device code: one struct holding every array a
 // ragged call touches, each once, and the three per-item device functions
@@ -77,7 +77,7 @@ struct RaggedWriter {
 
   // ring_close: the pending pool whose first `have` members the ring holds.
   // The ring is only read. `hook` routes the pool into a step's cache
-  // (cache/detail/KPool_CacheWrite.hpp, NoCacheHook without one).
+  // (common/detail/KPool_CacheWrite.hpp, NoCacheHook without one).
   template <class Hook>
   KOKKOS_INLINE_FUNCTION void close(member_type const& member, int r,
                                     Hook const& hook) const {

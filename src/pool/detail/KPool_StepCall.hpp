@@ -12,9 +12,9 @@
 #include <pool/KPool_Ring.hpp>
 #include <pool/KPool_StepOutput.hpp>
 #include <pool/KPool_TailUpdate.hpp>
-#include <cache/detail/KPool_CacheFunctors.hpp>
-#include <cache/detail/KPool_CachePath.hpp>
-#include <cache/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_CacheFunctors.hpp>
+#include <common/detail/KPool_CachePath.hpp>
+#include <common/detail/KPool_CacheWrite.hpp>
 #include <pool/detail/KPool_Call.hpp>
 #include <pool/detail/KPool_OffsetsFunctor.hpp>
 #include <pool/detail/KPool_TailUpdateFunctor.hpp>
@@ -66,7 +66,7 @@ void check_step_output(Checker const& chk, StepOutput<T, M> const& out,
 
 // The cache a step writes: none (NoCacheArg), or a PoolCache and the
 // call's block table. Path: where the pools are written
-// (cache/detail/KPool_CachePath.hpp); the public steps leave it automatic, tests
+// (common/detail/KPool_CachePath.hpp); the public steps leave it automatic, tests
 // force each path.
 struct NoCacheArg {
   static constexpr bool enabled = false;
@@ -409,7 +409,7 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
   bool const aligned = decode_aligned<ExecutionSpace, T, M>(k, g, a, tail) &&
                        rows_aligned(out.pooled().data(), D, 16);
   // The cache's path: on hosts it depends on the call's size
-  // (cache/detail/KPool_CachePath.hpp), so both are compiled there.
+  // (common/detail/KPool_CachePath.hpp), so both are compiled there.
   auto const launch = [&](auto pass) {
     constexpr bool second_pass = decltype(pass)::value;
     auto const cache = step_cache_target<T, second_pass>(arg);

@@ -1,7 +1,7 @@
-#ifndef KPOOL_DETAILS_TAIL_UPDATE_FUNCTOR_HPP
-#define KPOOL_DETAILS_TAIL_UPDATE_FUNCTOR_HPP
+#ifndef KPOOL_POOL_DETAIL_TAIL_UPDATE_FUNCTOR_HPP
+#define KPOOL_POOL_DETAIL_TAIL_UPDATE_FUNCTOR_HPP
 
-#include <cache/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_CacheWrite.hpp>
 #include <common/detail/KPool_Request.hpp>
 #include <common/detail/KPool_Strided.hpp>
 #include <common/detail/KPool_Views.hpp>

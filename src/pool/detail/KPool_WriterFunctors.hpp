@@ -22,7 +22,7 @@
 // items made into the cache from team scratch (team_items); seed_tail
 // makes no pool and takes none.
 
-#include <cache/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_CacheWrite.hpp>
 #include <pool/detail/KPool_RaggedWriter.hpp>
 
 #include <cstdint>

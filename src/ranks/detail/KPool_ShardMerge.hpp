@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SHARD_MERGE_HPP
-#define KPOOL_DETAILS_SHARD_MERGE_HPP
+#ifndef KPOOL_RANKS_DETAIL_SHARD_MERGE_HPP
+#define KPOOL_RANKS_DETAIL_SHARD_MERGE_HPP
 
 // The merge of a sharded selection (docs/ranks.md): every rank's local
 // top-k of a query row (its local pool ids, ascending, -1 after them, and
@@ -31,8 +31,8 @@
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
 #include <common/detail/KPool_Views.hpp>
-#include <score/detail/KPool_Scoring.hpp>
-#include <select/detail/KPool_ExpandTopkFunctor.hpp>
+#include <common/detail/KPool_Scoring.hpp>
+#include <select/KPool_ExpandTopk.hpp>
 
 #include <cstdint>
 

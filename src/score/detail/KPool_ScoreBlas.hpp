@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SCORE_BLAS_HPP
-#define KPOOL_DETAILS_SCORE_BLAS_HPP
+#ifndef KPOOL_SCORE_DETAIL_SCORE_BLAS_HPP
+#define KPOOL_SCORE_DETAIL_SCORE_BLAS_HPP
 
 // The BLAS scoring engine (ScoreEngine::blas), for host execution spaces:
 // per request and chunk of pools, one launch stages the chunk's keys
@@ -13,11 +13,11 @@
 
 #include <KPool_Config.hpp>
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Launch.hpp>
 #include <common/detail/KPool_Strided.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 
 #if KPOOL_HAS_KOKKOSKERNELS
 #include <KokkosBlas3_gemm.hpp>

@@ -17,7 +17,7 @@
 #include <score/detail/KPool_ScoreRegisterTiles.hpp>
 #include <score/detail/KPool_ScoreTeamGemm.hpp>
 #include <score/detail/KPool_ScoreTiles.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 
 #include <algorithm>
 #include <climits>

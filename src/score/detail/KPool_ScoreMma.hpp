@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SCORE_MMA_HPP
-#define KPOOL_DETAILS_SCORE_MMA_HPP
+#ifndef KPOOL_SCORE_DETAIL_SCORE_MMA_HPP
+#define KPOOL_SCORE_DETAIL_SCORE_MMA_HPP
 
 // Which calls the tensor-core scoring engine takes, and with which MMA
 // (docs/indexer.md, "The tensor-core engine"). Its kernel is

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SCORE_MMA_FRAGMENTS_HPP
-#define KPOOL_DETAILS_SCORE_MMA_FRAGMENTS_HPP
+#ifndef KPOOL_SCORE_DETAIL_SCORE_MMA_FRAGMENTS_HPP
+#define KPOOL_SCORE_DETAIL_SCORE_MMA_FRAGMENTS_HPP
 
 // The warp-level matrix multiply-accumulate of the tensor-core scoring
 // engine (ScoreEngine::tensor_cores): which lane holds which element of the

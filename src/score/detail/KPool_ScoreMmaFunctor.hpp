@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SCORE_MMA_FUNCTOR_HPP
-#define KPOOL_DETAILS_SCORE_MMA_FUNCTOR_HPP
+#ifndef KPOOL_SCORE_DETAIL_SCORE_MMA_FUNCTOR_HPP
+#define KPOOL_SCORE_DETAIL_SCORE_MMA_FUNCTOR_HPP
 
 // The tensor-core scoring engine (ScoreEngine::tensor_cores): scores as
 // keys, one launch on the caller's execution space instance, the products
@@ -31,11 +31,11 @@
 
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
 #include <score/detail/KPool_ScoreMmaFragments.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 
 #include <cstdint>
 #include <type_traits>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SCORE_PREPARE_HPP
-#define KPOOL_DETAILS_SCORE_PREPARE_HPP
+#ifndef KPOOL_SCORE_DETAIL_SCORE_PREPARE_HPP
+#define KPOOL_SCORE_DETAIL_SCORE_PREPARE_HPP
 
 // Queries prepared once (docs/indexer.md, "Scoring"): before a chunk of
 // query rows is scored, one launch prepares every (row, head) of the chunk
@@ -20,11 +20,11 @@
 // compares them with prepare_query_row on every profile. On a host a team
 // is one thread and runs prepare_query_row itself.
 
-#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Launch.hpp>
 #include <common/detail/KPool_Strided.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 
 #include <cstdint>
 #include <string>

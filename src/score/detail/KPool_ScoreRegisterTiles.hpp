@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SCORE_REGISTER_FUNCTOR_HPP
-#define KPOOL_DETAILS_SCORE_REGISTER_FUNCTOR_HPP
+#ifndef KPOOL_SCORE_DETAIL_SCORE_REGISTER_TILES_HPP
+#define KPOOL_SCORE_DETAIL_SCORE_REGISTER_TILES_HPP
 
 // The register-tile scoring engine (ScoreEngine::register_tiles), for host
 // execution spaces: the same teams, rows and tiles as the team-GEMM engine,
@@ -14,10 +14,10 @@
 // rows and columns, which is why ScoreEngine::blas cannot promise that.)
 
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 
 #include <cstdint>
 #include <type_traits>

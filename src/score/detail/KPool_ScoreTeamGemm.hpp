@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SCORE_TILE_FUNCTOR_HPP
-#define KPOOL_DETAILS_SCORE_TILE_FUNCTOR_HPP
+#ifndef KPOOL_SCORE_DETAIL_SCORE_TEAM_GEMM_HPP
+#define KPOOL_SCORE_DETAIL_SCORE_TEAM_GEMM_HPP
 
 // The team-GEMM scoring engine (ScoreEngine::team_gemm): scores as keys,
 // one launch, everything on the caller's execution space instance.
@@ -14,10 +14,10 @@
 
 #include <KPool_Config.hpp>
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 
 #if KPOOL_HAS_KOKKOSKERNELS
 #include <KokkosBatched_Gemm_Decl.hpp>

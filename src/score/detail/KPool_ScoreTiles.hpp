@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SCORE_TILES_FUNCTOR_HPP
-#define KPOOL_DETAILS_SCORE_TILES_FUNCTOR_HPP
+#ifndef KPOOL_SCORE_DETAIL_SCORE_TILES_HPP
+#define KPOOL_SCORE_DETAIL_SCORE_TILES_HPP
 
 // The portable scoring engine (ScoreEngine::tiles): one Kokkos source for
 // every backend, the device default.
@@ -36,10 +36,10 @@
 
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 
 #include <cstdint>
 #include <cstring>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_EXPAND_TOPK_FUNCTOR_HPP
-#define KPOOL_DETAILS_EXPAND_TOPK_FUNCTOR_HPP
+#ifndef KPOOL_SELECT_DETAIL_EXPAND_TOPK_FUNCTOR_HPP
+#define KPOOL_SELECT_DETAIL_EXPAND_TOPK_FUNCTOR_HPP
 
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Views.hpp>

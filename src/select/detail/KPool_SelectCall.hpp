@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SELECT_CALL_HPP
-#define KPOOL_DETAILS_SELECT_CALL_HPP
+#ifndef KPOOL_SELECT_DETAIL_SELECT_CALL_HPP
+#define KPOOL_SELECT_DETAIL_SELECT_CALL_HPP
 
 // What score_select and select_tokens share between their signature and
 // their launches: the shape checks (always), the data checks (under
@@ -11,13 +11,12 @@
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Options.hpp>
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_CacheFunctors.hpp>
+#include <common/detail/KPool_CacheFunctors.hpp>
 #include <common/detail/KPool_Launch.hpp>
 #include <common/detail/KPool_Validate.hpp>
 #include <common/detail/KPool_Views.hpp>
-#include <score/detail/KPool_ScoreLaunch.hpp>
-#include <score/detail/KPool_ScorePrepare.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <score/KPool_ScoreEngines.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 #include <select/detail/KPool_TopkCore.hpp>
 #include <select/detail/KPool_TopkFused.hpp>
 #include <select/detail/KPool_TopkSplit.hpp>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_TOPK_CORE_HPP
-#define KPOOL_DETAILS_TOPK_CORE_HPP
+#ifndef KPOOL_SELECT_DETAIL_TOPK_CORE_HPP
+#define KPOOL_SELECT_DETAIL_TOPK_CORE_HPP
 
 // The selection (docs/indexer.md, "Selection"): one team per query row finds
 // the row's top-k pools among its visible ones from their keys. Key 0 (not
@@ -42,7 +42,7 @@
 #include <common/KPool_Shard.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 
 #include <cstddef>
 #include <cstdint>

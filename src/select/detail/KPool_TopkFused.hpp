@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_TOPK_FUSED_HPP
-#define KPOOL_DETAILS_TOPK_FUSED_HPP
+#ifndef KPOOL_SELECT_DETAIL_TOPK_FUSED_HPP
+#define KPOOL_SELECT_DETAIL_TOPK_FUSED_HPP
 
 // The fused decode selection (docs/indexer.md, "One launch for a decode
 // selection"): the queries' preparation, the scoring engine's kernel and

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_TOPK_HOST_HPP
-#define KPOOL_DETAILS_TOPK_HOST_HPP
+#ifndef KPOOL_SELECT_DETAIL_TOPK_HOST_HPP
+#define KPOOL_SELECT_DETAIL_TOPK_HOST_HPP
 
 // SelectFunctor's host path: host_select and its helpers, members of
 // SelectFunctor (KPool_TopkTeam.hpp) defined out of line.
@@ -19,7 +19,7 @@
 // counts summed already, so free), instead of reading the row again.
 
 #include <common/detail/KPool_KokkosExt.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 #include <select/detail/KPool_TopkCore.hpp>
 #include <select/detail/KPool_TopkTeam.hpp>
 

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_TOPK_SPLIT_HPP
-#define KPOOL_DETAILS_TOPK_SPLIT_HPP
+#ifndef KPOOL_SELECT_DETAIL_TOPK_SPLIT_HPP
+#define KPOOL_SELECT_DETAIL_TOPK_SPLIT_HPP
 
 // Long rows (docs/indexer.md, "Top-k"): rows longer than the workspace's
 // split length are split over teams in three launches before the selection
@@ -12,7 +12,7 @@
 // region, reads the row whole from its summed counts.
 
 #include <common/detail/KPool_KokkosExt.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 #include <select/detail/KPool_TopkCore.hpp>
 #include <select/detail/KPool_TopkTeam.hpp>
 

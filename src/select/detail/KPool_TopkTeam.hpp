@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_TOPK_TEAM_HPP
-#define KPOOL_DETAILS_TOPK_TEAM_HPP
+#ifndef KPOOL_SELECT_DETAIL_TOPK_TEAM_HPP
+#define KPOOL_SELECT_DETAIL_TOPK_TEAM_HPP
 
 // SelectFunctor: the selection's radix select (KPool_TopkCore.hpp) by one
 // team a row. The row is read from global memory once per row pass and
@@ -24,7 +24,7 @@
 
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 #include <select/detail/KPool_ExpandTopkFunctor.hpp>
 #include <select/detail/KPool_TopkCore.hpp>
 

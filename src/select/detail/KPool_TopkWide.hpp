@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_TOPK_WIDE_HPP
-#define KPOOL_DETAILS_TOPK_WIDE_HPP
+#ifndef KPOOL_SELECT_DETAIL_TOPK_WIDE_HPP
+#define KPOOL_SELECT_DETAIL_TOPK_WIDE_HPP
 
 // SelectWideFunctor: the selection (KPool_TopkCore.hpp) for a topk whose
 // SelectFunctor buffers (KPool_TopkTeam.hpp) do not fit level-0 team
@@ -7,7 +7,7 @@
 
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Strided.hpp>
-#include <score/detail/KPool_Scoring.hpp>
+#include <common/detail/KPool_Scoring.hpp>
 #include <select/detail/KPool_ExpandTopkFunctor.hpp>
 #include <select/detail/KPool_TopkCore.hpp>
 

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_QUERY_QUANT_HPP
-#define KPOOL_DETAILS_QUERY_QUANT_HPP
+#ifndef KPOOL_COMMON_DETAIL_SERVING_QUANT_HPP
+#define KPOOL_COMMON_DETAIL_SERVING_QUANT_HPP
 
 // The serving profile's quantization (docs/indexer.md, "The serving
 // profile"), shared by the cache writers and every scoring engine:
@@ -20,7 +20,7 @@
 
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_CacheVectors.hpp>
+#include <common/detail/KPool_CacheVectors.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_SELECT_HPP
-#define KPOOL_DETAILS_SELECT_HPP
+#ifndef KPOOL_COMMON_DETAIL_SCORING_HPP
+#define KPOOL_COMMON_DETAIL_SCORING_HPP
 
 // What every part of the selection stage agrees on (docs/indexer.md, "Scoring"
 // and "Selection"): which rows and pools a call covers, how a score becomes
@@ -8,7 +8,7 @@
 
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_CacheWrite.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Request.hpp>
 #include <common/detail/KPool_Strided.hpp>

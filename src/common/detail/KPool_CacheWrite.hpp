@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_CACHE_WRITE_HPP
-#define KPOOL_DETAILS_CACHE_WRITE_HPP
+#ifndef KPOOL_COMMON_DETAIL_CACHE_WRITE_HPP
+#define KPOOL_COMMON_DETAIL_CACHE_WRITE_HPP
 
 // The pool cache's device side (docs/indexer.md, "The pool cache"): the one
 // quantizer every cache write goes through, cached = Q(R(x)), and the team
@@ -36,9 +36,9 @@
 // NaN result's sign to the hardware (x86 keeps an operand's, CUDA returns a
 // canonical NaN), and the cache must hold the same bytes everywhere.
 
-#include <cache/detail/KPool_CacheQuantize.hpp>
-#include <cache/detail/KPool_CacheStaging.hpp>
-#include <cache/detail/KPool_CacheTarget.hpp>
+#include <common/detail/KPool_CacheQuantize.hpp>
+#include <common/detail/KPool_CacheStaging.hpp>
+#include <common/detail/KPool_CacheTarget.hpp>
 #include <common/detail/KPool_Lanes.hpp>
 #include <common/detail/KPool_Views.hpp>
 

@@ -1,15 +1,15 @@
-#ifndef KPOOL_CACHE_DETAIL_CACHE_QUANTIZE_HPP
-#define KPOOL_CACHE_DETAIL_CACHE_QUANTIZE_HPP
+#ifndef KPOOL_COMMON_DETAIL_CACHE_QUANTIZE_HPP
+#define KPOOL_COMMON_DETAIL_CACHE_QUANTIZE_HPP
 
 // Phases 2 and 3 of a team's cache write (KPool_CacheWrite.hpp): the
 // rotation and the quantization of the staged rows, on devices lane by
 // lane, on hosts a row by one thread (GCC vector extensions where they
 // exist, KPool_CacheVectors.hpp).
 
-#include <cache/detail/KPool_CacheStaging.hpp>
-#include <cache/detail/KPool_CacheTarget.hpp>
-#include <cache/detail/KPool_CacheVectors.hpp>
-#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_CacheStaging.hpp>
+#include <common/detail/KPool_CacheTarget.hpp>
+#include <common/detail/KPool_CacheVectors.hpp>
+#include <common/detail/KPool_ServingQuant.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_CACHE_DETAIL_CACHE_TARGET_HPP
-#define KPOOL_CACHE_DETAIL_CACHE_TARGET_HPP
+#ifndef KPOOL_COMMON_DETAIL_CACHE_TARGET_HPP
+#define KPOOL_COMMON_DETAIL_CACHE_TARGET_HPP
 
 // The pool cache as a write sees it (docs/indexer.md, "The pool cache"):
 // the quantizer's scalar numerics (the scale of each mode, the canonical
@@ -9,7 +9,7 @@
 #include <cache/KPool_PoolCache.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/KPool_Types.hpp>
-#include <cache/detail/KPool_ServingQuant.hpp>
+#include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Launch.hpp>
 

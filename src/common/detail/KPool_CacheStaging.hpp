@@ -1,10 +1,10 @@
-#ifndef KPOOL_CACHE_DETAIL_CACHE_STAGING_HPP
-#define KPOOL_CACHE_DETAIL_CACHE_STAGING_HPP
+#ifndef KPOOL_COMMON_DETAIL_CACHE_STAGING_HPP
+#define KPOOL_COMMON_DETAIL_CACHE_STAGING_HPP
 
 // Phase 1 of a team's cache write (KPool_CacheWrite.hpp): the team's
 // scratch rows and what each thread stages into them.
 
-#include <cache/detail/KPool_CacheTarget.hpp>
+#include <common/detail/KPool_CacheTarget.hpp>
 #include <common/detail/KPool_Lanes.hpp>
 
 #include <cstddef>

@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_CACHE_VECTORS_HPP
-#define KPOOL_DETAILS_CACHE_VECTORS_HPP
+#ifndef KPOOL_COMMON_DETAIL_CACHE_VECTORS_HPP
+#define KPOOL_COMMON_DETAIL_CACHE_VECTORS_HPP
 
 // Host code for the pool cache written with GCC's vector extensions: the
 // Walsh-Hadamard butterflies of a row held in vector registers, and the

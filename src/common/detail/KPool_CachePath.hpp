@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_CACHE_PATH_HPP
-#define KPOOL_DETAILS_CACHE_PATH_HPP
+#ifndef KPOOL_COMMON_DETAIL_CACHE_PATH_HPP
+#define KPOOL_COMMON_DETAIL_CACHE_PATH_HPP
 
 // Where a cached step writes its pools into the pool cache (docs/indexer.md,
 // "The pool cache"; docs/performance.md, "Writing the pool cache"). The one place that

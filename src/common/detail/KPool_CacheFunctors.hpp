@@ -1,5 +1,5 @@
-#ifndef KPOOL_DETAILS_CACHE_FUNCTORS_HPP
-#define KPOOL_DETAILS_CACHE_FUNCTORS_HPP
+#ifndef KPOOL_COMMON_DETAIL_CACHE_FUNCTORS_HPP
+#define KPOOL_COMMON_DETAIL_CACHE_FUNCTORS_HPP
 
 // store_pools and load_pools: the standalone cache passes, and the host
 // side checks every cache write shares.
@@ -7,7 +7,7 @@
 #include <cache/KPool_PoolCache.hpp>
 #include <common/KPool_Exceptions.hpp>
 #include <common/KPool_Float8.hpp>
-#include <cache/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_CacheWrite.hpp>
 #include <common/detail/KPool_Strided.hpp>
 #include <common/detail/KPool_Validate.hpp>
 #include <common/detail/KPool_Views.hpp>
@@ -76,7 +76,7 @@ struct StorePoolsFunctor {
 // queued: the functor over rows [0, count) of a step's output (count read
 // on the device) and its shape, `rows` work items (at least count; teams
 // past count return at once). store_pools runs it, and so does a cached
-// step taking the second pass (cache/detail/KPool_CachePath.hpp).
+// step taking the second pass (common/detail/KPool_CachePath.hpp).
 template <class ExecutionSpace, class T, class C>
 struct StorePoolsLaunch {
   StorePoolsFunctor<ExecutionSpace, T, C> functor;

@@ -1,0 +1,15 @@
+#ifndef KPOOL_SCORE_SCORE_ENGINES_HPP
+#define KPOOL_SCORE_SCORE_ENGINES_HPP
+
+/// @file
+/// The score wing's engines, as the selection stage and KPool::score take
+/// them (docs/indexer.md, "The scoring engines"): the queries prepared
+/// once a chunk of rows (Details::launch_prepare_queries), then one
+/// engine's launch writing a key per (query row, visible pool)
+/// (Details::launch_score; Options::score_engine names the engines). Their
+/// code is in score/detail/, private to this wing.
+
+#include <score/detail/KPool_ScoreLaunch.hpp>
+#include <score/detail/KPool_ScorePrepare.hpp>
+
+#endif
