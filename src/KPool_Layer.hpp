@@ -137,8 +137,8 @@ struct LayerBuffers {
 /// its scale mode and rotation), the StepOutput and the selection
 /// workspace. Its members run the low-level entry points on them:
 ///
-/// - step(): KPool::step with the cache, for a ragged mixed batch;
-/// - decode_step(): KPool::decode_step with the cache, for a decode batch;
+/// - step(): KPool::step with the cache, for a ragged mixed batch or a
+///   decode batch;
 /// - select_tokens() and score_select(): the
 ///   selection of the batch the last step or decode step took, from the
 ///   same description: after step(), query row t is key row t; after
@@ -367,19 +367,22 @@ class Layer {
       check_config_fits("KPool::Layer::step", "key", "", rows, "token rows", "batch",
                         batch.size());
     }
-    auto const cache = KPool::paged(cache_, block_table);
-    KPool::step(space, ring_, key, gate, ape_, batch, out_, cache, options);
+    auto cache = KPool::paged(cache_, block_table);
+    KPool::step(space, ring_, key, gate, ape_, batch, cache, out_, options);
     keep_batch(space, batch, cache.block_table);
     if constexpr (Kokkos::is_view<KeyView>::value)
       rows_ = batch.is_decode() ? batch.size() * batch.next_n() : key.extent(0);
     return out_;
   }
 
+#if KPOOL_ENABLE_DEPRECATED
   /// The positional form of step() with a ragged batch (as
   /// KPool::ragged_batch(row_offsets, cache_lengths, slot_idx,
-  /// num_requests)).
+  /// num_requests)); retired.
   template <class ExecutionSpace, class KeyView, class GateView, class RowOffsetsView,
             class CacheLengthsView, class SlotView, class BlockTableView>
+  [[deprecated("use Layer::step(space, key, gate, KPool::ragged_batch(row_offsets, "
+               "cache_lengths, slot_idx, num_requests), block_table)")]]
   output_type const& step(ExecutionSpace const& space, KeyView const& key,
                           GateView const& gate, RowOffsetsView const& row_offsets,
                           CacheLengthsView const& cache_lengths,
@@ -392,9 +395,11 @@ class Layer {
   }
 
   /// The positional form of step() with a decode batch (as
-  /// KPool::decode_batch(positions, slot_idx, num_requests)).
+  /// KPool::decode_batch(positions, slot_idx, num_requests)); retired.
   template <class ExecutionSpace, class KeyView, class GateView, class PositionsView,
             class SlotView, class BlockTableView>
+  [[deprecated("use Layer::step(space, key, gate, KPool::decode_batch(positions, slot_idx, "
+               "num_requests), block_table)")]]
   output_type const& decode_step(ExecutionSpace const& space, KeyView const& key,
                                  GateView const& gate, PositionsView const& positions,
                                  SlotView const& slot_idx, int num_requests,
@@ -403,6 +408,8 @@ class Layer {
     return step(space, key, gate, KPool::decode_batch(positions, slot_idx, num_requests),
                 block_table, options);
   }
+
+#endif  // KPOOL_ENABLE_DEPRECATED
 
   /// KPool::select_tokens over the layer's cache, with the batch and block
   /// table of the last step() (its batch form's rows: after a ragged step
@@ -420,7 +427,7 @@ class Layer {
   void select_tokens(ExecutionSpace const& space, QView const& q,
                      WeightsView const& weights, int topk, TokensView const& tokens,
                      Options const& options = Options()) {
-    KPool::select_tokens(space, last_paged("select_tokens"), q, weights, topk, batch_, tokens,
+    KPool::select_tokens(space, q, weights, topk, batch_, last_paged("select_tokens"), tokens,
                          workspace_, options);
   }
 
@@ -437,7 +444,7 @@ class Layer {
   void score_select(ExecutionSpace const& space, QView const& q,
                     WeightsView const& weights, int topk, PoolIdsView const& pool_ids,
                     Options const& options = Options()) {
-    KPool::score_select(space, last_paged("score_select"), q, weights, topk, batch_, pool_ids,
+    KPool::score_select(space, q, weights, topk, batch_, last_paged("score_select"), pool_ids,
                         workspace_, options);
   }
 
