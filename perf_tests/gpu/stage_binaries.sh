@@ -97,7 +97,7 @@ done
 {
   echo "staged $(date -u +%Y-%m-%dT%H:%M:%SZ), tier $tier, from $(git -C "$repo" rev-parse --short HEAD 2>/dev/null)"
   grep -h 'define KOKKOS_VERSION ' "$KOKKOS_CUDA"/include/KokkosCore_config.h 2>/dev/null
-  grep -h 'KOKKOS_ARCH_[A-Z]*[0-9][0-9]' "$KOKKOS_CUDA"/include/KokkosCore_config.h 2>/dev/null
+  grep -h '^#define KOKKOS_ARCH_[A-Z]*[0-9][0-9]' "$KOKKOS_CUDA"/include/KokkosCore_config.h 2>/dev/null
   nvcc --version | tail -n 2
   if [ -n "${KOKKOSKERNELS_CUDA:-}" ]; then
     echo "Kokkos Kernels: $KOKKOSKERNELS_CUDA (team_gemm engine; selection cases timed beside a GEMM too)"
