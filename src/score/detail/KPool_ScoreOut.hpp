@@ -6,6 +6,7 @@
 // team a query row, -inf past the row's visible pools and for a pool the
 // selection would not see (a bad block, validation off).
 
+#include <common/KPool_Options.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Launch.hpp>
 #include <common/detail/KPool_Scoring.hpp>
