@@ -253,11 +253,14 @@ void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
                          bool decode = false, bool scores = false) {
   using C = typename Cache::value_type;
   if (!scores && topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
-  if (kpool < 1)
-    chk.fail_scalar("kpool", kpool, "is not a valid kpool (K must be at least 1)");
   if (!cache.is_allocated())
     chk.fail("cache", "", -1, "an empty PoolCache",
              "has no storage (construct it with a size)");
+  // K is the cache's (a retired form's own kpool must repeat it, below).
+  if (cache.kpool() < 1)
+    chk.fail("cache", "kpool", -1, std::to_string(cache.kpool()),
+             "is not at least 1: the cache was built without its K "
+             "(PoolCache(space, num_blocks, block_pools, head_dim, kpool))");
   // A cache built with its K must be read with that K: another one gives
   // other visible pools, silently.
   if (cache.kpool() != kpool)
