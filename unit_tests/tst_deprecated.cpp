@@ -229,6 +229,8 @@ TEST(Deprecated, EveryRetiredFormIsItsReplacement) {
     Kokkos::deep_copy(ta, -7);
     Kokkos::deep_copy(tb, -7);
     I2 ic("ids_c", rows, topk), tc("tokens_c", rows, width);
+    Kokkos::deep_copy(ic, -7);
+    Kokkos::deep_copy(tc, -7);
     KPool::score_select(space, ro_p, cl_p, table, 2, K, q, w, a.cache, topk, ia, wa, opts);
     KPool::score_select(space, q, w, topk, forms_batch, KPool::paged(b.cache, table), ib, wb,
                         opts);
