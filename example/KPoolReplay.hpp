@@ -2,8 +2,9 @@
 #define KPOOL_REPLAY_HPP
 
 // The replay of a serving trace (docs/trace.md, versions 1 and 2) through
-// KPool::step, KPool::decode_step and KPool::score_select, and the text it
-// prints: what kpool_replay runs and fuzz/fuzz_trace.cpp drives, one copy.
+// KPool::step (ragged and decode batches) and KPool::score_select, and the
+// text it prints: what kpool_replay runs and fuzz/fuzz_trace.cpp drives,
+// one copy.
 // KPoolReplay::replay_trace needs Kokkos initialized; every view it makes
 // is gone when it returns.
 
@@ -329,8 +330,8 @@ class Selector {
         visible = std::max(visible, (r.cache_len + r.n_new) / t.kpool);
     }
     if (tokens == 0) return;
-    // Built for the engine the options ask for (the blas engine stages
-    // its own buffers).
+    // Built for the engine asked for: the workspace's, every selection's
+    // (the blas engine stages its own buffers).
     workspace_ = KPool::SelectWorkspace<T, MemSpace>(space, tokens, visible, t.index_heads,
                                                      t.head_dim, engine);
     pool_ids_ = ViewT<std::int32_t, 2>(
@@ -413,15 +414,16 @@ class Selector {
               int B, KPoolTrace::Trace const& t, Q const& q, W const& weights,
               PoolCache const& pool_cache, Table const& table, Ids const& ids,
               KPool::Options const& options) {
+    auto const batch = KPool::ragged_batch(row_offsets, cache_lengths, B);
     if (ranks_.comm != nullptr) {
       // The cache's shard, through the ranks' exchange: the same ids.
-      KPool::score_select(space, KPool::paged(pool_cache, table), q, weights, t.index_topk,
-                          KPool::ragged_batch(row_offsets, cache_lengths, B), ids, workspace_,
-                          exchange_, *ranks_.comm, options);
+      KPool::score_select(space, q, weights, t.index_topk, batch,
+                          KPool::paged(pool_cache, table), ids, workspace_, exchange_,
+                          *ranks_.comm, options);
       return;
     }
-    KPool::score_select(space, row_offsets, cache_lengths, table, B, t.kpool, q, weights,
-                        pool_cache, t.index_topk, ids, workspace_, options);
+    KPool::score_select(space, q, weights, t.index_topk, batch, KPool::paged(pool_cache, table),
+                        ids, workspace_, options);
   }
 
   Ranks ranks_;
@@ -472,9 +474,14 @@ void run_step(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
   Kokkos::deep_copy(space, row_offsets, ho);
   Kokkos::deep_copy(space, cache_lengths, hc);
   Kokkos::deep_copy(space, slot_idx, hs);
+  auto const batch =
+      KPool::ragged_batch(row_offsets, cache_lengths, slot_idx, static_cast<int>(B));
   cache.with(space, block, [&](auto&... pool_cache) {
-    KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
-                slot_idx, static_cast<int>(B), out, pool_cache..., options);
+    if constexpr (sizeof...(pool_cache) == 0)
+      KPool::step(space, ring, key, gate, ape, batch, out, options);
+    else
+      KPool::step(space, ring, key, gate, ape, batch, KPool::paged(pool_cache...), out,
+                  options);
   });
 }
 
@@ -516,9 +523,13 @@ void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
   Kokkos::deep_copy(space, gate, hg);
   Kokkos::deep_copy(space, positions, hp);
   Kokkos::deep_copy(space, slot_idx, hs);
+  auto const batch = KPool::decode_batch(positions, slot_idx, static_cast<int>(B));
   cache.with(space, block, [&](auto&... pool_cache) {
-    KPool::decode_step(space, ring, key, gate, ape, positions, slot_idx,
-                       static_cast<int>(B), out, pool_cache..., options);
+    if constexpr (sizeof...(pool_cache) == 0)
+      KPool::step(space, ring, key, gate, ape, batch, out, options);
+    else
+      KPool::step(space, ring, key, gate, ape, batch, KPool::paged(pool_cache...), out,
+                  options);
   });
 }
 
@@ -526,7 +537,8 @@ void run_decode(ExecSpace const& space, KPool::Ring<T, MemSpace>& ring,
 // follows the block being run so a failure can name it.
 template <class T, class ReplayCache>
 ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& options,
-                         ReplayCache& cache, int& line, Ranks const& ranks) {
+                         KPool::ScoreEngine engine, ReplayCache& cache, int& line,
+                         Ranks const& ranks) {
   ExecSpace const space;
   int const K = t.kpool;
   int const D = t.head_dim;
@@ -552,7 +564,7 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
   }
   KPool::Ring<T, MemSpace> ring(space, static_cast<int>(t.slots), K, D, t.ring);
   KPool::StepOutput<T, MemSpace> out(space, capacity, max_batch, D);
-  Selector<T> selector(space, t, options.score_engine, ranks);
+  Selector<T> selector(space, t, engine, ranks);
 
   ReplayResult result;
   std::size_t index = 0;
@@ -590,12 +602,13 @@ ReplayResult replay_with(KPoolTrace::Trace const& t, KPool::Options const& optio
 // the one its header names (native: a cache of T, printed nowhere).
 template <class T>
 ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
-                    int block_pools, bool fused_layout, int& line, Ranks const& ranks) {
+                    KPool::ScoreEngine engine, int block_pools, bool fused_layout, int& line,
+                    Ranks const& ranks) {
   ExecSpace const space;
   if (t.version < 2) {
     // No cache to shard: every rank replays the whole trace alike.
     NoCache none;
-    return replay_with<T>(t, options, none, line, ranks);
+    return replay_with<T>(t, options, engine, none, line, ranks);
   }
   if constexpr (!std::is_same<T, double>::value) {
     // The parser refuses an fp8 cache of f64 pools.
@@ -605,11 +618,11 @@ ReplayResult replay(KPoolTrace::Trace const& t, KPool::Options const& options,
                                         ? KPool::CacheScale::amax
                                         : KPool::CacheScale::pow2,
                                     block_pools, fused_layout, ranks);
-      return replay_with<T>(t, options, fp8, line, ranks);
+      return replay_with<T>(t, options, engine, fp8, line, ranks);
     }
   }
   Cache<T> native(space, t, KPool::CacheScale::none, block_pools, fused_layout, ranks);
-  return replay_with<T>(t, options, native, line, ranks);
+  return replay_with<T>(t, options, engine, native, line, ranks);
 }
 
 inline void append_pool_line(std::string& s, Pool const& p) {
@@ -720,22 +733,26 @@ inline std::string format(KPoolTrace::Trace const& t, ReplayResult& r) {
 /// `fused_layout`: a pool_cache fp8_serving cache in the engines' fused
 /// byte layout (the output does not depend on it).
 /// `ranks`: a replay across ranks (kpool_replay --ranks): the same output.
+/// `engine`: the selections' scoring engine (their SelectWorkspace's).
 inline std::string replay_trace(KPoolTrace::Trace const& trace, KPool::Options const& options,
                                 int block_pools, bool fused_layout, int& line,
-                                Ranks const& ranks = Ranks()) {
+                                Ranks const& ranks = Ranks(),
+                                KPool::ScoreEngine engine = KPool::ScoreEngine::automatic) {
   ReplayResult result;
   switch (trace.dtype) {
     case KPoolTrace::DType::f32:
-      result = replay<float>(trace, options, block_pools, fused_layout, line, ranks);
+      result = replay<float>(trace, options, engine, block_pools, fused_layout, line, ranks);
       break;
     case KPoolTrace::DType::f64:
-      result = replay<double>(trace, options, block_pools, fused_layout, line, ranks);
+      result = replay<double>(trace, options, engine, block_pools, fused_layout, line, ranks);
       break;
     case KPoolTrace::DType::bf16:
-      result = replay<KPool::bfloat16>(trace, options, block_pools, fused_layout, line, ranks);
+      result = replay<KPool::bfloat16>(trace, options, engine, block_pools, fused_layout,
+                                       line, ranks);
       break;
     case KPoolTrace::DType::f16:
-      result = replay<KPool::float16>(trace, options, block_pools, fused_layout, line, ranks);
+      result = replay<KPool::float16>(trace, options, engine, block_pools, fused_layout,
+                                      line, ranks);
       break;
   }
   return format(trace, result);

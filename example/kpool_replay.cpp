@@ -1,5 +1,5 @@
 // kpool_replay: runs a serving trace (docs/trace.md, versions 1 and 2)
-// through KPool::step and KPool::decode_step and prints the pools it
+// through KPool::step (ragged and decode batches) and prints the pools it
 // produced, so that two builds or backends can be compared pool by pool.
 // A version 2 trace's steps also write the pool cache its header asks for,
 // an fp8 cache's entries are printed as read from it ('cache' lines), and
@@ -43,8 +43,8 @@ char const usage_text[] =
     "                    [--cache-layout split|fused] [--ranks [--interleave N]]\n"
     "                    [TRACE | -]\n"
     "\n"
-    "Replays a KPool serving trace (format: docs/trace.md) through KPool::step and\n"
-    "KPool::decode_step on Kokkos' default execution space and prints the\n"
+    "Replays a KPool serving trace (format: docs/trace.md) through KPool::step\n"
+    "(ragged and decode batches) on Kokkos' default execution space and prints the\n"
     "pools produced, sorted by sequence then pool id, then 'pools N'. A\n"
     "version 1 trace prints every pool produced; a version 2 trace (rings\n"
     "longer than kpool, rewinds, the pool cache) the pools complete within\n"
@@ -57,7 +57,7 @@ char const usage_text[] =
     "  --fused     one launch per step for ring_close, compress, seed_tail\n"
     "              (the default)\n"
     "  --unfused   three launches per step (Options::fused = false)\n"
-    "  --engine E  the selection's scoring engine (Options::score_engine):\n"
+    "  --engine E  the selection's scoring engine (its SelectWorkspace's):\n"
     "              automatic (the default), register_tiles, tiles, team_gemm, blas\n"
     "  --block-pools N\n"
     "              pools a block of the pool cache holds (default 16; the\n"
@@ -123,8 +123,8 @@ int fail(int line, std::string const& what) {
 
 // Kokkos' whole life, and every view's, is inside this function.
 int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
-               KPool::Options const& options, int block_pools, bool fused_layout,
-               bool ranks, int interleave, std::string& output) {
+               KPool::Options const& options, KPool::ScoreEngine engine, int block_pools,
+               bool fused_layout, bool ranks, int interleave, std::string& output) {
   int line = 0;
   try {
     Kokkos::ScopeGuard guard(argc, argv);
@@ -140,7 +140,8 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
 #else
       if (ranks) return fail(0, "--ranks needs a kpool_replay built with MPI (KPool_ENABLE_MPI)");
 #endif
-      output = KPoolReplay::replay_trace(trace, options, block_pools, fused_layout, line, group);
+      output = KPoolReplay::replay_trace(trace, options, block_pools, fused_layout, line, group,
+                                         engine);
     } catch (std::bad_alloc const&) {
       return fail(line, "out of memory replaying the trace");
     } catch (std::exception const& e) {
@@ -158,6 +159,7 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
 
 int main(int argc, char* argv[]) {
   KPool::Options options;
+  KPool::ScoreEngine engine = KPool::ScoreEngine::automatic;
   int block_pools = 16;
   int interleave = 1;
   bool ranks = false;
@@ -187,11 +189,11 @@ int main(int argc, char* argv[]) {
       std::string const v = i + 1 < argc ? argv[++i] : "";
       bool ok = true;
       if (a == "--engine") {
-        if (v == "automatic") options.score_engine = KPool::ScoreEngine::automatic;
-        else if (v == "register_tiles") options.score_engine = KPool::ScoreEngine::register_tiles;
-        else if (v == "team_gemm") options.score_engine = KPool::ScoreEngine::team_gemm;
-        else if (v == "tiles") options.score_engine = KPool::ScoreEngine::tiles;
-        else if (v == "blas") options.score_engine = KPool::ScoreEngine::blas;
+        if (v == "automatic") engine = KPool::ScoreEngine::automatic;
+        else if (v == "register_tiles") engine = KPool::ScoreEngine::register_tiles;
+        else if (v == "team_gemm") engine = KPool::ScoreEngine::team_gemm;
+        else if (v == "tiles") engine = KPool::ScoreEngine::tiles;
+        else if (v == "blas") engine = KPool::ScoreEngine::blas;
         else ok = false;
       } else {
         ok = !v.empty() && v.size() < 7 &&
@@ -259,7 +261,7 @@ int main(int argc, char* argv[]) {
 #endif
   {
     StdoutToStderr const redirect;
-    status = replay_all(argc, argv, trace, options, block_pools, fused_layout, ranks,
+    status = replay_all(argc, argv, trace, options, engine, block_pools, fused_layout, ranks,
                         interleave, output);
   }
 #if KPOOL_REPLAY_MPI

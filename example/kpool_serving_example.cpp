@@ -214,8 +214,8 @@ I32 send(Layer& layer, std::vector<Row> const& rows, bool general) {
     auto const batch = KPool::ragged_batch(device_u32("row_offsets", offsets),
                                            device_u32("cache_lengths", starts),
                                            device_u32("slot_idx", slots), B);
-    KPool::step(layer.space, layer.ring, key, gate, layer.ape, batch, layer.out,
-                KPool::paged(layer.cache, table));
+    KPool::step(layer.space, layer.ring, key, gate, layer.ape, batch,
+                KPool::paged(layer.cache, table), layer.out);
   } else {
     int const next_n = rows[0].n;
     Kokkos::View<T***, Mem> key("key", B, next_n, D), gate("gate", B, next_n, D);
@@ -235,8 +235,8 @@ I32 send(Layer& layer, std::vector<Row> const& rows, bool general) {
     Kokkos::deep_copy(gate, hg);
     Kokkos::deep_copy(positions, hp);
     auto const batch = KPool::decode_batch(positions, device_u32("slot_idx", slots), B);
-    KPool::step(layer.space, layer.ring, key, gate, layer.ape, batch, layer.out,
-                KPool::paged(layer.cache, table));
+    KPool::step(layer.space, layer.ring, key, gate, layer.ape, batch,
+                KPool::paged(layer.cache, table), layer.out);
   }
   collect(layer, rows);
   for (Row const& r : rows) r.s->length = r.start + r.n;
@@ -278,9 +278,9 @@ Queries queries(std::vector<Row> const& rows) {
 I32 select(Layer& layer, KPool::PoolCache<C, Mem> const& cache, Queries const& x,
            I32 const& table, int B) {
   I32 tokens("tokens", x.q.extent(0), KPool::select_tokens_width(kTopk, K));
-  KPool::select_tokens(layer.space, KPool::paged(cache, table), x.q, x.weights, kTopk,
-                       KPool::ragged_batch(x.row_offsets, x.cache_lengths, B), tokens,
-                       layer.workspace);
+  KPool::select_tokens(layer.space, x.q, x.weights, kTopk,
+                       KPool::ragged_batch(x.row_offsets, x.cache_lengths, B),
+                       KPool::paged(cache, table), tokens, layer.workspace);
   return tokens;
 }
 
@@ -423,7 +423,7 @@ int main(int argc, char* argv[]) {
   for (int round = 0; round < kRounds; ++round) {
     bool const general = round % 2 == 1;
     std::vector<Row> rows;
-    std::printf("verify round %d (%s):", round, general ? "step" : "decode_step");
+    std::printf("verify round %d (%s):", round, general ? "ragged step" : "decode step");
     for (std::size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = seqs[i];
       int const start = accepted_length[i];

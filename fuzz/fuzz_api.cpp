@@ -1,14 +1,18 @@
 // fuzz_api: the input's bytes decode into one call of a public entry point
-// (KPool::step fused and unfused, decode_step, ring_close, seed_tail,
-// tail_update, compress, expand_topk, store_pools, score_select,
+// in its Batch form (KPool::step fused and unfused with a ragged batch, and
+// with a decode batch; the ring forms of ring_close, seed_tail and
+// tail_update; compress, expand_topk, store_pools, score_select,
 // select_tokens) with small shapes and arbitrary values in every index
 // array: row offsets, cache lengths, slots, decode positions, block tables,
-// pool ids, topk, the batch size.
+// pool ids, topk, K (the cache's, for expand_topk and the selections), the
+// batch size.
 //
 // Every caller buffer is an unmanaged view over an allocation of exactly
 // its size (AddressSanitizer sees one element past it), every buffer the
 // call may write (outputs, ring, StepOutput, pool cache) starts filled with
-// a canary byte. Properties (fuzz/README.md), each an abort when broken:
+// a canary byte. The writers' ring has every slot hold every position
+// (docs/ring.md, "No gaps"), so that any start reaches the reference.
+// Properties (fuzz/README.md), each an abort when broken:
 //   - KPool::InvalidArgument (validation on or off) leaves every writable
 //     byte as it was;
 //   - with validation on, a call that returns agrees with the host
@@ -202,7 +206,7 @@ bool untouched(void const* p, std::size_t bytes) {
   return true;
 }
 
-// The pools a step or decode step wrote into `out`, checked against the
+// The pools a step (ragged or decode) wrote into `out`, checked against the
 // per-request pools the reference expects (each with its value and scale).
 struct RefPool {
   std::int32_t request, id;
@@ -238,16 +242,29 @@ void expect_step_output(Out const& out, int B, int D, std::vector<RefPool> const
   }
 }
 
-// A pool cache whose construction every cache-taking call shares.
-template <class C>
-KPool::PoolCache<C, M> make_cache(Bytes& in, int D, int K, bool rotate, bool pow2) {
+// A pool cache whose construction every cache-taking call shares: its
+// blocks and block_pools from the input, then the cache for pools of K.
+struct CacheSize {
+  int blocks, block_pools;
+};
+
+CacheSize cache_size(Bytes& in) {
   int const blocks = 1 + in.pick(4);
-  int const block_pools = 1 + in.pick(4);
+  return {blocks, 1 + in.pick(4)};
+}
+
+template <class C>
+KPool::PoolCache<C, M> make_cache(CacheSize z, int D, int K, bool rotate, bool pow2) {
   constexpr bool fp8 = std::is_same<C, KPool::float8_e4m3>::value;
-  return KPool::PoolCache<C, M>(E(), blocks, block_pools, D, K,
+  return KPool::PoolCache<C, M>(E(), z.blocks, z.block_pools, D, K,
                                 fp8 ? (pow2 ? KPool::CacheScale::pow2 : KPool::CacheScale::amax)
                                     : KPool::CacheScale::none,
                                 rotate);
+}
+
+template <class C>
+KPool::PoolCache<C, M> make_cache(Bytes& in, int D, int K, bool rotate, bool pow2) {
+  return make_cache<C>(cache_size(in), D, K, rotate, pow2);
 }
 
 template <class C>
@@ -273,7 +290,7 @@ I2 block_table(Bytes& in, Arena& a, int rows) {
 enum Entry {
   step_fused,
   step_unfused,
-  decode_step,
+  step_decode,
   ring_close,
   seed_tail,
   tail_update,
@@ -286,7 +303,7 @@ enum Entry {
 };
 
 char const* const entry_names[num_entries] = {
-    "KPool::step (fused)", "KPool::step (unfused)", "KPool::decode_step",
+    "KPool::step (fused)", "KPool::step (unfused)", "KPool::step (decode)",
     "KPool::ring_close",   "KPool::seed_tail",      "KPool::tail_update",
     "KPool::compress",     "KPool::expand_topk",    "KPool::store_pools",
     "KPool::score_select", "KPool::select_tokens"};
@@ -304,11 +321,12 @@ struct Setup {
   Arena& a;
   Values vals;
   KPool::Options opts;
+  KPool::ScoreEngine engine;  // the selections' workspace's
   bool structured, use_cache, fp8, rotate, pow2, tail_always;
   int K, D, R, slots, B, num_requests;
 };
 
-// Step and decode step: a Ring and a StepOutput (library allocations,
+// The step, ragged and decode: a Ring and a StepOutput (library allocations,
 // watched), optionally a pool cache and its block table.
 template <class C>
 Call steps(Setup& s, Entry e) {
@@ -330,7 +348,7 @@ Call steps(Setup& s, Entry e) {
   KPool::Options opts = s.opts;
   int const D = s.D, K = s.K, B = s.B, nr = s.num_requests;
   bool const use_cache = s.use_cache;
-  if (e == decode_step) {
+  if (e == step_decode) {
     int const N = 1 + s.in.pick(4);
     V3 key = s.a.input<V3>(B, N, D), gate = s.a.input<V3>(B, N, D);
     fill(key, s.vals);
@@ -345,12 +363,12 @@ Call steps(Setup& s, Entry e) {
     poke(s.in, positions, slot_idx);
     auto const ring0 = std::make_shared<KPoolRef::Ring>(ref_ring(ring->tail(), K));
     return {[=] {
+              auto const batch = KPool::decode_batch(positions, slot_idx, nr);
               if (use_cache)
-                KPool::decode_step(E(), *ring, key, gate, ape, positions, slot_idx, nr, *out,
-                                   *cache, table, opts);
+                KPool::step(E(), *ring, key, gate, ape, batch, KPool::paged(*cache, table), *out,
+                            opts);
               else
-                KPool::decode_step(E(), *ring, key, gate, ape, positions, slot_idx, nr, *out,
-                                   opts);
+                KPool::step(E(), *ring, key, gate, ape, batch, *out, opts);
             },
             [=] {
               std::vector<std::int32_t> pos(positions.data(), positions.data() + B * N);
@@ -366,8 +384,8 @@ Call steps(Setup& s, Entry e) {
                     want.push_back({r, ref.closed_pool[o], ref.pooled.data() + o * D,
                                     ref.scale.data() + o * D});
                 }
-              expect_step_output(*out, B, D, want, "KPool::decode_step");
-              expect_ring(ring->tail(), rr, "KPool::decode_step");
+              expect_step_output(*out, B, D, want, "KPool::step (decode)");
+              expect_ring(ring->tail(), rr, "KPool::step (decode)");
             }};
   }
   Ragged rg = ragged(s.in, s.a, B, s.structured, s.slots);
@@ -378,12 +396,13 @@ Call steps(Setup& s, Entry e) {
   opts.fused = e == step_fused;
   auto const ring0 = std::make_shared<KPoolRef::Ring>(ref_ring(ring->tail(), K));
   return {[=] {
+            auto const batch =
+                KPool::ragged_batch(rg.row_offsets, rg.cache_lengths, rg.slot_idx, nr);
             if (use_cache)
-              KPool::step(E(), *ring, key, gate, ape, rg.row_offsets, rg.cache_lengths,
-                          rg.slot_idx, nr, *out, *cache, table, opts);
+              KPool::step(E(), *ring, key, gate, ape, batch, KPool::paged(*cache, table), *out,
+                          opts);
             else
-              KPool::step(E(), *ring, key, gate, ape, rg.row_offsets, rg.cache_lengths,
-                          rg.slot_idx, nr, *out, opts);
+              KPool::step(E(), *ring, key, gate, ape, batch, *out, opts);
           },
           [=] {
             KPoolRef::Batch const b = ref_batch(rg, B, nr);
@@ -407,12 +426,21 @@ Call steps(Setup& s, Entry e) {
           }};
 }
 
-// The writers on a caller tail of exactly [slots, 2, R, D].
+// The writers' ring forms on a Ring (a library allocation, watched) of
+// [slots, 2, R, D] whose every slot holds every position (start 0,
+// L = 2^31 - 1, H = 1: docs/ring.md), so that any start continues it.
 Call writers(Setup& s, Entry e) {
   int const D = s.D, K = s.K, B = s.B, nr = s.num_requests;
   KPool::Options const opts = s.opts;
-  V4 tail = s.a.output<V4>(s.slots, 2, s.R, D);
+  auto ring = std::make_shared<Ring>(E(), s.slots, K, D, s.R);
+  V4 tail = ring->tail();
+  s.a.watch(tail);
   fill(tail, s.vals);
+  for (int i = 0; i < s.slots; ++i) {
+    ring->state()(i, 0) = 0;
+    ring->state()(i, 1) = 0x7FFFFFFFu;
+    ring->state()(i, 2) = 1;
+  }
   F2 ape = s.a.input<F2>(K, D);
   fill(ape, s.vals);
   auto const ring0 = std::make_shared<KPoolRef::Ring>(ref_ring(tail, K));
@@ -433,8 +461,9 @@ Call writers(Setup& s, Entry e) {
     V3 pooled = s.a.output<V3>(B, Mp, D);
     I2 closed = s.a.output<I2>(B, Mp);
     return {[=] {
-              KPool::tail_update(E(), tail, key, gate, ape, positions, slot_idx, nr, pooled,
-                                 closed, opts);
+              KPool::tail_update(E(), *ring, key, gate, ape,
+                                 KPool::decode_batch(positions, slot_idx, nr), pooled, closed,
+                                 opts);
             },
             [=] {
               std::vector<std::int32_t> pos(positions.data(), positions.data() + B * N);
@@ -470,8 +499,9 @@ Call writers(Setup& s, Entry e) {
   poke(s.in, rg.row_offsets, rg.cache_lengths, rg.slot_idx);
   if (e == seed_tail)
     return {[=] {
-              KPool::seed_tail(E(), tail, key, gate, rg.row_offsets, rg.cache_lengths,
-                               rg.slot_idx, nr, opts);
+              KPool::seed_tail(
+                  E(), *ring, key, gate,
+                  KPool::ragged_batch(rg.row_offsets, rg.cache_lengths, rg.slot_idx, nr), opts);
             },
             [=] {
               KPoolRef::Ring rr = *ring0;
@@ -482,8 +512,10 @@ Call writers(Setup& s, Entry e) {
   V2 pooled = s.a.output<V2>(rows, D);
   I1 closed = s.a.output<I1>(rows);
   return {[=] {
-            KPool::ring_close(E(), tail, key, gate, ape, rg.row_offsets, rg.cache_lengths,
-                              rg.slot_idx, nr, pooled, closed, opts);
+            KPool::ring_close(
+                E(), *ring, key, gate, ape,
+                KPool::ragged_batch(rg.row_offsets, rg.cache_lengths, rg.slot_idx, nr), pooled,
+                closed, opts);
           },
           [=] {
             auto const ref = KPoolRef::ring_close(ref_matrix(key), ref_matrix(gate),
@@ -518,7 +550,8 @@ Call compress_call(Setup& s) {
   U32 offsets = s.a.output<U32>(std::max(0, B + s.in.pick(3) - 1 + 1));
   V2 pooled = s.a.output<V2>(s.in.pick(12), D);
   return {[=] {
-            KPool::compress(E(), key, gate, ape, rg.row_offsets, rg.cache_lengths, nr, offsets,
+            KPool::compress(E(), key, gate, ape,
+                            KPool::ragged_batch(rg.row_offsets, rg.cache_lengths, nr), offsets,
                             pooled, opts);
           },
           [=] {
@@ -540,7 +573,11 @@ Call expand_call(Setup& s) {
   bool const tail_always = s.tail_always;
   KPool::Options const opts = s.opts;
   Ragged rg = ragged(s.in, s.a, B, s.structured, s.slots);
+  // K is the cache's the ids come from: any value; one below 1 is a cache
+  // built without K (kpool() 0).
   int const kpool = s.structured ? K : s.in.i32();
+  auto const k_cache = std::make_shared<KPool::PoolCache<float, M>>();
+  if (kpool >= 1) *k_cache = KPool::PoolCache<float, M>(E(), 1, 1, 1, kpool);
   int const topk = s.in.pick(4);
   I2 pool_ids = s.a.input<I2>(rg.key_rows, topk);
   for (std::size_t i = 0; i < pool_ids.span(); ++i) pool_ids.data()[i] = s.in.i32();
@@ -550,8 +587,9 @@ Call expand_call(Setup& s) {
              s.in.pick(3) - 1);
   I2 out = s.a.output<I2>(rg.key_rows + s.in.pick(2), width);
   return {[=] {
-            KPool::expand_topk(E(), pool_ids, rg.row_offsets, rg.cache_lengths, nr, kpool,
-                               tail_always, out, opts);
+            KPool::expand_topk(E(), pool_ids, tail_always,
+                               KPool::ragged_batch(rg.row_offsets, rg.cache_lengths, nr), *k_cache,
+                               out, opts);
           },
           [=] {
             std::vector<std::int32_t> ids(pool_ids.data(), pool_ids.data() + pool_ids.span());
@@ -599,7 +637,12 @@ Call store_call(Setup& s) {
   I2 table = block_table(s.in, s.a, table_rows);
   int const nr = s.num_requests;
   KPool::Options const opts = s.opts;
-  return {[=] { KPool::store_pools(E(), *out, nr, table, *cache, opts); }, [] {}};
+  // The batch: only its num_requests is read.
+  return {[=] {
+            KPool::store_pools(E(), *out, KPool::ragged_batch(U32(), U32(), nr),
+                               KPool::paged(*cache, table), opts);
+          },
+          [] {}};
 }
 
 template <class C>
@@ -607,12 +650,14 @@ Call select_call(Setup& s, Entry e) {
   int const D = s.D, B = s.B, nr = s.num_requests;
   int const H = 1 + s.in.pick(3);
   Ragged rg = ragged(s.in, s.a, B, s.structured, s.slots);
+  CacheSize const size = cache_size(s.in);
+  I2 table = block_table(s.in, s.a, B + s.in.pick(2));
+  // K is the cache's: any value (the cache refuses one below 1).
+  int const kpool = s.structured ? s.K : s.in.i32();
   auto cache = std::make_shared<KPool::PoolCache<C, M>>(
-      make_cache<C>(s.in, D, s.K, s.rotate, s.pow2));
+      make_cache<C>(size, D, kpool, s.rotate, s.pow2));
   for (std::size_t i = 0; i < cache->values().span(); ++i)
     cache->values().data()[i] = static_cast<C>(s.vals.next());
-  I2 table = block_table(s.in, s.a, B + s.in.pick(2));
-  int const kpool = s.structured ? s.K : s.in.i32();
   int const topk = s.structured ? 1 + s.in.pick(6) : s.in.i32();
   std::size_t const rows = rg.key_rows;
   auto q = s.a.input<V3>(rows, H, D + s.in.pick(2) * (s.structured ? 0 : 1));
@@ -626,15 +671,16 @@ Call select_call(Setup& s, Entry e) {
                          : std::max(0, std::min(topk, 64));
   I2 ids = s.a.output<I2>(rows + s.in.pick(2), std::max(0, width0 + s.in.pick(3) - 1));
   auto ws = std::make_shared<KPool::SelectWorkspace<T, M>>(E(), 1 + s.in.pick(40),
-                                                           1 + s.in.pick(64), H, D);
+                                                           1 + s.in.pick(64), H, D, s.engine);
   KPool::Options const opts = s.opts;
   return {[=] {
+            auto const batch = KPool::ragged_batch(rg.row_offsets, rg.cache_lengths, nr);
             if (e == select_tokens)
-              KPool::select_tokens(E(), rg.row_offsets, rg.cache_lengths, table, nr, kpool, q,
-                                   weights, *cache, topk, ids, *ws, opts);
+              KPool::select_tokens(E(), q, weights, topk, batch, KPool::paged(*cache, table), ids,
+                                   *ws, opts);
             else
-              KPool::score_select(E(), rg.row_offsets, rg.cache_lengths, table, nr, kpool, q,
-                                  weights, *cache, topk, ids, *ws, opts);
+              KPool::score_select(E(), q, weights, topk, batch, KPool::paged(*cache, table), ids,
+                                  *ws, opts);
           },
           [] {}};
 }
@@ -645,7 +691,7 @@ Call decode_call(Setup& s, Entry e) {
   switch (e) {
     case step_fused:
     case step_unfused:
-    case decode_step:
+    case step_decode:
       c = s.fp8 ? steps<KPool::float8_e4m3>(s, e) : steps<T>(s, e);
       break;
     case ring_close:
@@ -673,8 +719,8 @@ bool run(std::uint8_t const* data, std::size_t size) {
   std::uint8_t const flags = in.u8();
   int const Ks[] = {1, 2, 3, 4, 8};
   int const Ds[] = {1, 2, 3, 5, 8, 16, 128, 4};
-  Setup s{in, a, Values(0), KPool::Options(), false, false, false, false, false, false,
-          0,  0, 0,         0,                0,     0};
+  Setup s{in, a, Values(0), KPool::Options(), KPool::ScoreEngine::automatic,
+          false, false, false, false, false, false, 0, 0, 0, 0, 0, 0};
   s.opts.validate = flags & 1;
   s.structured = flags & 2;
   s.use_cache = flags & 4;
@@ -685,7 +731,7 @@ bool run(std::uint8_t const* data, std::size_t size) {
   KPool::ScoreEngine const engines[] = {KPool::ScoreEngine::automatic,
                                         KPool::ScoreEngine::register_tiles,
                                         KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas};
-  s.opts.score_engine = engines[(flags >> 6) & 3];
+  s.engine = engines[(flags >> 6) & 3];
   s.K = Ks[in.pick(5)];
   s.D = Ds[in.pick(8)];
   s.R = s.K * (1 + in.pick(3));

@@ -447,7 +447,7 @@ class Sequence {
         KPool::compress(E(), key, gate, ape, KPool::ragged_batch(ro, cl, B), offsets, pooled, o);
         KPool::seed_tail(E(), ring_, key, gate, batch, o);
       } else {
-        KPool::step(E(), ring_, key, gate, ape, batch, out_, KPool::paged(cache_, bt), o);
+        KPool::step(E(), ring_, key, gate, ape, batch, KPool::paged(cache_, bt), out_, o);
       }
     });
     if (!returned) return;
@@ -513,7 +513,7 @@ class Sequence {
       if (path == Path::tail_update)
         KPool::tail_update(E(), ring_, key, gate, ape, batch, tu_pooled, tu_closed, o);
       else
-        KPool::step(E(), ring_, key, gate, ape, batch, out_, KPool::paged(cache_, bt), o);
+        KPool::step(E(), ring_, key, gate, ape, batch, KPool::paged(cache_, bt), out_, o);
     });
     if (!returned) return;
     for (int r = 0; r < B; ++r) {

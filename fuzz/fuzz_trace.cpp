@@ -100,11 +100,13 @@ std::uint64_t hash_of(std::string const& s) {
 // The replay's output, or for a rewind KPool refuses by the ring's depth
 // rule, "refused at LINE: what()" (compared across the two paths).
 std::string replay(KPoolTrace::Trace const& t, KPool::Options const& options,
-                   int block_pools, std::string const& input, bool& refused) {
+                   KPool::ScoreEngine engine, int block_pools, std::string const& input,
+                   bool& refused) {
   int line = 0;
   refused = false;
   try {
-    return KPoolReplay::replay_trace(t, options, block_pools, /*fused_layout=*/false, line);
+    return KPoolReplay::replay_trace(t, options, block_pools, /*fused_layout=*/false, line,
+                                     KPoolReplay::Ranks(), engine);
   } catch (KPool::InvalidArgument const& e) {
     std::string const what = e.what();
     if ((e.argument() == "cache_lengths" || e.argument() == "positions") &&
@@ -169,14 +171,16 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   KPool::ScoreEngine const engines[] = {
       KPool::ScoreEngine::automatic, KPool::ScoreEngine::register_tiles,
       KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas};
-  options.score_engine = engines[h % 4];
+  // The selections' engine is their workspace's.
+  KPool::ScoreEngine const engine = engines[h % 4];
   int const block_pools = 1 + static_cast<int>((h >> 2) % 16);
 
   options.fused = true;
   bool refused = false, refused_unfused = false;
-  std::string const fused = replay(trace, options, block_pools, input, refused);
+  std::string const fused = replay(trace, options, engine, block_pools, input, refused);
   options.fused = false;
-  std::string const unfused = replay(trace, options, block_pools, input, refused_unfused);
+  std::string const unfused = replay(trace, options, engine, block_pools, input,
+                                       refused_unfused);
   if (fused != unfused)
     defect("the fused and the unfused replay print different outputs:\n" + fused +
                "--- unfused ---\n" + unfused,

@@ -532,6 +532,7 @@ struct RaggedData {
   View2<T> pooled;  // compress output
   View2<T> rc_pooled;
   View1<std::int32_t> rc_closed;
+  KPool::Batch<Mem> batch;  // all B rows, with their slots
   KPool::Ring<T, Mem> ring;
   KPool::StepOutput<T, Mem> out;
 
@@ -556,6 +557,7 @@ struct RaggedData {
     row_offsets = upload(space, "kpool_perf::row_offsets", offsets);
     cache_lengths = upload(space, "kpool_perf::cache_lengths", d.cache_lengths);
     slot_idx = upload(space, "kpool_perf::slot_idx", d.slots);
+    batch = KPool::ragged_batch(row_offsets, cache_lengths, slot_idx, static_cast<int>(B));
     pool_row_offsets =
         View1<std::uint32_t>(Kokkos::view_alloc(space, "kpool_perf::pro"), B + 1);
     pooled = View2<T>(Kokkos::view_alloc(space, "kpool_perf::pooled"),
@@ -581,6 +583,7 @@ struct DecodeData {
   View1<std::uint32_t> slot_idx;
   View3<T> pooled;
   View2<std::int32_t> closed;
+  KPool::Batch<Mem> batch;  // all B rows, with their slots
   KPool::Ring<T, Mem> ring;
   KPool::StepOutput<T, Mem> out;
 
@@ -605,6 +608,7 @@ struct DecodeData {
         hp(r, i) = d.start[r] + static_cast<std::int32_t>(i);
     Kokkos::deep_copy(space, positions, hp);
     slot_idx = upload(space, "kpool_perf::dslot_idx", d.slots);
+    batch = KPool::decode_batch(positions, slot_idx, static_cast<int>(B));
     pooled = View3<T>(Kokkos::view_alloc(space, "kpool_perf::dpooled"), B, M, kD);
     closed = View2<std::int32_t>(Kokkos::view_alloc(space, "kpool_perf::dclosed"),
                                  B, M);
@@ -1350,23 +1354,20 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
   int const B = d.batch();
   run.measure(scenario, dtype, "compress", tokens, B, compress_bytes(d, S), 2,
               d.ring, [&](KPool::Options const& o) {
-                KPool::compress(space, data.key, data.gate, data.ape,
-                                data.row_offsets, data.cache_lengths, B,
+                KPool::compress(space, data.key, data.gate, data.ape, data.batch,
                                 data.pool_row_offsets, data.pooled, o);
               });
   if (writers_on_ring) {
     run.measure(scenario, dtype, "ring_close", tokens, B,
                 ring_close_bytes(d, S), 1, d.ring, [&](KPool::Options const& o) {
-                  KPool::ring_close(space, data.ring.tail(), data.key,
-                                    data.gate, data.ape, data.row_offsets,
-                                    data.cache_lengths, data.slot_idx, B,
-                                    data.rc_pooled, data.rc_closed, o);
+                  fresh_ring(data.ring, space, o);
+                  KPool::ring_close(space, data.ring, data.key, data.gate, data.ape,
+                                    data.batch, data.rc_pooled, data.rc_closed, o);
                 });
     run.measure(scenario, dtype, "seed_tail", tokens, B, seed_tail_bytes(d, S),
                 1, d.ring, [&](KPool::Options const& o) {
-                  KPool::seed_tail(space, data.ring.tail(), data.key,
-                                   data.gate, data.row_offsets,
-                                   data.cache_lengths, data.slot_idx, B, o);
+                  fresh_ring(data.ring, space, o);
+                  KPool::seed_tail(space, data.ring, data.key, data.gate, data.batch, o);
                 });
   }
   for (bool fused : {false, true}) {
@@ -1376,9 +1377,8 @@ void run_ragged(Runner& run, std::string const& scenario, RaggedDesc const& d,
                   KPool::Options p = o;
                   p.fused = fused;
                   fresh_ring(data.ring, space, p);
-                  KPool::step(space, data.ring, data.key, data.gate, data.ape,
-                              data.row_offsets, data.cache_lengths,
-                              data.slot_idx, B, data.out, p);
+                  KPool::step(space, data.ring, data.key, data.gate, data.ape, data.batch,
+                              data.out, p);
                 });
   }
   run_step_cache<T>(run, scenario, d, data);
@@ -1403,9 +1403,8 @@ void cached_step(Space const& space, RaggedData<T>& data, CacheData& cd, int B,
   p.fused = true;
   fresh_ring(data.ring, space, p);
   if constexpr (P == CachePath::automatic) {
-    KPool::step(space, data.ring, data.key, data.gate, data.ape,
-                data.row_offsets, data.cache_lengths, data.slot_idx, B,
-                data.out, cd.cache, cd.block_table, p);
+    KPool::step(space, data.ring, data.key, data.gate, data.ape, data.batch,
+                KPool::paged(cd.cache, cd.block_table), data.out, p);
   } else {
     KPool::Details::check_step_views<Space, typename Space::memory_space, T, decltype(data.key), decltype(data.gate),
                                      decltype(data.ape), decltype(data.row_offsets),
@@ -1445,12 +1444,10 @@ void run_step_cache(Runner& run, std::string const& scenario,
     KPool::Options p = o;
     p.fused = true;
     fresh_ring(data.ring, space, p);
-    KPool::step(space, data.ring, data.key, data.gate, data.ape,
-                data.row_offsets, data.cache_lengths, data.slot_idx, B,
-                data.out, p);
+    KPool::step(space, data.ring, data.key, data.gate, data.ape, data.batch, data.out, p);
   };
   auto const store = [&](KPool::Options const& o) {
-    KPool::store_pools(space, data.out, B, cd.block_table, cd.cache, o);
+    KPool::store_pools(space, data.out, data.batch, KPool::paged(cd.cache, cd.block_table), o);
   };
   std::uint64_t const bytes = step_bytes(d, sizeof(T)) + cache_bytes(pools);
   CachePath const built =
@@ -1506,16 +1503,15 @@ void run_step_cache(Runner& run, std::string const& scenario,
       1, d.ring, store, "step_fused", uncached);
 }
 
-// KPool::decode_step writing the cache by path P (automatic: the public
-// call).
+// KPool::step with a decode batch writing the cache by path P (automatic:
+// the public call).
 template <CachePath P, class T>
 void cached_decode(Space const& space, DecodeData<T>& data, CacheData& cd,
                    int B, KPool::Options const& o) {
   fresh_ring(data.ring, space, o);
   if constexpr (P == CachePath::automatic) {
-    KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
-                       data.positions, data.slot_idx, B, data.out, cd.cache,
-                       cd.block_table, o);
+    KPool::step(space, data.ring, data.key, data.gate, data.ape, data.batch,
+                KPool::paged(cd.cache, cd.block_table), data.out, o);
   } else {
     KPool::Details::decode_step_impl(
         space, data.ring, data.key, data.gate, data.ape, data.positions,
@@ -1546,16 +1542,15 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
   int const B = d.batch();
   run.measure(scenario, dtype, "tail_update", tokens, B,
               tail_update_bytes(d, S), 1, d.ring, [&](KPool::Options const& o) {
-                KPool::tail_update(space, data.ring.tail(), data.key, data.gate,
-                                   data.ape, data.positions, data.slot_idx, B,
-                                   data.pooled, data.closed, o);
+                fresh_ring(data.ring, space, o);
+                KPool::tail_update(space, data.ring, data.key, data.gate, data.ape,
+                                   data.batch, data.pooled, data.closed, o);
               });
   run.measure(scenario, dtype, "decode_step", tokens, B,
               decode_step_bytes(d, S), 2, d.ring, [&](KPool::Options const& o) {
                 fresh_ring(data.ring, space, o);
-                KPool::decode_step(space, data.ring, data.key, data.gate,
-                                   data.ape, data.positions, data.slot_idx, B,
-                                   data.out, o);
+                KPool::step(space, data.ring, data.key, data.gate, data.ape, data.batch,
+                            data.out, o);
               });
   // decode_step_cache_fp8: the same call writing an fp8 amax rotated
   // cache, timed beside it and store_pools_fp8 (as step_fused_cache_fp8),
@@ -1569,11 +1564,10 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
     CacheData serving(space, pools, /*serving=*/true);
     auto const uncached = [&](KPool::Options const& o) {
       fresh_ring(data.ring, space, o);
-      KPool::decode_step(space, data.ring, data.key, data.gate, data.ape,
-                         data.positions, data.slot_idx, B, data.out, o);
+      KPool::step(space, data.ring, data.key, data.gate, data.ape, data.batch, data.out, o);
     };
     auto const store = [&](KPool::Options const& o) {
-      KPool::store_pools(space, data.out, B, cd.block_table, cd.cache, o);
+      KPool::store_pools(space, data.out, data.batch, KPool::paged(cd.cache, cd.block_table), o);
     };
     std::uint64_t const bytes = decode_step_bytes(d, S) + cache_bytes(pools);
     CachePath const built =
@@ -1631,10 +1625,8 @@ void run_decode(Runner& run, std::string const& scenario, DecodeDesc const& d) {
                   KPool::Options p = o;
                   p.fused = true;
                   fresh_ring(rdata.ring, space, p);
-                  KPool::step(space, rdata.ring, rdata.key, rdata.gate,
-                              rdata.ape, rdata.row_offsets,
-                              rdata.cache_lengths, rdata.slot_idx, B,
-                              rdata.out, p);
+                  KPool::step(space, rdata.ring, rdata.key, rdata.gate, rdata.ape,
+                              rdata.batch, rdata.out, p);
                 });
   }
 }
@@ -1829,9 +1821,8 @@ struct SelectData {
   // The same bytes as a serving-profile cache (pow2 scales).
   Cache serving_cache;
   View2<std::int32_t> pool_ids;
+  // Built for the default engine (each other engine's is built like it).
   KPool::SelectWorkspace<KPool::bfloat16, Mem> workspace;
-  // Built for the blas engine (hosts with Kokkos Kernels; empty elsewhere).
-  KPool::SelectWorkspace<KPool::bfloat16, Mem> blas_workspace;
   // The same-run GEMM: f32 [T * H, D] x [D, P]^T.
   View2<float> a, b, c;
 
@@ -1883,10 +1874,6 @@ struct SelectData {
     // without validation (docs/validation.md).
     std::size_t const table_pools = block_table.extent(1) * static_cast<std::size_t>(d.block_pools);
     workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(space, T, table_pools, d.heads, kD);
-    if (KPOOL_HAS_KOKKOSKERNELS &&
-        Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible)
-      blas_workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>(
-          space, T, table_pools, d.heads, kD, KPool::ScoreEngine::blas);
     a = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_a"),
                      d.gemm ? T * d.heads : 1, kD);
     b = View2<float>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kpool_perf::gemm_b"),
@@ -1962,16 +1949,20 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
   for (auto const& e : engines) {
     KPool::ScoreEngine const engine = e.second;
     bool const blas = engine == KPool::ScoreEngine::blas;
+    // The engine is the workspace's: one built for it, as the default's.
+    using Workspace = KPool::SelectWorkspace<KPool::bfloat16, Mem>;
+    Workspace ws = owned ? data->workspace : Workspace();
+    if (owned && engine != ws.engine() && run.selected(prefix + e.first))
+      ws = Workspace(space, ws.max_tokens(), ws.max_visible(), d.heads, kD, engine);
     run.measure_flops(
         scenario, "bf16", e.first, d.tokens(), d.batch(), flops, select_tensor(e.first), bytes,
         blas && !device ? d.blas_launches() : 2,
-        [&, engine](KPool::Options const& o) {
-          KPool::Options p = o;
-          p.score_engine = engine;
-          KPool::score_select(space, data->row_offsets, data->cache_lengths,
-                              data->block_table, d.batch(), kK, data->q, data->weights,
-                              data->cache, d.topk, data->pool_ids,
-                              blas ? data->blas_workspace : data->workspace, p);
+        [&](KPool::Options const& o) {
+          KPool::score_select(space, data->q, data->weights, d.topk,
+                              KPool::ragged_batch(data->row_offsets, data->cache_lengths,
+                                                  d.batch()),
+                              KPool::paged(data->cache, data->block_table), data->pool_ids, ws,
+                              o);
         },
         gemm_flops, gemm);
   }
@@ -1979,9 +1970,10 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
   // queries quantized in the same launches), timed beside "select" over
   // the exact profile's: its overhead + 1 is the serving profile's cost.
   auto const select_over = [&](KPool::Options const& o, SelectData::Cache const& cache) {
-    KPool::score_select(space, data->row_offsets, data->cache_lengths, data->block_table,
-                        d.batch(), kK, data->q, data->weights, cache, d.topk,
-                        data->pool_ids, data->workspace, o);
+    KPool::score_select(space, data->q, data->weights, d.topk,
+                        KPool::ragged_batch(data->row_offsets, data->cache_lengths, d.batch()),
+                        KPool::paged(cache, data->block_table), data->pool_ids, data->workspace,
+                        o);
   };
   run.measure_flops(
       scenario, "bf16", "select_serving", d.tokens(), d.batch(), flops, "e4m3", bytes, 2,
@@ -2004,9 +1996,10 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
                                SelectData::Cache const& cache) {
     KPool::Options p = o;
     p.decode_selection = how;
-    KPool::score_select(space, KPool::paged(cache, data->block_table), data->q, data->weights,
-                        d.topk, KPool::decode_batch(positions, d.batch()), data->pool_ids,
-                        data->workspace, p);
+    KPool::score_select(space, data->q, data->weights, d.topk,
+                        KPool::decode_batch(positions, d.batch()),
+                        KPool::paged(cache, data->block_table), data->pool_ids, data->workspace,
+                        p);
   };
   for (bool serving : {false, true}) {
     SelectData::Cache const* cache = owned ? (serving ? &data->serving_cache : &data->cache)
@@ -2050,19 +2043,20 @@ void run_select(Runner& run, std::string const& scenario, SelectDesc const& d,
       scenario, "bf16", "select_ranks2", d.tokens(), d.batch(), flops / W, "bf16x3", bytes / W,
       4,
       [&](KPool::Options const& o) {
-        KPool::shard_select_local(space, mine, data->q, data->weights, d.topk, batch, local_ws,
+        KPool::shard_select_local(space, data->q, data->weights, d.topk, batch, mine, local_ws,
                                   exchange, o);
         for (int r = 0; r < W; ++r)
           Kokkos::deep_copy(
               space,
               Kokkos::subview(exchange.recv(), std::make_pair(r * payload, (r + 1) * payload)),
               Kokkos::subview(exchange.send(), std::make_pair(std::size_t(0), payload)));
-        KPool::shard_select_merge(space, mine, d.topk, data->pool_ids, exchange, o);
+        KPool::shard_select_merge(space, d.topk, mine, data->pool_ids, exchange, o);
       },
       gemm_flops, gemm, "select_one_rank",
       [&](KPool::Options const& o) {
-        KPool::score_select(space, KPool::paged(data->cache, data->block_table), data->q,
-                            data->weights, d.topk, batch, data->pool_ids, data->workspace, o);
+        KPool::score_select(space, data->q, data->weights, d.topk, batch,
+                            KPool::paged(data->cache, data->block_table), data->pool_ids,
+                            data->workspace, o);
       });
   run.set_exchange(prefix + "select_ranks2", W,
                    static_cast<std::uint64_t>(W) * d.topk *

@@ -37,7 +37,13 @@
 #include <select/KPool_ExpandTopk.hpp>
 #include <select/KPool_ScoreSelect.hpp>
 #include <select/KPool_SelectTokens.hpp>
+#include <score/KPool_Score.hpp>
 #include <ranks/KPool_Communicator.hpp>
 #include <ranks/KPool_ShardSelect.hpp>
+
+// The retired forms, last (KPool_ENABLE_DEPRECATED; CHANGELOG.md).
+#include <pool/KPool_deprecated.hpp>
+#include <ranks/KPool_deprecated.hpp>
+#include <select/KPool_deprecated.hpp>
 
 #endif

@@ -2,6 +2,7 @@
 #define KPOOL_LAYER_HPP
 
 #include <KPool_Config.hpp>
+#include <KPool_LayerConfig.hpp>
 #include <cache/KPool_PagedCache.hpp>
 #include <cache/KPool_PoolCache.hpp>
 #include <common/KPool_Batch.hpp>
@@ -11,6 +12,8 @@
 #include <common/KPool_Types.hpp>
 #include <pool/KPool_Ring.hpp>
 #include <pool/KPool_Step.hpp>
+#include <ranks/KPool_Communicator.hpp>
+#include <ranks/KPool_ShardSelect.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 #include <common/detail/KPool_Views.hpp>
 #include <select/KPool_ScoreSelect.hpp>
@@ -19,6 +22,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -26,124 +30,24 @@
 
 namespace KPool {
 
-namespace Details {
-
-// Layer's copy of a step's batch (Layer::keep_batch): item i copies index
-// entry i (positions in a decode batch, row_offsets and cache_lengths in a
-// ragged one) and block-table entry i of the live rows, in the layer's
-// columns (-1 past the caller's table).
-template <class M>
-struct KeepBatchFunctor {
-  bool decode = false;
-  std::size_t batch = 0, next_n = 0, index_items = 0, live = 0, columns = 0, table_columns = 0;
-  Kokkos::View<std::uint32_t*, M> offsets, lengths;
-  Kokkos::View<std::int32_t*, M> positions;
-  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> table;
-  Kokkos::View<const std::uint32_t*, Kokkos::LayoutStride, M> src_offsets, src_lengths;
-  Kokkos::View<const std::int32_t**, Kokkos::LayoutStride, M> src_positions, src_table;
-
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
-    std::size_t const u = static_cast<std::size_t>(i);
-    if (u < index_items) {
-      if (decode) {
-        positions(u) = src_positions(u / next_n, u % next_n);
-      } else {
-        offsets(u) = src_offsets(u);
-        if (u < batch) lengths(u) = src_lengths(u);
-      }
-    }
-    if (u < live * columns) {
-      std::size_t const r = u / columns, j = u % columns;
-      table(r, j) = j < table_columns ? src_table(r, j) : -1;
-    }
-  }
-};
-
-}  // namespace Details
-
-/// The sizes of one indexer layer (KPool::Layer). Fields left 0 take the
-/// default their comment gives.
-struct LayerConfig {
-  /// K, tokens per pool (>= 1).
-  int kpool = 0;
-  /// D, channels of a key and of a query head (>= 1).
-  int head_dim = 0;
-  /// H, the indexer query heads of a selection (>= 1).
-  int num_heads = 0;
-  /// Sequences the ring holds at once (>= 1).
-  int max_slots = 0;
-  /// S, draft tokens a decode row sends besides the next token (>= 0).
-  int drafts = 0;
-  /// R; 0: Ring::serving_length(kpool, drafts), long enough for a rewind
-  /// to the first rejected draft (docs/ring.md, "Rewinds").
-  int ring_length = 0;
-  /// The largest batch size B of a call (>= 1).
-  int max_batch = 0;
-  /// The most token rows of a step (key rows; B * next_n for a decode
-  /// step), which is also the most query rows of a selection (>= 1).
-  std::size_t max_tokens = 0;
-  /// Blocks of the pool cache (>= 1).
-  int num_blocks = 0;
-  /// Pools a cache block holds (>= 1).
-  int block_pools = 0;
-  /// The fp8 cache's scale mode; none (the default) gives amax for an fp8
-  /// cache of the exact profile, pow2 for the serving profile, and is the
-  /// only mode of a native cache.
-  CacheScale scale = CacheScale::none;
-  /// Whether the cache stores pools rotated (head_dim a power of two).
-  bool rotate = false;
-  /// The cache's profile (docs/indexer.md, "The serving profile"): exact
-  /// (the default), or serving (an fp8 cache with pow2 scales, byte for
-  /// byte what the engines store).
-  CacheProfile profile = CacheProfile::exact;
-  /// The cache's byte layout: split (the default: values and scales
-  /// views), or fused (the serving profile's engines' layout: one byte
-  /// buffer, each block's entries then its scales).
-  CacheLayout layout = CacheLayout::split;
-  /// The longest sequence, in tokens, the layer serves: its query rows see
-  /// at most ceil(max_context / kpool) pools, which sizes the selection
-  /// workspace when max_visible is 0. One of the two must be given.
-  std::size_t max_context = 0;
-  /// The most pools a query row sees (the selection workspace's row
-  /// length); 0: ceil(max_context / kpool).
-  std::size_t max_visible = 0;
-  /// Query rows the layer's own selection workspace holds (0: max_tokens);
-  /// a selection of more rows runs in chunks of this many, with the same
-  /// result.
-  std::size_t select_rows = 0;
-};
-
-/// Buffers a Layer adopts instead of allocating its own (each one left
-/// empty is allocated by the layer): an engine-owned pool cache, in either
-/// layout (for example PoolCache's fused-layout constructor over an
-/// unmanaged View of the engine's bytes), and a selection workspace shared
-/// by several layers. A Layer holds a View copy of each (the same memory);
-/// the calls on one execution space instance run in order, so layers that
-/// share a workspace and select on one instance never overlap.
-/// @tparam T, C, MemorySpace as the Layer's.
-template <class T, class C = T,
-          class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
-struct LayerBuffers {
-  /// The layer's pool cache; empty: the layer allocates one from its config.
-  PoolCache<C, MemorySpace> cache;
-  /// The selection workspace; empty: the layer allocates one, select_rows
-  /// rows of max_visible pools.
-  SelectWorkspace<T, MemorySpace> workspace;
-};
-
 /// One indexer layer: everything of KPool that must agree, owned by one
 /// object (docs/api.md, "KPool::Layer"): K, D, H, the ring (and its
 /// length), the position embedding ape, the pool cache (element type C,
 /// its scale mode and rotation), the StepOutput and the selection
 /// workspace. Its members run the low-level entry points on them:
 ///
-/// - step(): KPool::step with the cache, for a ragged mixed batch;
-/// - decode_step(): KPool::decode_step with the cache, for a decode batch;
+/// - step(): KPool::step with the cache, for a ragged mixed batch or a
+///   decode batch;
 /// - select_tokens() and score_select(): the
-///   selection of the batch the last step or decode step took, from the
-///   same description: after step(), query row t is key row t; after
-///   decode_step(), query row r * next_n + i is entry (r, i) of positions,
+///   selection of the batch the last step took, from the same
+///   description: after a ragged step, query row t is key row t; after a
+///   decode step, query row r * next_n + i is entry (r, i) of positions,
 ///   the rows built on the device from positions (no host work).
+///
+/// A sharded layer (LayerConfig::shard over more than one rank) holds this
+/// rank's share of the cache: its steps write this rank's pools, and its
+/// selections are the global ones through LayerBuffers::communicator, bit
+/// for bit one rank's layer over the whole cache (docs/ranks.md).
 ///
 /// The layer keeps its own device copy of what its selection needs from
 /// the step's batch (row_offsets and cache_lengths, or positions, and the
@@ -183,6 +87,13 @@ class Layer {
   using ape_type = Kokkos::View<const float**, Kokkos::LayoutStride, MemorySpace>;
   /// The selection workspace's type.
   using workspace_type = SelectWorkspace<T, MemorySpace>;
+  /// The execution space a sharded layer's selections run on (its
+  /// communicator's).
+  using execution_space = typename MemorySpace::execution_space;
+  /// A sharded layer's communicator.
+  using communicator_type = Communicator<execution_space>;
+  /// A sharded layer's exchange buffers.
+  using exchange_type = ShardWorkspace<T, MemorySpace>;
 
   /// An empty layer, to assign a constructed one to later.
   Layer() = default;
@@ -194,9 +105,10 @@ class Layer {
   /// @param ape [K, D] float in MemorySpace, any layout: the position
   /// embedding within a pool. The layer keeps a reference (a View copy).
   /// @throws KPool::InvalidArgument (entry point "KPool::Layer") for a size
-  /// below 1, ape not [K, D], no max_visible nor max_context (with Kokkos
-  /// Kernels), the fused layout without the serving profile, and whatever
-  /// Ring, PoolCache and SelectWorkspace refuse.
+  /// below 1, ape not [K, D], no max_visible nor max_context, the fused
+  /// layout without the serving profile, and whatever Ring, PoolCache and
+  /// SelectWorkspace refuse; a sharded config (shard.ranks > 1), which
+  /// needs the LayerBuffers form and its communicator.
   template <class ExecutionSpace, class ApeView>
   Layer(ExecutionSpace const& space, LayerConfig const& config, ApeView const& ape)
       : Layer(space, config, ape, LayerBuffers<T, C, MemorySpace>()) {}
@@ -206,10 +118,14 @@ class Layer {
   /// cache must be what the config describes (head_dim, kpool, profile,
   /// layout, scale, rotation; num_blocks and block_pools 0 in the config
   /// take the cache's); an adopted workspace must have the config's heads
-  /// and head_dim and rows of at least its max_visible pools.
+  /// and head_dim and rows of at least its max_visible pools. A sharded
+  /// layer (config.shard.ranks > 1) needs buffers.communicator, of
+  /// config.shard's ranks and rank, and config.max_topk; its cache is
+  /// config.shard's share (an adopted unsharded cache is taken as that
+  /// share, PoolCache::sharded).
   /// @throws KPool::InvalidArgument (entry point "KPool::Layer") as above,
-  /// or naming the buffer (argument "cache" or "workspace") and the field
-  /// that disagrees.
+  /// or naming the buffer (argument "cache", "workspace" or
+  /// "communicator") and the field that disagrees.
   template <class ExecutionSpace, class ApeView>
   Layer(ExecutionSpace const& space, LayerConfig const& config, ApeView const& ape,
         LayerBuffers<T, C, MemorySpace> const& buffers)
@@ -237,6 +153,7 @@ class Layer {
     at_least_1("num_heads", c.num_heads);
     if (c.drafts < 0)
       chk.fail("config", "drafts", -1, std::to_string(c.drafts), "is negative");
+    check_shard(chk, buffers.communicator.get());
     chk.extent_is("ape", 0, ape.extent(0), static_cast<std::size_t>(c.kpool),
                   "config.kpool");
     chk.extent_is("ape", 1, ape.extent(1), static_cast<std::size_t>(c.head_dim),
@@ -267,6 +184,7 @@ class Layer {
     if (adopted.is_allocated()) {
       check_adopted_cache(chk, adopted);
       cache_ = adopted;
+      if (!adopted.shard().sharded()) cache_ = adopted.sharded(c.shard);
     } else if (c.layout == CacheLayout::fused) {
       using bytes_type = typename cache_type::bytes_type;
       bytes_type const bytes(Kokkos::view_alloc(space, "KPool::Layer::cache_bytes"),
@@ -277,6 +195,11 @@ class Layer {
     } else {
       cache_ = cache_type(space, c.num_blocks, c.block_pools, c.head_dim, c.kpool, c.scale,
                           c.rotate, c.profile);
+    }
+    if (!adopted.is_allocated()) cache_ = cache_.sharded(c.shard);
+    if (c.shard.sharded()) {
+      communicator_ = buffers.communicator;
+      exchange_ = exchange_type(space, c.max_tokens, c.max_topk, c.shard.ranks);
     }
     ape_ = ape;
     ring_ = ring_type(space, c.max_slots, c.kpool, c.head_dim, R);
@@ -367,19 +290,22 @@ class Layer {
       check_config_fits("KPool::Layer::step", "key", "", rows, "token rows", "batch",
                         batch.size());
     }
-    auto const cache = KPool::paged(cache_, block_table);
-    KPool::step(space, ring_, key, gate, ape_, batch, out_, cache, options);
+    auto cache = KPool::paged(cache_, block_table);
+    KPool::step(space, ring_, key, gate, ape_, batch, cache, out_, options);
     keep_batch(space, batch, cache.block_table);
     if constexpr (Kokkos::is_view<KeyView>::value)
       rows_ = batch.is_decode() ? batch.size() * batch.next_n() : key.extent(0);
     return out_;
   }
 
+#if KPOOL_ENABLE_DEPRECATED
   /// The positional form of step() with a ragged batch (as
   /// KPool::ragged_batch(row_offsets, cache_lengths, slot_idx,
-  /// num_requests)).
+  /// num_requests)); retired.
   template <class ExecutionSpace, class KeyView, class GateView, class RowOffsetsView,
             class CacheLengthsView, class SlotView, class BlockTableView>
+  [[deprecated("use Layer::step(space, key, gate, KPool::ragged_batch(row_offsets, "
+               "cache_lengths, slot_idx, num_requests), block_table)")]]
   output_type const& step(ExecutionSpace const& space, KeyView const& key,
                           GateView const& gate, RowOffsetsView const& row_offsets,
                           CacheLengthsView const& cache_lengths,
@@ -392,9 +318,11 @@ class Layer {
   }
 
   /// The positional form of step() with a decode batch (as
-  /// KPool::decode_batch(positions, slot_idx, num_requests)).
+  /// KPool::decode_batch(positions, slot_idx, num_requests)); retired.
   template <class ExecutionSpace, class KeyView, class GateView, class PositionsView,
             class SlotView, class BlockTableView>
+  [[deprecated("use Layer::step(space, key, gate, KPool::decode_batch(positions, slot_idx, "
+               "num_requests), block_table)")]]
   output_type const& decode_step(ExecutionSpace const& space, KeyView const& key,
                                  GateView const& gate, PositionsView const& positions,
                                  SlotView const& slot_idx, int num_requests,
@@ -403,6 +331,8 @@ class Layer {
     return step(space, key, gate, KPool::decode_batch(positions, slot_idx, num_requests),
                 block_table, options);
   }
+
+#endif  // KPOOL_ENABLE_DEPRECATED
 
   /// KPool::select_tokens over the layer's cache, with the batch and block
   /// table of the last step() (its batch form's rows: after a ragged step
@@ -420,8 +350,16 @@ class Layer {
   void select_tokens(ExecutionSpace const& space, QView const& q,
                      WeightsView const& weights, int topk, TokensView const& tokens,
                      Options const& options = Options()) {
-    KPool::select_tokens(space, last_paged("select_tokens"), q, weights, topk, batch_, tokens,
-                         workspace_, options);
+    auto const paged = last_paged("select_tokens", topk);
+    if (config_.shard.sharded()) {
+      if constexpr (std::is_same<ExecutionSpace, execution_space>::value)
+        KPool::select_tokens(space, q, weights, topk, batch_, paged, tokens, workspace_,
+                             exchange_, *communicator_, options);
+      else
+        refuse_space("select_tokens");
+    } else {
+      KPool::select_tokens(space, q, weights, topk, batch_, paged, tokens, workspace_, options);
+    }
   }
 
   /// KPool::score_select over the layer's cache, with the batch of the
@@ -437,8 +375,16 @@ class Layer {
   void score_select(ExecutionSpace const& space, QView const& q,
                     WeightsView const& weights, int topk, PoolIdsView const& pool_ids,
                     Options const& options = Options()) {
-    KPool::score_select(space, last_paged("score_select"), q, weights, topk, batch_, pool_ids,
-                        workspace_, options);
+    auto const paged = last_paged("score_select", topk);
+    if (config_.shard.sharded()) {
+      if constexpr (std::is_same<ExecutionSpace, execution_space>::value)
+        KPool::score_select(space, q, weights, topk, batch_, paged, pool_ids, workspace_,
+                            exchange_, *communicator_, options);
+      else
+        refuse_space("score_select");
+    } else {
+      KPool::score_select(space, q, weights, topk, batch_, paged, pool_ids, workspace_, options);
+    }
   }
 
   /// @return the batch of the last step(), over the layer's own copy of
@@ -473,6 +419,14 @@ class Layer {
       differs("scale", cache_scale_name(a.scale()), cache_scale_name(c.scale));
     if (a.rotated() != c.rotate)
       differs("rotate", a.rotated() ? "true" : "false", c.rotate ? "true" : "false");
+    Shard const& s = a.shard();
+    if (s.sharded() && (s.rank != c.shard.rank || s.ranks != c.shard.ranks ||
+                        s.interleave != c.shard.interleave))
+      differs("shard",
+              "{" + std::to_string(s.rank) + ", " + std::to_string(s.ranks) + ", " +
+                  std::to_string(s.interleave) + "}",
+              "{" + std::to_string(c.shard.rank) + ", " + std::to_string(c.shard.ranks) +
+                  ", " + std::to_string(c.shard.interleave) + "}");
   }
 
   // A call within the sizes the layer was built for, refused in the
@@ -540,14 +494,51 @@ class Layer {
     has_batch_ = true;
   }
 
-  // The cache with the last step's block table, for a selection.
-  PagedCache<C, MemorySpace> last_paged(char const* what) const {
+  // The cache with the last step's block table, for a selection (a
+  // sharded one's topk within the exchange's).
+  PagedCache<C, MemorySpace> last_paged(char const* what, int topk) const {
+    Details::Checker const chk(std::string("KPool::Layer::") + what);
     if (!has_batch_)
-      Details::Checker(std::string("KPool::Layer::") + what)
-          .fail("layer", "", -1, "",
-                "has run no step yet: a selection follows step(), whose batch it "
-                "selects for");
+      chk.fail("layer", "", -1, "",
+               "has run no step yet: a selection follows step(), whose batch it "
+               "selects for");
+    if (config_.shard.sharded() && topk > config_.max_topk)
+      chk.fail_scalar("topk", topk,
+                      "is more than LayerConfig::max_topk = " +
+                          std::to_string(config_.max_topk) +
+                          " (the sharded layer's exchange is sized by it)");
     return PagedCache<C, MemorySpace>{cache_, block_table_};
+  }
+
+  // A sharded layer's selections run on its communicator's space.
+  [[noreturn]] void refuse_space(char const* what) const {
+    Details::Checker(std::string("KPool::Layer::") + what)
+        .fail("space", "", -1, "",
+              "is not the sharded layer's execution space (its communicator's, "
+              "Layer::execution_space): run its selections there");
+  }
+
+  // The shard, and for a sharded layer its communicator and max_topk.
+  void check_shard(Details::Checker const& chk, communicator_type const* comm) const {
+    Shard const& s = config_.shard;
+    if (s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks || s.interleave < 1)
+      chk.fail("config", "shard", -1,
+               "{" + std::to_string(s.rank) + ", " + std::to_string(s.ranks) + ", " +
+                   std::to_string(s.interleave) + "}",
+               "is not a shard: ranks and interleave at least 1, rank in [0, ranks)");
+    if (!s.sharded()) return;
+    if (config_.max_topk < 1)
+      chk.fail("config", "max_topk", -1, std::to_string(config_.max_topk),
+               "is not at least 1: a sharded layer sizes its exchange by it");
+    if (comm == nullptr)
+      chk.fail("communicator", "", -1, "",
+               "is empty: a sharded layer (config.shard.ranks = " + std::to_string(s.ranks) +
+                   ") selects through the ranks' all-gather (LayerBuffers::communicator)");
+    if (comm->size() != s.ranks || comm->rank() != s.rank)
+      chk.fail("communicator", "", -1,
+               "rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->size()),
+               "is not config.shard's rank " + std::to_string(s.rank) + " of " +
+                   std::to_string(s.ranks));
   }
 
   LayerConfig config_;
@@ -556,6 +547,9 @@ class Layer {
   cache_type cache_;
   output_type out_;
   workspace_type workspace_;
+  // A sharded layer's exchange and all-gather.
+  exchange_type exchange_;
+  std::shared_ptr<communicator_type> communicator_;
   // The last step's batch and block table.
   bool has_batch_ = false;
   Batch<MemorySpace> batch_;

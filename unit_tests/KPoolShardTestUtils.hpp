@@ -124,7 +124,7 @@ struct Sharded {
     KPool::Ring<T, M> ring(space, B, s.K, s.D);
     KPool::StepOutput<T, M> out(
         space, KPool::StepOutput<T, M>::capacity_for(rows, B, s.K), B, s.D);
-    KPool::step(space, ring, key, gate, ape, batch(), out, KPool::paged(cache, table));
+    KPool::step(space, ring, key, gate, ape, batch(), KPool::paged(cache, table), out);
   }
 };
 

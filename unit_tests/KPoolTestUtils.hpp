@@ -410,13 +410,14 @@ struct BatchViews {
         slot_idx(to_index_view<Kokkos::View<std::uint32_t*, M>>(b.slot_idx, "slot_idx")) {}
 };
 
-// The engine a test's workspace is built for: blas where the options ask
-// for it and it exists (a host memory space with Kokkos Kernels), else the
-// default, so that a selection asking for blas where it does not exist is
-// refused by the selection itself.
+// The engine a test's workspace is built for: the one asked for, except
+// blas where it does not exist (a device memory space, or no Kokkos
+// Kernels), which becomes the default: a workspace refuses to be built for
+// an engine its space cannot run (tested on its own).
 template <class MemorySpace>
-KPool::ScoreEngine workspace_engine(KPool::Options const& o) {
-  bool const blas = o.score_engine == KPool::ScoreEngine::blas && KPOOL_HAS_KOKKOSKERNELS &&
+KPool::ScoreEngine workspace_engine(KPool::ScoreEngine e) {
+  if (e != KPool::ScoreEngine::blas) return e;
+  bool const blas = KPOOL_HAS_KOKKOSKERNELS &&
                     Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
   return blas ? KPool::ScoreEngine::blas : KPool::ScoreEngine::automatic;
 }

@@ -5,8 +5,8 @@
 // cache (and load_pools' output) byte for byte after the throw. One TEST
 // per rule. Then defence in depth: with Options::validate off, pools whose
 // blocks are bad are skipped and everything else is written as usual.
-// The cache overloads of KPool::step (fused and three-launch) and
-// KPool::decode_step follow the same rules, and after a throw their ring,
+// The cache overloads of KPool::step (fused and three-launch, and with a
+// decode batch) follow the same rules, and after a throw their ring,
 // output and cache are all unchanged.
 
 #include <KPoolCacheTestUtils.hpp>
@@ -25,7 +25,7 @@ using T = KPool::bfloat16;
 using F8 = KPool::float8_e4m3;
 using Out = KPool::StepOutput<T, M>;
 using Table = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
-using I32 = Kokkos::View<std::int32_t*, M>;
+using U32 = Kokkos::View<std::uint32_t*, M>;
 
 constexpr int D = 16;
 constexpr int kBlocks = 6;
@@ -102,6 +102,15 @@ KPool::StepOutput<U, M> two_row_output(Rng& rng, std::vector<int> rows = {0, 0, 
 }
 
 Table good_table() { return table_of({{0, 1, 2}, {3, 4, 5}}); }
+
+// The cache with the good table: KPool::paged(cache, good_table()).
+template <class C>
+KPool::PagedCache<C, M> paged(KPool::PoolCache<C, M> const& cache) {
+  return KPool::paged(cache, good_table());
+}
+
+// store_pools' batch of n live rows (only its num_requests is read).
+KPool::Batch<M> live(int n) { return KPool::ragged_batch(U32(), U32(), n); }
 
 KPool::Options validated() {
   KPool::Options o;
@@ -226,7 +235,7 @@ TEST(CacheValidation, StoreCacheHeadDimMustBeThePools) {
   auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, false, 2 * D);
   Snapshot<F8> const before(cache);
   auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), cache, validated()); },
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(2), paged(cache), validated()); },
                      "KPool::store_pools", "cache", -1, std::to_string(2 * D)));
   EXPECT_TRUE(before.unchanged(cache));
 }
@@ -236,7 +245,7 @@ TEST(CacheValidation, StoreFp8CacheNeedsPoolsThatAreNotF64) {
   auto cache = random_cache<F8>(rng, KPool::CacheScale::pow2);
   Snapshot<F8> const before(cache);
   auto const out = two_row_output<double>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), cache, validated()); },
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(2), paged(cache), validated()); },
                      "KPool::store_pools", "cache", -1, "fp8_e4m3"));
   EXPECT_TRUE(before.unchanged(cache));
 }
@@ -247,7 +256,7 @@ TEST(CacheValidation, StoreServingCacheNeedsPoolsThatAreNotF64) {
                                 KPool::CacheProfile::serving);
   Snapshot<F8> const before(cache);
   auto const out = two_row_output<double>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), cache, validated()); },
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(2), paged(cache), validated()); },
                      "KPool::store_pools", "cache", -1, "fp8_e4m3"));
   EXPECT_TRUE(before.unchanged(cache));
 }
@@ -264,11 +273,12 @@ TEST(CacheValidation, StoreFusedBlocksMustBeAssigned) {
   auto const out = two_row_output<T>(rng);
   EXPECT_TRUE(throws(
       [&] {
-        KPool::store_pools(E(), out, 2, table_of({{0, 1, 2}, {3, -1, 5}}), cache, validated());
+        KPool::store_pools(E(), out, live(2),
+                           KPool::paged(cache, table_of({{0, 1, 2}, {3, -1, 5}})), validated());
       },
       "KPool::store_pools", "block_table", 1, "-1"));
   EXPECT_TRUE(before.unchanged(cache));
-  KPool::store_pools(E(), out, 2, good_table(), cache, validated());
+  KPool::store_pools(E(), out, live(2), paged(cache), validated());
   EXPECT_FALSE(before.unchanged(cache));
 }
 
@@ -276,7 +286,7 @@ TEST(CacheValidation, StoreCacheMustHaveStorage) {
   Rng rng(3);
   KPool::PoolCache<T, M> empty;
   auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 2, good_table(), empty, validated()); },
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(2), paged(empty), validated()); },
                      "KPool::store_pools", "cache", -1, "an empty PoolCache"));
 }
 
@@ -286,7 +296,10 @@ TEST(CacheValidation, StoreBlockTableNeedsARowPerRequest) {
   Snapshot<T> const before(cache);
   auto const out = two_row_output<T>(rng);
   EXPECT_TRUE(throws(
-      [&] { KPool::store_pools(E(), out, 2, table_of({{0, 1, 2}}), cache, validated()); },
+      [&] {
+        KPool::store_pools(E(), out, live(2), KPool::paged(cache, table_of({{0, 1, 2}})),
+                           validated());
+      },
       "KPool::store_pools", "block_table", -1, "1"));
   EXPECT_TRUE(before.unchanged(cache));
 }
@@ -296,9 +309,9 @@ TEST(CacheValidation, StoreNumRequestsWithinTheOutput) {
   auto cache = random_cache<T>(rng, KPool::CacheScale::none);
   Snapshot<T> const before(cache);
   auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, -1, good_table(), cache, validated()); },
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(-1), paged(cache), validated()); },
                      "KPool::store_pools", "num_requests", -1, "-1"));
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 3, good_table(), cache, validated()); },
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(3), paged(cache), validated()); },
                      "KPool::store_pools", "num_requests", -1, "3"));
   EXPECT_TRUE(before.unchanged(cache));
 }
@@ -309,7 +322,7 @@ TEST(CacheValidation, StoreOutputRowsBelongToLiveRequests) {
   auto cache = random_cache<F8>(rng, KPool::CacheScale::amax);
   Snapshot<F8> const before(cache);
   auto const out = two_row_output<T>(rng, {0, 0, 0, 0, 0, 1}, {0, 1, 2, 3, 4, 5});
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, 1, good_table(), cache, validated()); },
+  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(1), paged(cache), validated()); },
                      "KPool::store_pools", "out", 5, "1"));
   EXPECT_TRUE(before.unchanged(cache));
 }
@@ -321,7 +334,10 @@ TEST(CacheValidation, StoreBlocksMustBeAssigned) {
   auto const out = two_row_output<T>(rng);
   // Row 1's pool 9 lives in column 2.
   EXPECT_TRUE(throws(
-      [&] { KPool::store_pools(E(), out, 2, table_of({{0, 1, 2}, {3, 4, -1}}), cache, validated()); },
+      [&] {
+        KPool::store_pools(E(), out, live(2),
+                           KPool::paged(cache, table_of({{0, 1, 2}, {3, 4, -1}})), validated());
+      },
       "KPool::store_pools", "block_table", 1, "-1"));
   EXPECT_TRUE(before.unchanged(cache));
 }
@@ -333,7 +349,9 @@ TEST(CacheValidation, StoreBlocksMustBeBelowNumBlocks) {
   auto const out = two_row_output<T>(rng);
   EXPECT_TRUE(throws(
       [&] {
-        KPool::store_pools(E(), out, 2, table_of({{kBlocks, 1, 2}, {3, 4, 5}}), cache, validated());
+        KPool::store_pools(E(), out, live(2),
+                           KPool::paged(cache, table_of({{kBlocks, 1, 2}, {3, 4, 5}})),
+                           validated());
       },
       "KPool::store_pools", "block_table", 0, std::to_string(kBlocks)));
   EXPECT_TRUE(before.unchanged(cache));
@@ -346,7 +364,10 @@ TEST(CacheValidation, StoreBlockTableWideEnoughForEveryPool) {
   Snapshot<F8> const before(cache);
   auto const out = two_row_output<T>(rng);
   EXPECT_TRUE(throws(
-      [&] { KPool::store_pools(E(), out, 2, table_of({{0, 1}, {3, 4}}), cache, validated()); },
+      [&] {
+        KPool::store_pools(E(), out, live(2), KPool::paged(cache, table_of({{0, 1}, {3, 4}})),
+                           validated());
+      },
       "KPool::store_pools", "block_table", 1, "2"));
   EXPECT_TRUE(before.unchanged(cache));
 }
@@ -356,8 +377,8 @@ TEST(CacheValidation, StoreIgnoresBlocksNoPoolNeeds) {
   Rng rng(10);
   auto cache = random_cache<T>(rng, KPool::CacheScale::none);
   auto const out = two_row_output<T>(rng, {0, 1}, {1, 5});
-  EXPECT_NO_THROW(KPool::store_pools(E(), out, 2, table_of({{0, -1, 99}, {-5, 4, 1000}}), cache,
-                                     validated()));
+  EXPECT_NO_THROW(KPool::store_pools(
+      E(), out, live(2), KPool::paged(cache, table_of({{0, -1, 99}, {-5, 4, 1000}})), validated()));
 }
 
 // --- KPool::load_pools -------------------------------------------------------
@@ -382,21 +403,27 @@ struct LoadSetup {
   }
 };
 
-I32 num_pools_of(std::vector<std::int32_t> const& v) {
-  return to_index_view<I32>(v, "num_pools");
+// load_pools' batch: row r's pools are [0, cache_lengths[r] / kK), kK the caches' K.
+constexpr std::uint32_t kK = 4;
+KPool::Batch<M> lengths(std::vector<std::uint32_t> const& cache_lengths) {
+  return KPool::ragged_batch(U32("row_offsets", cache_lengths.size() + 1),
+                             to_index_view<U32>(cache_lengths, "cache_lengths"),
+                             static_cast<int>(cache_lengths.size()));
 }
 
 TEST(CacheValidation, LoadNumPoolsWithinTheOutput) {
   Rng rng(11);
   LoadSetup<F8> s(rng);
   Snapshot<F8> const before(s.cache);
-  for (std::int32_t bad : {-1, 9}) {
+  // Row 1 has 9 pools (out holds 8), or the most a cache length gives (a count
+  // cannot be negative).
+  for (std::uint32_t bad : {9 * kK, 0xFFFFFFFFu}) {
     EXPECT_TRUE(throws(
         [&] {
-          KPool::load_pools(E(), s.cache, good_table(), num_pools_of({3, bad}), 2, s.out,
+          KPool::load_pools(E(), lengths({3 * kK, bad}), paged(s.cache), s.out,
                             KPool::PoolDomain::cached, validated());
         },
-        "KPool::load_pools", "num_pools", 1, std::to_string(bad)));
+        "KPool::load_pools", "batch", 1, std::to_string(bad / kK)));
     EXPECT_TRUE(same_bytes(s.bytes(), s.out_before, 4, "out"));
   }
   EXPECT_TRUE(before.unchanged(s.cache));
@@ -410,16 +437,17 @@ TEST(CacheValidation, LoadBlocksMustBeAssignedAndInRange) {
   for (std::int32_t bad : {-2, kBlocks}) {
     EXPECT_TRUE(throws(
         [&] {
-          KPool::load_pools(E(), s.cache, table_of({{0, bad, 2}, {3, 4, 5}}), num_pools_of({5, 1}),
-                            2, s.out, KPool::PoolDomain::original, validated());
+          KPool::load_pools(E(), lengths({5 * kK, kK}),
+                            KPool::paged(s.cache, table_of({{0, bad, 2}, {3, 4, 5}})), s.out,
+                            KPool::PoolDomain::original, validated());
         },
         "KPool::load_pools", "block_table", 0, std::to_string(bad)));
     EXPECT_TRUE(same_bytes(s.bytes(), s.out_before, 4, "out"));
   }
   EXPECT_TRUE(throws(
       [&] {
-        KPool::load_pools(E(), s.cache, table_of({{0}, {3}}), num_pools_of({5, 1}), 2, s.out,
-                          KPool::PoolDomain::cached, validated());
+        KPool::load_pools(E(), lengths({5 * kK, kK}), KPool::paged(s.cache, table_of({{0}, {3}})),
+                          s.out, KPool::PoolDomain::cached, validated());
       },
       "KPool::load_pools", "block_table", 0, "1"));
   EXPECT_TRUE(same_bytes(s.bytes(), s.out_before, 4, "out"));
@@ -431,7 +459,7 @@ TEST(CacheValidation, LoadOutputHeadDimMustBeTheCaches) {
   LoadSetup<F8> s(rng, D / 2);
   EXPECT_TRUE(throws(
       [&] {
-        KPool::load_pools(E(), s.cache, good_table(), num_pools_of({1, 1}), 2, s.out,
+        KPool::load_pools(E(), lengths({kK, kK}), paged(s.cache), s.out,
                           KPool::PoolDomain::cached, validated());
       },
       "KPool::load_pools", "out", -1, std::to_string(D / 2)));
@@ -457,12 +485,13 @@ TEST(CacheValidation, StoreWithoutValidationSkipsBadPools) {
   auto const out = two_row_output<T>(rng, {0, 0, 0, 0, 0, 1, 1, -3, 7, 1},
                                      {0, 1, 2, 3, 4, 9, 100, 0, 0, -8});
   auto const table = table_of({{0, -1, 2}, {3, 4, 1 << 30}});
-  KPool::store_pools(E(), out, 2, table, cache, off);
+  KPool::store_pools(E(), out, live(2), KPool::paged(cache, table), off);
   // The same good pools, validated.
   auto const only_good = two_row_output<T>(rng, {0, 0, 0, 0}, {0, 1, 2, 3});
   Kokkos::deep_copy(Kokkos::subview(only_good.pooled(), std::make_pair(0, 4), Kokkos::ALL),
                     Kokkos::subview(out.pooled(), std::make_pair(0, 4), Kokkos::ALL));
-  KPool::store_pools(E(), only_good, 2, table_of({{0, 1, 2}, {3, 4, 5}}), good, validated());
+  KPool::store_pools(E(), only_good, live(2), KPool::paged(good, table_of({{0, 1, 2}, {3, 4, 5}})),
+                     validated());
   Snapshot<F8> const want(good);
   EXPECT_TRUE(want.unchanged(cache));
 }
@@ -474,9 +503,10 @@ TEST(CacheValidation, LoadWithoutValidationSkipsBadPools) {
   LoadSetup<F8> s(rng);
   Snapshot<F8> const before(s.cache);
   // Row 0 asks for 20 pools (more than out holds), column 1 unassigned;
-  // row 1 asks for a negative count.
-  KPool::load_pools(E(), s.cache, table_of({{0, -1, 2}, {3, 4, 5}}), num_pools_of({20, -4}), 2,
-                    s.out, KPool::PoolDomain::original, off);
+  // row 1 for none (a count cannot be negative: a cache length short of a pool).
+  KPool::load_pools(E(), lengths({20 * kK, kK - 1}),
+                    KPool::paged(s.cache, table_of({{0, -1, 2}, {3, 4, 5}})), s.out,
+                    KPool::PoolDomain::original, off);
   auto const h = on_host(s.out);
   for (int p = 0; p < 8; ++p)
     for (int c = 0; c < D; ++c) {
@@ -492,7 +522,6 @@ TEST(CacheValidation, LoadWithoutValidationSkipsBadPools) {
   EXPECT_TRUE(before.unchanged(s.cache));
 }
 
-
 // --- The steps' cache writes -------------------------------------------------
 
 // Two requests, K = 4: row 0 (slot 1) sends positions 14..20, emitting pool
@@ -501,7 +530,6 @@ TEST(CacheValidation, LoadWithoutValidationSkipsBadPools) {
 // sends 18..20 (pool 4), row 1 sends 1..3 (pool 0).
 struct StepSetup {
   static constexpr int K = 4, B = 2, next_n = 3;
-  using U32 = Kokkos::View<std::uint32_t*, M>;
   enum class Path { fused, unfused, decode };
 
   KPool::Ring<T, M> ring{E(), 2, K, D};
@@ -548,12 +576,13 @@ struct StepSetup {
   void run(Path path, KPool::PoolCache<C, M>& cache, Table const& table,
            KPool::Options o) {
     if (path == Path::decode) {
-      KPool::decode_step(E(), ring, dkey, dgate, ape, positions, slot_idx, B, out, cache,
-                         table, o);
+      KPool::step(E(), ring, dkey, dgate, ape, KPool::decode_batch(positions, slot_idx, B),
+                  KPool::paged(cache, table), out, o);
     } else {
       o.fused = path == Path::fused;
-      KPool::step(E(), ring, key, gate, ape, row_offsets, cache_lengths, slot_idx, B, out,
-                  cache, table, o);
+      KPool::step(E(), ring, key, gate, ape,
+                  KPool::ragged_batch(row_offsets, cache_lengths, slot_idx, B),
+                  KPool::paged(cache, table), out, o);
     }
   }
 
@@ -577,12 +606,11 @@ struct StepSetup {
 char const* path_name(StepSetup::Path p) {
   return p == StepSetup::Path::fused     ? "fused step"
          : p == StepSetup::Path::unfused ? "three-launch step"
-                                         : "decode_step";
+                                         : "decode step";
 }
 
-std::string step_entry(StepSetup::Path p) {
-  return p == StepSetup::Path::decode ? "KPool::decode_step" : "KPool::step";
-}
+// The decode form's errors name KPool::step too.
+std::string step_entry(StepSetup::Path) { return "KPool::step"; }
 
 constexpr StepSetup::Path kPaths[] = {StepSetup::Path::fused, StepSetup::Path::unfused,
                                       StepSetup::Path::decode};
@@ -693,26 +721,28 @@ TEST(CacheValidation, StepFp8CacheNeedsPoolsThatAreNotF64) {
   KPool::Ring<double, M> ring(E(), 2, 4, D);
   Kokkos::View<double**, Kokkos::LayoutRight, M> key("key", 8, D), gate("gate", 8, D);
   Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", 4, D);
-  using U32 = Kokkos::View<std::uint32_t*, M>;
   Out64 out(E(), 8, 2, D);
   KPool::PoolCache<F8, M> cache(E(), kBlocks, kBlockPools, D, 4, KPool::CacheScale::amax);
   EXPECT_TRUE(throws(
       [&] {
         KPool::step(E(), ring, key, gate, ape,
-                    to_index_view<U32>(std::vector<std::uint32_t>{0, 8, 8}, "ro"),
-                    to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cl"),
-                    to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slots"), 2, out,
-                    cache, good_table());
+                    KPool::ragged_batch(
+                        to_index_view<U32>(std::vector<std::uint32_t>{0, 8, 8}, "ro"),
+                        to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cl"),
+                        to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slots"), 2),
+                    paged(cache), out);
       },
       "KPool::step", "cache", -1, "fp8_e4m3"));
   Kokkos::View<double***, Kokkos::LayoutRight, M> dkey("dkey", 2, 1, D), dgate("dgate", 2, 1, D);
   EXPECT_TRUE(throws(
       [&] {
-        KPool::decode_step(E(), ring, dkey, dgate, ape, positions_view<M>({3, 3}, 1),
-                           to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slots"), 2,
-                           out, cache, good_table());
+        KPool::step(E(), ring, dkey, dgate, ape,
+                    KPool::decode_batch(
+                        positions_view<M>({3, 3}, 1),
+                        to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slots"), 2),
+                    paged(cache), out);
       },
-      "KPool::decode_step", "cache", -1, "fp8_e4m3"));
+      "KPool::step", "cache", -1, "fp8_e4m3"));
 }
 
 // Columns no emitted pool needs may hold anything: row 1 emits pools 0 and

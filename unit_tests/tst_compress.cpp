@@ -34,10 +34,11 @@ void check_compress(int K, int D, TestBatch const& batch, Matrix const& key,
   Kokkos::deep_copy(pooled, sentinel);
   U32 offsets("pool_row_offsets", B + 1);
   KPool::compress(space, kv, gv, ape_view<M>(ape),
-                  to_index_view<U32>(batch.device.row_offsets, "row_offsets"),
-                  to_index_view<U32>(batch.device.cache_lengths, "cache_lengths"),
-                  batch.device.num_requests, offsets, pooled,
-                  test_options<E>());
+                  KPool::ragged_batch(
+                      to_index_view<U32>(batch.device.row_offsets, "row_offsets"),
+                      to_index_view<U32>(batch.device.cache_lengths, "cache_lengths"),
+                      batch.device.num_requests),
+                  offsets, pooled, test_options<E>());
   auto const ho = on_host(offsets);
   for (int r = 0; r <= B; ++r)
     ASSERT_EQ(ho(r), ref.pool_row_offsets[r]) << "pool_row_offsets row " << r;
@@ -200,13 +201,17 @@ TYPED_TEST(Compress, PoolRowOffsetsHelperMatchesReference) {
     Matrix const key(rows, 1);
     auto const ref = KPoolRef::compress(key, key, Matrix(K, 1), batch.reference);
     U32 offsets("pool_row_offsets", 11);
+    // Only the extents are read: key rows from the key, K from ape.
+    Kokkos::View<float**, M> key_rows("key", rows, 1), ape("ape", K, 1);
     for (bool validate : {true, false}) {
       KPool::Options o;
       o.validate = validate;
       KPool::compute_pool_row_offsets(
-          E(), to_index_view<U32>(batch.device.row_offsets, "row_offsets"),
-          to_index_view<U32>(batch.device.cache_lengths, "cache_lengths"),
-          batch.device.num_requests, K, rows, offsets, o);
+          E(), key_rows, ape,
+          KPool::ragged_batch(to_index_view<U32>(batch.device.row_offsets, "row_offsets"),
+                              to_index_view<U32>(batch.device.cache_lengths, "cache_lengths"),
+                              batch.device.num_requests),
+          offsets, o);
       auto const h = on_host(offsets);
       for (int r = 0; r <= 10; ++r)
         ASSERT_EQ(h(r), ref.pool_row_offsets[r]) << "K=" << K << " row " << r;

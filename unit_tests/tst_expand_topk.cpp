@@ -57,9 +57,11 @@ std::vector<std::int32_t> run_device(Case const& c) {
   Kokkos::deep_copy(out, kSentinel);
   BatchViews<M> const bv(c.batch.device);
   E space;
-  KPool::expand_topk(space, ids, bv.row_offsets, bv.cache_lengths,
-                     c.batch.device.num_requests, c.K, c.tail, out,
-                     test_options<E>());
+  KPool::PoolCache<float, M> const k_only(space, 1, 1, 1, c.K);  // K of the ids
+  KPool::expand_topk(space, ids, c.tail,
+                     KPool::ragged_batch(bv.row_offsets, bv.cache_lengths,
+                                         c.batch.device.num_requests),
+                     k_only, out, test_options<E>());
   auto const ho = on_host(out);
   std::vector<std::int32_t> v(static_cast<std::size_t>(c.rows) * c.width());
   for (int t = 0; t < c.rows; ++t)
@@ -277,6 +279,7 @@ TYPED_TEST(ExpandTopk, OutputWidthIsTopkTimesKPlusTail) {
   BatchViews<M> const bv(batch.device);
   for (bool tail : {false, true}) {
     int const K = 4, topk = 3;
+    KPool::PoolCache<float, M> const k_only(space, 1, 1, 1, K);
     int const w = KPool::expand_topk_width(topk, K, tail);
     View ids("pool_ids", 6, topk);
     Kokkos::deep_copy(ids, 1);
@@ -284,8 +287,9 @@ TYPED_TEST(ExpandTopk, OutputWidthIsTopkTimesKPlusTail) {
       View out("out", 6, wrong);
       Kokkos::deep_copy(out, kSentinel);
       try {
-        KPool::expand_topk(space, ids, bv.row_offsets, bv.cache_lengths, 1, K,
-                           tail, out, test_options<E>());
+        KPool::expand_topk(space, ids, tail,
+                           KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, 1), k_only,
+                           out, test_options<E>());
         ADD_FAILURE() << "width " << wrong << " instead of " << w << " accepted";
       } catch (KPool::InvalidArgument const& e) {
         EXPECT_EQ(e.argument(), "out");

@@ -295,8 +295,8 @@ TEST(LaunchShapes, CompressOfMoreThan2To31PoolsThrowsBeforeWriting) {
   KPool::Options o;
   o.validate = false;
   try {
-    KPool::compress(space, key, key, ape, row_offsets, cache_lengths, 1, offsets,
-                    pooled, o);
+    KPool::compress(space, key, key, ape, KPool::ragged_batch(row_offsets, cache_lengths, 1),
+                    offsets, pooled, o);
     ADD_FAILURE() << "no exception";
   } catch (KPool::InvalidArgument const& e) {
     EXPECT_EQ(e.entry_point(), "KPool::compress");
@@ -316,11 +316,15 @@ TEST(LaunchShapes, BatchOfMoreThan2To31RequestsThrows) {
   std::size_t const B = std::size_t(1) << 31;
   Huge const row_offsets(few.data(), B + 1), cache_lengths(few.data(), B),
       offsets(few.data(), B + 1);
+  // 16 key rows, K = 4.
+  Kokkos::View<T**, Kokkos::LayoutRight, M> const key("key", 16, 1);
+  Kokkos::View<float**, Kokkos::LayoutRight, M> const ape("ape", 4, 1);
   KPool::Options o;
   o.validate = false;
   try {
-    KPool::compute_pool_row_offsets(space, row_offsets, cache_lengths, 1, 4, 16,
-                                    offsets, o);
+    KPool::compute_pool_row_offsets(space, key, ape,
+                                    KPool::ragged_batch(row_offsets, cache_lengths, 1), offsets,
+                                    o);
     ADD_FAILURE() << "no exception";
   } catch (KPool::InvalidArgument const& e) {
     EXPECT_EQ(e.argument(), "row_offsets");
@@ -420,22 +424,20 @@ struct Steps {
     KPool::Options o;
     o.fused = fused;
     o.validate = validate;
+    auto const batch = KPool::ragged_batch(row_offsets, cache_lengths, slot_idx, 2);
     if (cached)
-      KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
-                  slot_idx, 2, out, cache, block_table, o);
+      KPool::step(space, ring, key, gate, ape, batch, KPool::paged(cache, block_table), out, o);
     else
-      KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths,
-                  slot_idx, 2, out, o);
+      KPool::step(space, ring, key, gate, ape, batch, out, o);
   }
   void decode(bool validate, bool cached = false) {
     KPool::Options o;
     o.validate = validate;
+    auto const batch = KPool::decode_batch(positions, slot_idx, 2);
     if (cached)
-      KPool::decode_step(space, ring, dkey, dgate, ape, positions, slot_idx, 2,
-                         out, cache, block_table, o);
+      KPool::step(space, ring, dkey, dgate, ape, batch, KPool::paged(cache, block_table), out, o);
     else
-      KPool::decode_step(space, ring, dkey, dgate, ape, positions, slot_idx, 2,
-                         out, o);
+      KPool::step(space, ring, dkey, dgate, ape, batch, out, o);
   }
 };
 
@@ -453,8 +455,8 @@ TEST_F(HostSync, StepsWithoutValidationNeitherFenceNorCopy) {
       EXPECT_EQ(r.deep_copies, 0) << (fused ? "fused" : "three-launch") << " step" << with;
     }
     Recorder const r = record([&] { s.decode(false, cached); });
-    EXPECT_TRUE(r.fences.empty()) << "decode_step" << with << " fenced: " << r.fences.front().first;
-    EXPECT_EQ(r.deep_copies, 0) << "decode_step" << with;
+    EXPECT_TRUE(r.fences.empty()) << "decode step" << with << " fenced: " << r.fences.front().first;
+    EXPECT_EQ(r.deep_copies, 0) << "decode step" << with;
   }
 }
 
@@ -463,7 +465,7 @@ TEST_F(HostSync, StepsWithoutValidationNeitherFenceNorCopy) {
 // three-launch step, the same labels). Where the path is the second pass
 // (common/detail/KPool_CachePath.hpp: hosts, 16-bit prefill pools) exactly one
 // launch follows the step's own, "KPool::step::cache" or
-// "KPool::decode_step::cache". Each path forced gives its own launches.
+// "KPool::step::decode_cache". Each path forced gives its own launches.
 template <KPool::Details::CacheWritePath P>
 std::vector<std::string> expected_launches(std::vector<std::string> plain,
                                            std::string const& label) {
@@ -515,8 +517,8 @@ TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunchesOrOneMore) {
   Recorder const cached = record([&] { s.decode(false, true); });
   EXPECT_EQ(plain.launches.size(), 2u);
   EXPECT_EQ(cached.launches,
-            expected_launches<decode_path>(plain.launches, "KPool::decode_step::cache"))
-      << "decode_step";
+            expected_launches<decode_path>(plain.launches, "KPool::step::decode_cache"))
+      << "decode step";
   Recorder const pass = record([&] {
     KPool::Details::decode_step_impl(
         s.space, s.ring, s.dkey, s.dgate, s.ape, s.positions, s.slot_idx, 2, s.out,
@@ -525,15 +527,15 @@ TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunchesOrOneMore) {
         o);
   });
   EXPECT_EQ(pass.launches, expected_launches<CacheWritePath::second_pass>(
-                               plain.launches, "KPool::decode_step::cache"))
-      << "decode_step, second pass";
-  EXPECT_TRUE(pass.fences.empty() && pass.deep_copies == 0) << "decode_step, second pass";
+                               plain.launches, "KPool::step::decode_cache"))
+      << "decode step, second pass";
+  EXPECT_TRUE(pass.fences.empty() && pass.deep_copies == 0) << "decode step, second pass";
 }
 
 // The host rule for a decode call's cache (common/detail/KPool_CachePath.hpp):
 // in the step below 64 requests, one more launch, the second pass, from 64
 // on; devices and device shapes always in the step. Each call is a cached
-// decode_step of `requests` requests, one pool closed each, its launches
+// decode step of `requests` requests, one pool closed each, its launches
 // against the same call without the cache, and its cache bytes against
 // the two paths forced.
 struct DecodeCall {
@@ -586,7 +588,8 @@ struct DecodeCall {
     KPool::Options o;
     o.validate = false;
     if (!cache) {
-      KPool::decode_step(space, ring, dkey, dgate, ape, positions, slot_idx, requests, out, o);
+      KPool::step(space, ring, dkey, dgate, ape, KPool::decode_batch(positions, slot_idx, requests),
+                  out, o);
     } else {
       KPool::Details::decode_step_impl(
           space, ring, dkey, dgate, ape, positions, slot_idx, requests, out,
@@ -618,7 +621,7 @@ TEST_F(HostSync, DecodeCallsOf64RequestsWriteTheCacheByTheSecondPassOnHosts) {
     Recorder const cached = record([&] { call.run<CacheWritePath::automatic>(&automatic); });
     call.space.fence();
     std::vector<std::string> expected = plain.launches;
-    if (!device && requests >= 64) expected.push_back("KPool::decode_step::cache");
+    if (!device && requests >= 64) expected.push_back("KPool::step::decode_cache");
     EXPECT_EQ(cached.launches, expected);
     EXPECT_TRUE(cached.fences.empty() && cached.deep_copies == 0);
     // The bytes are those of either path forced.
@@ -666,11 +669,11 @@ TEST_F(HostSync, ValidationFencesOnlyTheCallersInstance) {
   std::vector<std::pair<std::string, Recorder>> runs;
   runs.emplace_back("fused step", fresh([&] { s.step(true, true); }));
   runs.emplace_back("three-launch step", fresh([&] { s.step(false, true); }));
-  runs.emplace_back("decode_step", fresh([&] { s.decode(true); }));
+  runs.emplace_back("decode step", fresh([&] { s.decode(true); }));
   runs.emplace_back("fused step with a pool cache", fresh([&] { s.step(true, true, true); }));
   runs.emplace_back("three-launch step with a pool cache",
                     fresh([&] { s.step(false, true, true); }));
-  runs.emplace_back("decode_step with a pool cache", fresh([&] { s.decode(true, true); }));
+  runs.emplace_back("decode step with a pool cache", fresh([&] { s.decode(true, true); }));
   for (auto const& [what, r] : runs) {
     EXPECT_FALSE(r.fences.empty()) << what << " validated without fencing";
     for (auto const& f : r.fences)

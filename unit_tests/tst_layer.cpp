@@ -210,11 +210,12 @@ void layer_matches_low_level(Variant const& v) {
       other.select_tokens(space, q, w, topk, c, opts);
     }
     layer.select_tokens(space, q, w, topk, a, opts);
-    KPool::select_tokens(space, ro, cl, table, live, K, q, w, cache, topk, b, ws, opts);
+    auto const batch = KPool::ragged_batch(ro, cl, live);
+    KPool::select_tokens(space, q, w, topk, batch, KPool::paged(cache, table), b, ws, opts);
     EXPECT_EQ(raw_bytes(a), raw_bytes(b)) << "tokens";
     I2 ids_a("ids_layer", rows, topk), ids_b("ids", rows, topk);
     layer.score_select(space, q, w, topk, ids_a, opts);
-    KPool::score_select(space, ro, cl, table, live, K, q, w, cache, topk, ids_b, ws, opts);
+    KPool::score_select(space, q, w, topk, batch, KPool::paged(cache, table), ids_b, ws, opts);
     EXPECT_EQ(raw_bytes(ids_a), raw_bytes(ids_b)) << "pool ids";
     // Something was selected: the comparison is not of two empty outputs.
     auto const h = on_host(a);
@@ -237,9 +238,11 @@ void layer_matches_low_level(Variant const& v) {
     fill_uniform(rng, gate, -3, 3);
     U32 const ro_s = staged(ro), cl_s = staged(cl), slots_s = staged(slots);
     I2 const table_s = staged(table);
-    layer.step(space, key, gate, ro_s, cl_s, slots_s, 2, table_s, opts);
-    other.step(space, key, gate, ro_s, cl_s, slots_s, 2, table_s, opts);
-    KPool::step(space, ring, key, gate, ape, ro, cl, slots, 2, out, cache, table, opts);
+    auto const batch_s = KPool::ragged_batch(ro_s, cl_s, slots_s, 2);
+    layer.step(space, key, gate, batch_s, table_s, opts);
+    other.step(space, key, gate, batch_s, table_s, opts);
+    KPool::step(space, ring, key, gate, ape, KPool::ragged_batch(ro, cl, slots, 2),
+                KPool::paged(cache, table), out, opts);
     if (v.overwrite) {
       recycle(ro_s, rng);
       recycle(cl_s, rng);
@@ -268,10 +271,11 @@ void layer_matches_low_level(Variant const& v) {
     auto const positions_s = staged(positions);
     U32 const slots_s = staged(slots);
     I2 const table_s = staged(table);
-    layer.decode_step(space, key, gate, positions_s, slots_s, 2, table_s, opts);
-    other.decode_step(space, key, gate, positions_s, slots_s, 2, table_s, opts);
-    KPool::decode_step(space, ring, key, gate, ape, positions, slots, 2, out, cache, table,
-                       opts);
+    auto const batch_s = KPool::decode_batch(positions_s, slots_s, 2);
+    layer.step(space, key, gate, batch_s, table_s, opts);
+    other.step(space, key, gate, batch_s, table_s, opts);
+    KPool::step(space, ring, key, gate, ape, KPool::decode_batch(positions, slots, 2),
+                KPool::paged(cache, table), out, opts);
     if (v.overwrite) {
       recycle(positions_s, rng);
       recycle(slots_s, rng);
@@ -480,38 +484,46 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
   Kokkos::View<float**, M> key8("key", 8, 8), gate8("gate", 8, 8);
   expect([&] {
     layer.step(space, key8, gate8,
-               to_index_view<U32>(std::vector<std::uint32_t>{0, 4, 8}, "row_offsets"),
-               to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cache_lengths"),
-               to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx"), 2, table);
+               KPool::ragged_batch(
+                   to_index_view<U32>(std::vector<std::uint32_t>{0, 4, 8}, "row_offsets"),
+                   to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cache_lengths"),
+                   to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx"), 2),
+               table);
   }, "KPool::Layer::step", "key", "8",
          "is more token rows than LayerConfig::max_tokens = 6");
   // A batch of 3 rows, 2 at most.
   Kokkos::View<float**, M> key3("key", 3, 8), gate3("gate", 3, 8);
   expect([&] {
     layer.step(space, key3, gate3,
-               to_index_view<U32>(std::vector<std::uint32_t>{0, 1, 2, 3}, "row_offsets"),
-               lengths, slots, 3, table);
+               KPool::ragged_batch(
+                   to_index_view<U32>(std::vector<std::uint32_t>{0, 1, 2, 3}, "row_offsets"),
+                   lengths, slots, 3),
+               table);
   }, "KPool::Layer::step", "batch", "3",
          "is a batch of more rows than LayerConfig::max_batch = 2");
   // A decode batch of 2 x 4 entries (8 query rows, 6 at most), then of 3 rows.
   Kokkos::View<float***, M> dk("key", 2, 4, 8), dg("gate", 2, 4, 8);
   expect([&] {
-    layer.decode_step(space, dk, dg, positions_view<M>({0, 1, 2, 3, 0, 1, 2, 3}, 4), slots,
-                      2, table);
+    layer.step(space, dk, dg,
+               KPool::decode_batch(positions_view<M>({0, 1, 2, 3, 0, 1, 2, 3}, 4), slots, 2),
+               table);
   }, "KPool::Layer::step", "key", "8",
          "is more token rows than LayerConfig::max_tokens = 6");
   Kokkos::View<float***, M> dk3("key", 3, 1, 8), dg3("gate", 3, 1, 8);
   expect([&] {
-    layer.decode_step(space, dk3, dg3, positions_view<M>({0, 0, 0}, 1), slots, 3, table);
+    layer.step(space, dk3, dg3, KPool::decode_batch(positions_view<M>({0, 0, 0}, 1), slots, 3),
+               table);
   }, "KPool::Layer::step", "batch", "3",
          "is a batch of more rows than LayerConfig::max_batch = 2");
   // Within the sizes: accepted.
   Kokkos::View<float**, M> key6("key", 6, 8), gate6("gate", 6, 8);
   EXPECT_NO_THROW(layer.step(
       space, key6, gate6,
-      to_index_view<U32>(std::vector<std::uint32_t>{0, 3, 6}, "row_offsets"),
-      to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cache_lengths"),
-      to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx"), 2, table));
+      KPool::ragged_batch(
+          to_index_view<U32>(std::vector<std::uint32_t>{0, 3, 6}, "row_offsets"),
+          to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cache_lengths"),
+          to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx"), 2),
+      table));
 }
 
 TEST(Layer, SelectionNeedsAStepFirst) {
@@ -569,8 +581,8 @@ TEST(Layer, DecodeSelectionRefusesANegativeBase) {
   Kokkos::View<float**, M> w("w", 6, 2);
   I2 tokens("tokens", 6, KPool::select_tokens_width(1, 2));
   // Row 1: padding, then positions 0 and 1 (base -1).
-  layer.decode_step(space, key, gate, positions_view<M>({0, 1, 2, -1, 0, 1}, 3), slots, 2,
-                    table);
+  layer.step(space, key, gate,
+             KPool::decode_batch(positions_view<M>({0, 1, 2, -1, 0, 1}, 3), slots, 2), table);
   try {
     layer.select_tokens(space, q, w, 1, tokens);
     ADD_FAILURE() << "accepted a row whose entries would start below position 0";
@@ -581,8 +593,8 @@ TEST(Layer, DecodeSelectionRefusesANegativeBase) {
     EXPECT_EQ(e.value(), "0");
   }
   // Left padding with room below is a position like any other.
-  layer.decode_step(space, key, gate, positions_view<M>({3, 4, 5, -1, 2, 3}, 3), slots, 2,
-                    table);
+  layer.step(space, key, gate,
+             KPool::decode_batch(positions_view<M>({3, 4, 5, -1, 2, 3}, 3), slots, 2), table);
   EXPECT_NO_THROW(layer.select_tokens(space, q, w, 1, tokens));
 }
 

@@ -7,7 +7,8 @@
 // and serving caches, interleaves of 1 pool, a block and 3, ties that span
 // ranks, rows some ranks see nothing of, more ranks than pools. Bad input
 // on one rank is refused on every rank with the same named error, nothing
-// written, and the group goes on.
+// written, and the group goes on. A sharded KPool::Layer is one unsharded
+// layer's, bit for bit, on every rank.
 
 #include <KPoolShardTestUtils.hpp>
 #include <mpi/KPool_MpiCommunicator.hpp>
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -95,10 +97,10 @@ void check_world(ShardCase const& s, int u, std::uint64_t seed) {
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got("got", x.rows, s.topk);
   Kokkos::deep_copy(want, kSentinel);
   Kokkos::deep_copy(got, kSentinel);
-  KPool::score_select(x.space, KPool::paged(whole, whole_table), x.q, x.w, s.topk, x.batch(),
+  KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(), KPool::paged(whole, whole_table),
                       want, ws, o);
-  KPool::score_select(x.space, KPool::paged(mine.cache, mine.table), x.q, x.w, s.topk,
-                      x.batch(), got, local_ws, ex, comm, o);
+  KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(),
+                      KPool::paged(mine.cache, mine.table), got, local_ws, ex, comm, o);
   EXPECT_EQ(flat(got), flat(want));
 
   // Decode: next_n = 2 rows a request at its last two positions (a
@@ -117,9 +119,9 @@ void check_world(ShardCase const& s, int u, std::uint64_t seed) {
   auto const wd = Kokkos::subview(x.w, std::make_pair(0, rows), Kokkos::ALL);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want_d("want_d", rows, s.topk);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got_d("got_d", rows, s.topk);
-  KPool::score_select(x.space, KPool::paged(whole, whole_table), qd, wd, s.topk, decode,
+  KPool::score_select(x.space, qd, wd, s.topk, decode, KPool::paged(whole, whole_table),
                       want_d, ws, o);
-  KPool::score_select(x.space, KPool::paged(mine.cache, mine.table), qd, wd, s.topk, decode,
+  KPool::score_select(x.space, qd, wd, s.topk, decode, KPool::paged(mine.cache, mine.table),
                       got_d, local_ws, ex, comm, o);
   EXPECT_EQ(flat(got_d), flat(want_d));
 
@@ -127,16 +129,16 @@ void check_world(ShardCase const& s, int u, std::uint64_t seed) {
   int const width = KPool::select_tokens_width(s.topk, s.K);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want_t("want_t", x.rows, width);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got_t("got_t", x.rows, width);
-  KPool::select_tokens(x.space, KPool::paged(whole, whole_table), x.q, x.w, s.topk, x.batch(),
+  KPool::select_tokens(x.space, x.q, x.w, s.topk, x.batch(), KPool::paged(whole, whole_table),
                        want_t, ws, o);
-  KPool::select_tokens(x.space, KPool::paged(mine.cache, mine.table), x.q, x.w, s.topk,
-                       x.batch(), got_t, local_ws, ex, comm, o);
+  KPool::select_tokens(x.space, x.q, x.w, s.topk, x.batch(),
+                       KPool::paged(mine.cache, mine.table), got_t, local_ws, ex, comm, o);
   EXPECT_EQ(flat(got_t), flat(want_t));
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want_dt("want_dt", rows, width);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got_dt("got_dt", rows, width);
-  KPool::select_tokens(x.space, KPool::paged(whole, whole_table), qd, wd, s.topk, decode,
+  KPool::select_tokens(x.space, qd, wd, s.topk, decode, KPool::paged(whole, whole_table),
                        want_dt, ws, o);
-  KPool::select_tokens(x.space, KPool::paged(mine.cache, mine.table), qd, wd, s.topk, decode,
+  KPool::select_tokens(x.space, qd, wd, s.topk, decode, KPool::paged(mine.cache, mine.table),
                        got_dt, local_ws, ex, comm, o);
   EXPECT_EQ(flat(got_dt), flat(want_dt));
 }
@@ -201,35 +203,135 @@ TEST(Ranks, AnErrorOnOneRankIsThrownOnEveryRank) {
   Kokkos::deep_copy(table, mine.table);
   if (rank == W - 1) Kokkos::deep_copy(Kokkos::subview(table, 3, 0), -1);
   std::string const last = "on rank " + std::to_string(W - 1);
-  expect_everywhere([&] { KPool::score_select(x.space, KPool::paged(mine.cache, table), x.q,
-                                              x.w, s.topk, x.batch(), ids, ws, ex, comm); },
+  expect_everywhere([&] { KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(),
+                                              KPool::paged(mine.cache, table), ids, ws, ex,
+                                              comm); },
                     "block_table", last, "is not an assigned block");
   // A shard of another interleave on the last rank (with one rank, of
   // another rank count).
   KPool::Shard const odd = W > 1 ? KPool::Shard{rank, W, rank == W - 1 ? 2 : 1}
                                  : KPool::Shard{0, 2, 1};
   KPool::ShardWorkspace<float, M> ex_odd(x.space, x.rows, s.topk, odd.ranks);
-  expect_everywhere([&] { KPool::score_select(x.space,
+  expect_everywhere([&] { KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(),
                                               KPool::paged(mine.cache.sharded(odd), mine.table),
-                                              x.q, x.w, s.topk, x.batch(), ids, ws, ex_odd,
-                                              comm); },
+                                              ids, ws, ex_odd, comm); },
                     "cache", W > 1 ? last : "on rank 0",
                     W > 1 ? "does not match rank 0's interleave" : "does not match the communicator");
   // A topk of its own on rank 0.
   if (W > 1) {
     int const topk = rank == 0 ? s.topk - 1 : s.topk;
     Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> other("other", x.rows, topk);
-    expect_everywhere([&] { KPool::score_select(x.space, KPool::paged(mine.cache, mine.table),
-                                                x.q, x.w, topk, x.batch(), other, ws, ex,
-                                                comm); },
+    expect_everywhere([&] { KPool::score_select(x.space, x.q, x.w, topk, x.batch(),
+                                                KPool::paged(mine.cache, mine.table), other, ws,
+                                                ex, comm); },
                       "topk", "on rank 1", "does not match rank 0's topk");
   }
   EXPECT_EQ(flat(ids), untouched);
   // The group goes on: a good call after the refused ones.
-  KPool::score_select(x.space, KPool::paged(mine.cache, mine.table), x.q, x.w, s.topk,
-                      x.batch(), ids, ws, ex, comm);
+  KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(), KPool::paged(mine.cache, mine.table),
+                      ids, ws, ex, comm);
   EXPECT_NE(flat(ids), untouched);
   EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
+}
+
+// A sharded KPool::Layer (LayerConfig::shard, LayerBuffers::communicator)
+// through a prefill, a speculative decode step and a continuation: its
+// step outputs and its selections (token rows and pool ids) are, on every
+// rank, bit for bit those of one layer over the whole cache.
+template <class C>
+void check_layer(KPool::CacheProfile profile, int interleave, std::uint64_t seed) {
+  int const W = world_size(), rank = world_rank();
+  SCOPED_TRACE(::testing::Message() << "rank " << rank << " of " << W << ", interleave "
+                                    << interleave);
+  E space;
+  Rng rng(seed);
+  KPool::Options const o = test_options<E>();
+  int const K = 4, D = 32, H = 4, topk = 5, bp = 4, row_blocks = 8;
+  KPool::LayerConfig cfg;
+  cfg.kpool = K;
+  cfg.head_dim = D;
+  cfg.num_heads = H;
+  cfg.max_slots = 3;
+  cfg.drafts = 1;
+  cfg.max_batch = 3;
+  cfg.max_tokens = 64;
+  cfg.num_blocks = 3 * row_blocks;
+  cfg.block_pools = bp;
+  cfg.profile = profile;
+  cfg.max_context = static_cast<std::size_t>(row_blocks * bp * K);
+  Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", K, D);
+  fill_uniform(rng, ape, -1, 1);
+  KPool::Layer<float, C, M> whole(space, cfg, ape);
+  KPool::LayerConfig sharded_cfg = cfg;
+  sharded_cfg.shard = KPool::Shard{rank, W, interleave};
+  sharded_cfg.max_topk = topk;
+  KPool::LayerBuffers<float, C, M> buffers;
+  buffers.communicator = std::make_shared<KPool::MpiCommunicator<E>>(MPI_COMM_WORLD);
+  KPool::Layer<float, C, M> mine(space, sharded_cfg, ape, buffers);
+  ASSERT_EQ(mine.cache().shard().ranks, W);
+  // Row r's blocks: r * row_blocks .. : the whole cache's pools, and each
+  // rank's own (fewer) in the same blocks of its cache.
+  std::vector<std::int32_t> t;
+  for (int r = 0; r < 3; ++r)
+    for (int b = 0; b < row_blocks; ++b) t.push_back(r * row_blocks + b);
+  auto const table = positions_view<M>(t, row_blocks);
+  auto const slots = to_index_view<Kokkos::View<std::uint32_t*, M>>(
+      std::vector<std::uint32_t>{0, 1, 2}, "slot_idx");
+
+  auto const compare = [&](std::size_t rows, char const* what) {
+    SCOPED_TRACE(what);
+    Kokkos::View<float***, Kokkos::LayoutRight, M> q("q", rows, H, D);
+    Kokkos::View<float**, Kokkos::LayoutRight, M> w("w", rows, H);
+    fill_uniform(rng, q, -1, 1);
+    fill_uniform(rng, w, -0.5, 1);
+    int const width = KPool::select_tokens_width(topk, K);
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want("want", rows, width),
+        got("got", rows, width), want_ids("want_ids", rows, topk), got_ids("got_ids", rows, topk);
+    whole.select_tokens(space, q, w, topk, want, o);
+    mine.select_tokens(space, q, w, topk, got, o);
+    whole.score_select(space, q, w, topk, want_ids, o);
+    mine.score_select(space, q, w, topk, got_ids, o);
+    auto const a = whole.output().to_host(space, KPool::StepOutputParts::ids_and_pooled);
+    auto const b = mine.output().to_host(space, KPool::StepOutputParts::ids_and_pooled);
+    bool const same = flat(got) == flat(want) && flat(got_ids) == flat(want_ids) &&
+                      a.count == b.count && raw_bytes(a.offsets) == raw_bytes(b.offsets) &&
+                      raw_bytes(a.pool_id) == raw_bytes(b.pool_id) &&
+                      raw_bytes(a.pooled) == raw_bytes(b.pooled);
+    EXPECT_TRUE(all_ranks(same));
+  };
+  auto const ragged_step = [&](std::vector<std::uint32_t> const& lengths,
+                               std::vector<std::uint32_t> const& tokens) {
+    std::vector<std::uint32_t> ro{0};
+    for (std::uint32_t n : tokens) ro.push_back(ro.back() + n);
+    auto const row_offsets = to_index_view<Kokkos::View<std::uint32_t*, M>>(ro, "row_offsets");
+    auto const cache_lengths =
+        to_index_view<Kokkos::View<std::uint32_t*, M>>(lengths, "cache_lengths");
+    Kokkos::View<float**, Kokkos::LayoutRight, M> key("key", ro.back(), D),
+        gate("gate", ro.back(), D);
+    fill_uniform(rng, key, -2, 2);
+    fill_uniform(rng, gate, -3, 3);
+    auto const batch = KPool::ragged_batch(row_offsets, cache_lengths, slots, 3);
+    whole.step(space, key, gate, batch, table, o);
+    mine.step(space, key, gate, batch, table, o);
+    return static_cast<std::size_t>(ro.back());
+  };
+  compare(ragged_step({0, 0, 0}, {37, 20, 6}), "prefill");
+  // A decode step with one draft: positions 37 and 38, 20 and 21, 6 and 7.
+  auto const positions = positions_view<M>({37, 38, 20, 21, 6, 7}, 2);
+  Kokkos::View<float***, Kokkos::LayoutRight, M> dkey("dkey", 3, 2, D), dgate("dgate", 3, 2, D);
+  fill_uniform(rng, dkey, -2, 2);
+  fill_uniform(rng, dgate, -3, 3);
+  whole.step(space, dkey, dgate, KPool::decode_batch(positions, slots, 3), table, o);
+  mine.step(space, dkey, dgate, KPool::decode_batch(positions, slots, 3), table, o);
+  compare(6, "decode");
+  // The drafts rejected on row 0 (a rewind to 38), accepted elsewhere.
+  compare(ragged_step({38, 22, 8}, {15, 19, 9}), "continuation");
+}
+
+TEST(Ranks, ShardedLayerIsOneRanksLayerBitForBit) {
+  check_layer<float>(KPool::CacheProfile::exact, 1, 71);
+  check_layer<KPool::float8_e4m3>(KPool::CacheProfile::serving, 4, 72);
+  check_layer<KPool::float8_e4m3>(KPool::CacheProfile::exact, 3, 73);
 }
 
 }  // namespace

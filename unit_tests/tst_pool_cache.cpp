@@ -69,6 +69,13 @@ CacheKind ref_kind(DType t, Kind const& k) {
 // themselves: store_pools reads no K.
 constexpr int kStoreK = 4;
 
+// store_pools' batch of n live rows (only its num_requests is read).
+template <class M>
+KPool::Batch<M> live_rows(int n) {
+  using U32 = Kokkos::View<std::uint32_t*, M>;
+  return KPool::ragged_batch(U32("row_offsets", n + 1), U32("cache_lengths", n), n);
+}
+
 // An fp8 cache of kind k: split (allocated by the cache) or fused (over a
 // zeroed byte buffer of its own).
 template <class E, class M>
@@ -132,18 +139,21 @@ template <class O, class E, class C, class M, class Table>
 void check_load(KPool::PoolCache<C, M> const& cache, Table const& table, Blocks const& b,
                 CacheKind const& rk, ExpectedCache const& want, int D, KPool::Options o) {
   int const max_pools = b.max_blocks * b.block_pools;
-  Kokkos::View<std::int32_t*, M> num_pools("num_pools", b.B);
-  Kokkos::deep_copy(num_pools, max_pools);
+  // Every row's pools [0, max_pools): a ragged batch at max_pools * K.
+  Kokkos::View<std::uint32_t*, M> row_offsets("row_offsets", b.B + 1),
+      cache_lengths("cache_lengths", b.B);
+  Kokkos::deep_copy(cache_lengths, static_cast<std::uint32_t>(max_pools * cache.kpool()));
+  auto const batch = KPool::ragged_batch(row_offsets, cache_lengths, b.B);
   std::size_t const elem = KPoolCacheRef::element_size(rk);
   for (auto domain : {KPool::PoolDomain::cached, KPool::PoolDomain::original}) {
     SCOPED_TRACE(domain == KPool::PoolDomain::cached ? "cached domain" : "original domain");
     Kokkos::View<O***, Kokkos::LayoutRight, M> out("out", b.B, max_pools + 1, D);
     Kokkos::deep_copy(out, to_storage<O>(-7.0));
-    KPool::load_pools(E(), cache, table, num_pools, b.B, out, domain, o);
+    KPool::load_pools(E(), batch, KPool::paged(cache, table), out, domain, o);
     auto const h = on_host(out);
     for (int r = 0; r < b.B; ++r)
       for (int p = 0; p <= max_pools; ++p) {
-        if (p == max_pools) {  // past num_pools: untouched
+        if (p == max_pools) {  // past the row's pools: untouched
           for (int c = 0; c < D; ++c) ASSERT_EQ(out_value(h(r, p, c)), -7.0);
           continue;
         }
@@ -209,7 +219,7 @@ TYPED_TEST(PoolCacheTest, StorePoolsWritesTheReferenceBytes) {
         KPool::Options o = test_options<E>();
         o.validate = validate;
         auto run = [&](auto cache) {
-          KPool::store_pools(E(), out, 4, table, cache, o);
+          KPool::store_pools(E(), out, live_rows<M>(4), KPool::paged(cache, table), o);
           ASSERT_TRUE(same_bytes(value_bytes(cache), want.values, rk.fp8 ? 1 : sizeof(T), "values"));
           ASSERT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));
           if (validate) {
@@ -259,14 +269,15 @@ TYPED_TEST(PoolCacheTest, StoringAPoolAgainOverwritesItsEntry) {
       want.put(b, rows.back(), ids.back(), KPoolCacheRef::quantize(rk, pools.back()));
     }
     fill_output(out, 2, rows, ids, pools);
-    KPool::store_pools(E(), out, 2, table, cache, test_options<E>());
+    KPool::store_pools(E(), out, live_rows<M>(2), KPool::paged(cache, table),
+                       test_options<E>());
   }
   EXPECT_TRUE(same_bytes(value_bytes(cache), want.values, sizeof(C), "values"));
   EXPECT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));
 }
 
 // Streaming invariance of the cache (docs/indexer.md): sequences fed in random
-// chunks through KPool::step and KPool::decode_step, each call followed by
+// chunks through KPool::step (ragged and decode batches), each call followed by
 // store_pools, leave caches byte-identical to those of one KPool::step
 // prefilling the whole sequences, for native and fp8 caches, rotated or
 // not.
@@ -375,11 +386,12 @@ class CacheStreaming {
     int const n = static_cast<int>(seqs.size());
     KPool::Options o = test_options<E>();
     o.validate = rng_.below(2) == 0;
-    KPool::store_pools(E(), out, n, table, c.native, o);
-    KPool::store_pools(E(), out, n, table, c.native_rot, o);
+    auto const batch = live_rows<M>(n);
+    KPool::store_pools(E(), out, batch, KPool::paged(c.native, table), o);
+    KPool::store_pools(E(), out, batch, KPool::paged(c.native_rot, table), o);
     if constexpr (has_fp8) {
-      KPool::store_pools(E(), out, n, table, c.amax_rot, o);
-      KPool::store_pools(E(), out, n, table, c.pow2, o);
+      KPool::store_pools(E(), out, batch, KPool::paged(c.amax_rot, table), o);
+      KPool::store_pools(E(), out, batch, KPool::paged(c.pow2, table), o);
     }
   }
 
@@ -406,9 +418,11 @@ class CacheStreaming {
     KPool::Options o = test_options<E>();
     o.fused = rng_.below(2) == 0;
     KPool::step(E(), ring, to_view<T, M>(key, "key"), to_view<T, M>(gate, "gate"),
-                ape_view<M>(ape_), to_index_view<U32>(offsets, "row_offsets"),
-                to_index_view<U32>(cache, "cache_lengths"), to_index_view<U32>(slot, "slot_idx"),
-                n, out, o);
+                ape_view<M>(ape_),
+                KPool::ragged_batch(to_index_view<U32>(offsets, "row_offsets"),
+                                    to_index_view<U32>(cache, "cache_lengths"),
+                                    to_index_view<U32>(slot, "slot_idx"), n),
+                out, o);
     store(out, seqs, c);
   }
 
@@ -438,9 +452,10 @@ class CacheStreaming {
     Kokkos::deep_copy(gate, hg);
     Kokkos::deep_copy(pos, hp);
     KPool::StepOutput<T, M> out(E(), n * ((next_n + K_ - 1) / K_), n, D_);
-    KPool::decode_step(E(), ring, key, gate, ape_view<M>(ape_), pos,
-                       to_index_view<Kokkos::View<std::uint32_t*, M>>(slot, "slot_idx"), n, out,
-                       test_options<E>());
+    KPool::step(E(), ring, key, gate, ape_view<M>(ape_),
+                KPool::decode_batch(
+                    pos, to_index_view<Kokkos::View<std::uint32_t*, M>>(slot, "slot_idx"), n),
+                out, test_options<E>());
     store(out, seqs, c);
   }
 
@@ -729,7 +744,8 @@ TYPED_TEST(PoolCacheTest, ServingScalesAtPowersOfTwo) {
       ExpectedCache want(b, D, 1);
       for (int o = 0; o < n; ++o) want.put(b, 0, o, KPoolCacheRef::quantize(rk, pools[o]));
       auto cache = fp8_cache<E, M>(k, b.num_blocks, b.block_pools, D, kStoreK);
-      KPool::store_pools(E(), out, 1, table, cache, test_options<E>());
+      KPool::store_pools(E(), out, live_rows<M>(1), KPool::paged(cache, table),
+                         test_options<E>());
       EXPECT_TRUE(same_bytes(value_bytes(cache), want.values, 1, "values"));
       EXPECT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));
     }

@@ -52,11 +52,11 @@ TYPED_TEST(RingWriters, RingCloseMatchesReferenceAndOnlyReadsTheRing) {
       Kokkos::deep_copy(pooled, sentinel);
       Kokkos::View<std::int32_t*, M> closed("closed_pool", B);
       Kokkos::deep_copy(closed, -99);
-      KPool::ring_close(space, ring.tail(), to_view<T, M>(key, "key"),
-                        to_view<T, M>(gate, "gate"), ape_view<M>(ape),
-                        bv.row_offsets, bv.cache_lengths, bv.slot_idx,
-                        batch.device.num_requests, pooled, closed,
-                        test_options<E>());
+      KPool::ring_close(space, ring, to_view<T, M>(key, "key"), to_view<T, M>(gate, "gate"),
+                        ape_view<M>(ape),
+                        KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, bv.slot_idx,
+                                            batch.device.num_requests),
+                        pooled, closed, test_options<E>());
       auto const hc = on_host(closed);
       auto const hp = on_host(pooled);
       for (int r = 0; r < B; ++r) {
@@ -97,9 +97,10 @@ TYPED_TEST(RingWriters, SeedTailKeepsTheCallsLastRingLengthPositions) {
       KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
       BatchViews<M> const bv(batch.device);
       auto const in = interleaved<T, M>(key, gate);  // strided rows too
-      KPool::seed_tail(space, ring.tail(), in.key, in.gate, bv.row_offsets,
-                       bv.cache_lengths, bv.slot_idx,
-                       batch.device.num_requests, test_options<E>());
+      KPool::seed_tail(space, ring, in.key, in.gate,
+                       KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, bv.slot_idx,
+                                           batch.device.num_requests),
+                       test_options<E>());
       ASSERT_TRUE(ring_equals(ring, ref_ring));
     }
 }
@@ -146,9 +147,11 @@ TYPED_TEST(RingWriters, TailUpdateMatchesReferenceForEveryNextN) {
         Kokkos::View<T***, Kokkos::LayoutRight, M> pooled("pooled", B, Mcols, D);
         Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> closed("closed", B, Mcols);
         Kokkos::deep_copy(closed, -99);
-        KPool::tail_update(space, ring.tail(), k3, g3, ape_view<M>(ape), pos_v,
-                           to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"),
-                           live, pooled, closed, test_options<E>());
+        KPool::tail_update(
+            space, ring, k3, g3, ape_view<M>(ape),
+            KPool::decode_batch(
+                pos_v, to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"), live),
+            pooled, closed, test_options<E>());
         auto const hc = on_host(closed);
         auto const hp = on_host(pooled);
         for (int r = 0; r < B; ++r)
@@ -202,6 +205,8 @@ TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
         KPoolRef::Ring const start = random_ring(rng, C::dtype, slots, K, D, R);
         E space;
         BatchViews<M> const bv(batch.device);
+        auto const ragged = KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, bv.slot_idx,
+                                                batch.device.num_requests);
         auto const kv = to_view<T, M>(key, "key");
         auto const gv = to_view<T, M>(gate, "gate");
 
@@ -213,9 +218,8 @@ TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
           load_ring(ring, start);
           Kokkos::View<T**, Kokkos::LayoutRight, M> pooled("pooled", B, D);
           Kokkos::View<std::int32_t*, M> closed("closed_pool", B);
-          KPool::ring_close(space, ring.tail(), kv, gv, ape_view<M>(ape), bv.row_offsets,
-                            bv.cache_lengths, bv.slot_idx, batch.device.num_requests, pooled,
-                            closed, test_options<E>());
+          KPool::ring_close(space, ring, kv, gv, ape_view<M>(ape), ragged, pooled, closed,
+                            test_options<E>());
           auto const hc = on_host(closed);
           auto const hp = on_host(pooled);
           for (int r = 0; r < batch.device.num_requests; ++r) {
@@ -234,8 +238,7 @@ TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
           KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
           KPool::Ring<T, M> ring(space, slots, K, D, R);
           load_ring(ring, start);
-          KPool::seed_tail(space, ring.tail(), kv, gv, bv.row_offsets, bv.cache_lengths,
-                           bv.slot_idx, batch.device.num_requests, test_options<E>());
+          KPool::seed_tail(space, ring, kv, gv, ragged, test_options<E>());
           ASSERT_TRUE(ring_equals(ring, ref_ring));
         }
         // tail_update: rows start anywhere in the ring's span, including
@@ -261,11 +264,13 @@ TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
           load_ring(ring, start);
           Kokkos::View<T***, Kokkos::LayoutRight, M> pooled("pooled", B, Mcols, D);
           Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> closed("closed", B, Mcols);
-          KPool::tail_update(space, ring.tail(), to_view3<T, M>(k, next_n, "key"),
-                             to_view3<T, M>(g, next_n, "gate"), ape_view<M>(ape),
-                             positions_view<M>(positions, next_n),
-                             to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"),
-                             live_rows, pooled, closed, test_options<E>());
+          KPool::tail_update(
+              space, ring, to_view3<T, M>(k, next_n, "key"), to_view3<T, M>(g, next_n, "gate"),
+              ape_view<M>(ape),
+              KPool::decode_batch(
+                  positions_view<M>(positions, next_n),
+                  to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"), live_rows),
+              pooled, closed, test_options<E>());
           auto const hc = on_host(closed);
           auto const hp = on_host(pooled);
           for (int r = 0; r < live_rows; ++r)
@@ -309,7 +314,10 @@ TEST(RingAlignment, OnePredicateChecksTheBaseAndEveryRowStride) {
 // buffer with odd slot and keys-to-gates strides (index rows D apart, so
 // the base and stride(2) alone look aligned). The writers must take the
 // unaligned path and still match the reference; with device shapes a
-// packet at a misaligned address aborts, as a GPU would fault.
+// packet at a misaligned address aborts, as a GPU would fault. No
+// KPool::Ring has such strides (its view is LayoutRight), so the writers'
+// implementation (what their ring forms launch) runs on the view itself,
+// with no slot state (none checked or moved, as the retired view forms).
 template <class T, class M>
 struct OddRing {
   using view_type = Kokkos::View<T****, Kokkos::LayoutStride, M,
@@ -373,9 +381,10 @@ TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
       auto const ref = KPoolRef::ring_close(key, gate, ape, batch.reference, ref_ring);
       Kokkos::View<T**, Kokkos::LayoutRight, M> pooled("pooled", B, D);
       Kokkos::View<std::int32_t*, M> closed("closed_pool", B);
-      KPool::ring_close(space, odd.tail, kv, gv, ape_view<M>(ape), bv.row_offsets,
-                        bv.cache_lengths, bv.slot_idx, batch.device.num_requests,
-                        pooled, closed, test_options<E>());
+      KPool::Details::ring_close_impl(space, odd.tail, kv, gv, ape_view<M>(ape), bv.row_offsets,
+                                      bv.cache_lengths, bv.slot_idx, batch.device.num_requests,
+                                      pooled, closed, test_options<E>(),
+                                      KPool::Details::RingSlots<M>());
       auto const hc = on_host(closed);
       auto const hp = on_host(pooled);
       for (int r = 0; r < batch.device.num_requests; ++r) {
@@ -387,8 +396,9 @@ TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
         }
       }
       KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
-      KPool::seed_tail(space, odd.tail, kv, gv, bv.row_offsets, bv.cache_lengths,
-                       bv.slot_idx, batch.device.num_requests, test_options<E>());
+      KPool::Details::seed_tail_impl(space, odd.tail, kv, gv, bv.row_offsets, bv.cache_lengths,
+                                     bv.slot_idx, batch.device.num_requests, test_options<E>(),
+                                     KPool::Details::RingSlots<M>());
       ASSERT_TRUE(odd.equals(ref_ring)) << "seed_tail";
     }
     {
@@ -411,11 +421,11 @@ TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
       int const Mcols = (next_n + K - 1) / K;
       Kokkos::View<T***, Kokkos::LayoutRight, M> pooled("pooled", B, Mcols, D);
       Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> closed("closed", B, Mcols);
-      KPool::tail_update(space, odd.tail, to_view3<T, M>(key, next_n, "key"),
-                         to_view3<T, M>(gate, next_n, "gate"), ape_view<M>(ape),
-                         positions_view<M>(positions, next_n),
-                         to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"),
-                         live, pooled, closed, test_options<E>());
+      KPool::Details::tail_update_impl(
+          space, odd.tail, to_view3<T, M>(key, next_n, "key"), to_view3<T, M>(gate, next_n, "gate"),
+          ape_view<M>(ape), positions_view<M>(positions, next_n),
+          to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"), live, pooled,
+          closed, test_options<E>(), KPool::Details::RingSlots<M>());
       auto const hc = on_host(closed);
       auto const hp = on_host(pooled);
       for (int r = 0; r < live; ++r)

@@ -260,39 +260,43 @@ std::size_t workspace_visible(Scenario const& sc, KPool::Options const& o) {
   return o.validate ? sc.max_visible : std::max(sc.max_visible, table);
 }
 
+// A call's options and the engine its workspace is built for (the workspace's).
+struct EngineOptions : KPool::Options {
+  KPool::ScoreEngine engine = KPool::ScoreEngine::automatic;
+};
+
 template <class E, class T, class C>
-std::vector<std::int32_t> run_with(Scenario const& sc, KPool::Options const& options,
-                                   bool tokens, std::size_t ws_rows = 0) {
+std::vector<std::int32_t> run_with(Scenario const& sc, EngineOptions const& o, bool tokens,
+                                   std::size_t ws_rows = 0) {
   using M = typename E::memory_space;
-  KPool::Options o = options;
-  if (o.score_engine == KPool::ScoreEngine::tensor_cores &&
+  KPool::ScoreEngine engine = workspace_engine<M>(o.engine);
+  if (engine == KPool::ScoreEngine::tensor_cores &&
       !KPool::Details::mma_plan<E, T, C>(sc.s.rotated, sc.s.serving).usable)
-    o.score_engine = KPool::ScoreEngine::automatic;
+    engine = KPool::ScoreEngine::automatic;
   // Under device shapes tiles refuses (by name) heads whose one-row tile
   // does not fit a device team's fast scratch; automatic takes team_gemm.
-  if (o.score_engine == KPool::ScoreEngine::tiles &&
-      !KPool::Details::tiles_fit<E, T, C>(sc.s.H, sc.s.D))
-    o.score_engine = KPool::ScoreEngine::automatic;
+  if (engine == KPool::ScoreEngine::tiles && !KPool::Details::tiles_fit<E, T, C>(sc.s.H, sc.s.D))
+    engine = KPool::ScoreEngine::automatic;
   Inputs<E, T, C> in(sc);
   int const width = tokens ? KPool::select_tokens_width(sc.s.topk, sc.s.K) : sc.s.topk;
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, width);
   Kokkos::deep_copy(out, kSentinel);
   KPool::SelectWorkspace<T, M> ws(in.space, ws_rows > 0 ? ws_rows : sc.rows,
-                                  workspace_visible(sc, o), sc.s.H, sc.s.D,
-                                  workspace_engine<M>(o));
-  int const n = sc.batch.device.num_requests;
+                                  workspace_visible(sc, o), sc.s.H, sc.s.D, engine);
+  auto const batch = KPool::ragged_batch(in.bv.row_offsets, in.bv.cache_lengths,
+                                         sc.batch.device.num_requests);
   if (tokens)
-    KPool::select_tokens(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
-                         sc.s.K, in.q, in.w, in.cache, sc.s.topk, out, ws, o);
+    KPool::select_tokens(in.space, in.q, in.w, sc.s.topk, batch,
+                         KPool::paged(in.cache, in.table), out, ws, o);
   else
-    KPool::score_select(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
-                        sc.s.K, in.q, in.w, in.cache, sc.s.topk, out, ws, o);
+    KPool::score_select(in.space, in.q, in.w, sc.s.topk, batch,
+                        KPool::paged(in.cache, in.table), out, ws, o);
   auto const h = on_host(out);
   return std::vector<std::int32_t>(h.data(), h.data() + h.size());
 }
 
 template <class E, class T>
-std::vector<std::int32_t> run(Scenario const& sc, KPool::Options const& o,
+std::vector<std::int32_t> run(Scenario const& sc, EngineOptions const& o,
                               bool tokens = false, std::size_t ws_rows = 0) {
   if constexpr (!std::is_same<T, double>::value) {
     if (sc.s.fp8) return run_with<E, T, KPool::float8_e4m3>(sc, o, tokens, ws_rows);
@@ -322,9 +326,8 @@ std::vector<KPool::ScoreEngine> tie_exact_engines() {
 }
 
 template <class E>
-KPool::Options options_for(KPool::ScoreEngine engine, int team_size = -1) {
-  KPool::Options o = test_options<E>();
-  o.score_engine = engine;
+EngineOptions options_for(KPool::ScoreEngine engine, int team_size = -1) {
+  EngineOptions o{test_options<E>(), engine};
   if (team_size >= 0) o.team_size = team_size;
   return o;
 }
@@ -452,7 +455,7 @@ TYPED_TEST(Select, SelectTokensIsTheExpansionOfTheSelection) {
     Scenario const sc = make_scenario(s, TypeParam::dtype, mixed_batch(), 6, 2, 7);
     for (KPool::ScoreEngine engine : engines<E>()) {
       SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine));
-      KPool::Options const o = options_for<E>(engine);
+      EngineOptions const o = options_for<E>(engine);
       std::vector<std::int32_t> const ids = run<E, T>(sc, o);
       ASSERT_TRUE(conforms(sc, ids));
       // Rows outside the live requests stay as they were in both outputs.
@@ -621,7 +624,7 @@ TYPED_TEST(Select, ChunkedCallsSelectWhatOneChunkSelects) {
   Scenario const sc = make_scenario(s, TypeParam::dtype, mixed_batch(), 6, 2, 33);
   for (KPool::ScoreEngine engine : engines<E>()) {
     SCOPED_TRACE(KPool::Details::engine_name(engine));
-    KPool::Options const o = options_for<E>(engine);
+    EngineOptions const o = options_for<E>(engine);
     std::vector<std::int32_t> const whole = run<E, T>(sc, o);
     EXPECT_TRUE(conforms(sc, whole));
     std::vector<std::int32_t> const whole_tokens = run<E, T>(sc, o, true);
@@ -670,7 +673,7 @@ TYPED_TEST(Select, SelectTokensWithATopkPastFastScratch) {
   Scenario const sc = make_scenario(s, TypeParam::dtype, {{(1u << 14) * 4 - 1, 1}}, 1, 0, 53);
   for (KPool::ScoreEngine engine : engines<E>()) {
     SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine));
-    KPool::Options const o = options_for<E>(engine, 0);
+    EngineOptions const o = options_for<E>(engine, 0);
     std::vector<std::int32_t> const ids = run<E, T>(sc, o);
     ASSERT_TRUE(conforms(sc, ids));
     std::vector<std::int32_t> want;
@@ -741,17 +744,17 @@ void prefill_in_one_call(DType t) {
       // Request 1 sits in ring slot 1 in both calls.
       Kokkos::View<std::uint32_t*, M> slot("slot_idx", 1);
       Kokkos::deep_copy(slot, 1u);
-      KPool::step(space, ring, key, gate, ape_view<M>(in.ape), bv.row_offsets,
-                  bv.cache_lengths, slot, 1, out, o);
-      KPool::store_pools(space, out, 1, bt_earlier, cache, o);
+      auto const batch = KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, slot, 1);
+      KPool::step(space, ring, key, gate, ape_view<M>(in.ape), batch, out, o);
+      KPool::store_pools(space, out, batch, KPool::paged(cache, bt_earlier), o);
     }
     auto const in = ragged_inputs(data, t, now, K, D);
     BatchViews<M> const bv(now.device);
     KPool::StepOutput<T, M> out(space, KPool::StepOutput<T, M>::capacity_for(48, 2, K), 2, D);
     auto const key = to_view<T, M>(in.key, "key"), gate = to_view<T, M>(in.gate, "gate");
-    KPool::step(space, ring, key, gate, ape_view<M>(in.ape), bv.row_offsets, bv.cache_lengths,
-                bv.slot_idx, 2, out, o);
-    KPool::store_pools(space, out, 2, bt, cache, o);
+    auto const batch = KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, bv.slot_idx, 2);
+    KPool::step(space, ring, key, gate, ape_view<M>(in.ape), batch, out, o);
+    KPool::store_pools(space, out, batch, KPool::paged(cache, bt), o);
     Kokkos::View<T***, Kokkos::LayoutRight, M> q("q", 48, H, D);
     Kokkos::View<float**, Kokkos::LayoutRight, M> w("weights", 48, H);
     std::vector<double> const qh = random_vector(data, t, 48 * H * D, -1, 1);
@@ -767,8 +770,7 @@ void prefill_in_one_call(DType t) {
     }
     Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> ids("pool_ids", 48, topk);
     KPool::SelectWorkspace<T, M> ws(space, 48, 9, H, D);
-    KPool::score_select(space, bv.row_offsets, bv.cache_lengths, bt, 2, K, q, w, cache, topk,
-                        ids, ws, o);
+    KPool::score_select(space, q, w, topk, batch, KPool::paged(cache, bt), ids, ws, o);
     auto const got_view = on_host(ids);
     std::vector<std::int32_t> const got(got_view.data(), got_view.data() + got_view.size());
 
@@ -825,7 +827,7 @@ TYPED_TEST(Select, BadBlocksAreNotVisibleWithValidationOff) {
   sc.table[5] = nb + 1000;
   for (KPool::ScoreEngine engine : engines<E>()) {
     SCOPED_TRACE(KPool::Details::engine_name(engine));
-    KPool::Options o = options_for<E>(engine);
+    EngineOptions o = options_for<E>(engine);
     o.validate = false;
     std::vector<std::int32_t> const ids = run<E, T>(sc, o);
     for (int row = 0; row < 2; ++row) {
@@ -849,7 +851,7 @@ TYPED_TEST(Select, BadBlocksAreNotVisibleWithValidationOff) {
 // cache against the reference, with planted ties across lanes and tiles
 // (identical pools score identically, so the lower ids win). Then: a
 // native f32 or f64 cache asked for tensor_cores is an InvalidArgument
-// naming options.
+// naming the workspace (its engine).
 TYPED_TEST(Select, TensorCoresServingProfile) {
   using E = typename TypeParam::execution_space;
   using T = typename TypeParam::value_type;
@@ -860,15 +862,16 @@ TYPED_TEST(Select, TensorCoresServingProfile) {
     Inputs<E, T, T> in(sc);
     Kokkos::View<std::int32_t**, Kokkos::LayoutRight, typename E::memory_space> out(
         "out", sc.rows, s.topk);
-    KPool::SelectWorkspace<T, typename E::memory_space> ws(in.space, sc.rows, sc.max_visible,
-                                                          s.H, s.D);
+    KPool::SelectWorkspace<T, typename E::memory_space> ws(
+        in.space, sc.rows, sc.max_visible, s.H, s.D, KPool::ScoreEngine::tensor_cores);
     try {
-      KPool::score_select(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table,
-                          sc.batch.device.num_requests, s.K, in.q, in.w, in.cache, s.topk,
-                          out, ws, options_for<E>(KPool::ScoreEngine::tensor_cores));
+      KPool::score_select(in.space, in.q, in.w, s.topk,
+                          KPool::ragged_batch(in.bv.row_offsets, in.bv.cache_lengths,
+                                              sc.batch.device.num_requests),
+                          KPool::paged(in.cache, in.table), out, ws, test_options<E>());
       ADD_FAILURE() << "tensor_cores took a native " << KPool::storage_name<T>() << " cache";
     } catch (KPool::InvalidArgument const& e) {
-      EXPECT_NE(std::string(e.what()).find("options"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
     }
   }
   if constexpr (!std::is_same<T, double>::value) {
@@ -933,7 +936,7 @@ DecodeRows decode_rows(Scenario const& sc, int next_n, Rng& rng) {
 // pool_ids (or token rows) of a decode Batch selection of the scenario.
 template <class E, class T, class C>
 std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& d,
-                                          KPool::Options const& options, bool tokens,
+                                          EngineOptions const& options, bool tokens,
                                           std::size_t ws_rows) {
   using M = typename E::memory_space;
   Inputs<E, T, C> in(sc);
@@ -941,7 +944,7 @@ std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& 
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, width);
   Kokkos::deep_copy(out, kSentinel);
   KPool::SelectWorkspace<T, M> ws(in.space, ws_rows, sc.max_visible, sc.s.H, sc.s.D,
-                                  workspace_engine<M>(options));
+                                  workspace_engine<M>(options.engine));
   // Every key poisoned with the highest key there is: a selection that read
   // a key before its scoring team wrote it would select it.
   Kokkos::deep_copy(ws.keys(), static_cast<typename KPool::SelectWorkspace<T, M>::key_type>(~0ull));
@@ -950,9 +953,9 @@ std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& 
   auto const paged = KPool::paged(in.cache, in.table);
   auto const call = [&](Kokkos::View<T***, Kokkos::LayoutRight, M> const& q) {
     if (tokens)
-      KPool::select_tokens(in.space, paged, q, in.w, sc.s.topk, batch, out, ws, options);
+      KPool::select_tokens(in.space, q, in.w, sc.s.topk, batch, paged, out, ws, options);
     else
-      KPool::score_select(in.space, paged, q, in.w, sc.s.topk, batch, out, ws, options);
+      KPool::score_select(in.space, q, in.w, sc.s.topk, batch, paged, out, ws, options);
   };
   // First a call on other queries (zeros), then, after every prepared
   // query value is poisoned with NaN, the call itself on the same
@@ -975,7 +978,7 @@ std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& 
 
 template <class E, class T>
 std::vector<std::int32_t> run_decode(Scenario const& sc, DecodeRows const& d,
-                                     KPool::Options const& o, bool tokens, std::size_t ws_rows) {
+                                     EngineOptions const& o, bool tokens, std::size_t ws_rows) {
   if constexpr (!std::is_same<T, double>::value) {
     if (sc.s.fp8) return run_decode_with<E, T, KPool::float8_e4m3>(sc, d, o, tokens, ws_rows);
   }
@@ -1054,9 +1057,9 @@ TYPED_TEST(Select, DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit) {
                      " next_n " + std::to_string(next_n) + " B " + std::to_string(B) +
                      (tokens ? " tokens" : " pool ids") + " workspace rows " +
                      std::to_string(ws_rows));
-        KPool::Options fused = options_for<E>(engine);
+        EngineOptions fused = options_for<E>(engine);
         fused.decode_selection = KPool::DecodeSelection::fused;
-        KPool::Options separate = fused;
+        EngineOptions separate = fused;
         separate.decode_selection = KPool::DecodeSelection::separate;
         std::vector<std::int32_t> const x = run_decode<E, T>(sc, d, fused, tokens, ws_rows);
         std::vector<std::int32_t> const y = run_decode<E, T>(sc, d, separate, tokens, ws_rows);
@@ -1091,9 +1094,9 @@ TYPED_TEST(Select, DecodeSelectionInOneLaunchOnTiesNanAndInfinities) {
   DecodeRows const d = decode_rows(sc, 2, rng);
   for (KPool::ScoreEngine engine : fused_engines<E, T>(s)) {
     SCOPED_TRACE(KPool::Details::engine_name(engine));
-    KPool::Options fused = options_for<E>(engine);
+    EngineOptions fused = options_for<E>(engine);
     fused.decode_selection = KPool::DecodeSelection::fused;
-    KPool::Options separate = fused;
+    EngineOptions separate = fused;
     separate.decode_selection = KPool::DecodeSelection::separate;
     std::vector<std::int32_t> const a = run_decode<E, T>(sc, d, fused, false, 12);
     std::vector<std::int32_t> const b = run_decode<E, T>(sc, d, separate, false, 12);
@@ -1134,9 +1137,9 @@ TEST(SelectDecodeFusion, TeamsRunningTogetherPrepareTheQueriesOnce) {
       for (KPool::ScoreEngine engine : fused_engines<E, float>(s)) {
         SCOPED_TRACE(std::string(KPool::Details::engine_name(engine)) + " team " +
                      std::to_string(team) + " B " + std::to_string(B));
-        KPool::Options fused = options_for<E>(engine, team);
+        EngineOptions fused = options_for<E>(engine, team);
         fused.decode_selection = KPool::DecodeSelection::fused;
-        KPool::Options separate = fused;
+        EngineOptions separate = fused;
         separate.decode_selection = KPool::DecodeSelection::separate;
         std::vector<std::int32_t> const want = run_decode<E, float>(sc, d, separate, false, 12);
         EXPECT_TRUE(conforms(sc, want));
@@ -1168,8 +1171,8 @@ TEST(SelectDecodeFusion, RefusedByNameWhereTheCallDoesNotAllowIt) {
                            char const* words) {
     Kokkos::deep_copy(ids, kSentinel);
     try {
-      KPool::score_select(in.space, KPool::paged(in.cache, in.table), in.q, in.w, s.topk,
-                          KPool::decode_batch(positions, 2), ids, ws, o);
+      KPool::score_select(in.space, in.q, in.w, s.topk, KPool::decode_batch(positions, 2),
+                          KPool::paged(in.cache, in.table), ids, ws, o);
       ADD_FAILURE() << "a fused selection the call does not allow was taken";
     } catch (KPool::InvalidArgument const& e) {
       EXPECT_EQ(e.argument(), "options");
@@ -1189,8 +1192,8 @@ TEST(SelectDecodeFusion, RefusedByNameWhereTheCallDoesNotAllowIt) {
     // automatic selects, in two launches.
     KPool::Options a = o;
     a.decode_selection = KPool::DecodeSelection::automatic;
-    KPool::score_select(in.space, KPool::paged(in.cache, in.table), in.q, in.w, s.topk,
-                        KPool::decode_batch(positions, 2), ids, ws, a);
+    KPool::score_select(in.space, in.q, in.w, s.topk, KPool::decode_batch(positions, 2),
+                        KPool::paged(in.cache, in.table), ids, ws, a);
     auto const h = on_host(ids);
     EXPECT_TRUE(conforms(sc, std::vector<std::int32_t>(h.data(), h.data() + h.size())));
   }
@@ -1206,8 +1209,8 @@ TEST(SelectDecodeFusion, RefusedByNameWhereTheCallDoesNotAllowIt) {
       Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> wide("wide", sc.rows, wide_topk);
       Kokkos::deep_copy(wide, kSentinel);
       try {
-        KPool::score_select(in.space, KPool::paged(in.cache, in.table), in.q, in.w, wide_topk,
-                            KPool::decode_batch(positions, 2), wide, ws, o);
+        KPool::score_select(in.space, in.q, in.w, wide_topk, KPool::decode_batch(positions, 2),
+                            KPool::paged(in.cache, in.table), wide, ws, o);
         ADD_FAILURE() << "a fused selection of the wide top-k was taken";
       } catch (KPool::InvalidArgument const& e) {
         EXPECT_EQ(e.argument(), "options");
@@ -1223,10 +1226,8 @@ TEST(SelectDecodeFusion, RefusedByNameWhereTheCallDoesNotAllowIt) {
   if (KPOOL_HAS_KOKKOSKERNELS && Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible) {
     SCOPED_TRACE("blas");
     KPool::SelectWorkspace<float, M> ws(in.space, 2, sc.max_visible, s.H, s.D,
-                                        workspace_engine<M>(options_for<E>(KPool::ScoreEngine::blas)));
-    KPool::Options b = o;
-    b.score_engine = KPool::ScoreEngine::blas;
-    attempt(ws, b, "blas");
+                                        KPool::ScoreEngine::blas);
+    attempt(ws, o, "blas");
   }
 }
 
@@ -1318,14 +1319,14 @@ TEST(SelectDecodeFusion, SixtyFourRowsOf8192PoolsInOneScoringLaunch) {
     // Cold: only the backend may allocate (its scratch pool), never KPool.
     launch_events = LaunchEvents();
     launch_events.armed = true;
-    KPool::score_select(space, paged, q, w, topk, batch, out, ws, o);
+    KPool::score_select(space, q, w, topk, batch, paged, out, ws, o);
     launch_events.armed = false;
     Kokkos::fence();
     for (std::string const& label : launch_events.allocations)
       EXPECT_EQ(label.find("KPool"), std::string::npos) << "a cold call allocated " << label;
     launch_events = LaunchEvents();
     launch_events.armed = true;
-    KPool::score_select(space, paged, q, w, topk, batch, out, ws, o);
+    KPool::score_select(space, q, w, topk, batch, paged, out, ws, o);
     launch_events.armed = false;
     Kokkos::fence();
     return launch_events;
@@ -1409,14 +1410,12 @@ TEST(SelectHostSync, WithoutValidationNothingWaitsForTheHost) {
   Shape const s{4, 4, 64, 8, true, true, 8};
   Scenario const sc = make_scenario(s, DType::f32, mixed_batch(), 6, 2, 21);
   Inputs<E, T, KPool::float8_e4m3> in(sc);
-  int const n = sc.batch.device.num_requests;
+  auto const batch = KPool::ragged_batch(in.bv.row_offsets, in.bv.cache_lengths,
+                                         sc.batch.device.num_requests);
+  auto const paged = KPool::paged(in.cache, in.table);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> ids("ids", sc.rows, s.topk);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> tokens(
       "tokens", sc.rows, KPool::select_tokens_width(s.topk, s.K));
-  KPool::Options unvalidated;
-  unvalidated.validate = false;
-  KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, workspace_visible(sc, unvalidated), s.H,
-                                  s.D);
   std::vector<KPool::ScoreEngine> engines =
       built_engines({KPool::ScoreEngine::tiles, KPool::ScoreEngine::team_gemm});
   if (!KPool::Details::KokkosExt::is_device_backend<E>::value)
@@ -1428,12 +1427,11 @@ TEST(SelectHostSync, WithoutValidationNothingWaitsForTheHost) {
   for (KPool::ScoreEngine engine : engines) {
     KPool::Options o = options_for<E>(engine);
     o.validate = false;
+    KPool::SelectWorkspace<T, M> ws(in.space, sc.rows, workspace_visible(sc, o), s.H, s.D, engine);
     host_events = HostEvents();
     host_events.armed = true;
-    KPool::score_select(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n, s.K,
-                        in.q, in.w, in.cache, s.topk, ids, ws, o);
-    KPool::select_tokens(in.space, in.bv.row_offsets, in.bv.cache_lengths, in.table, n,
-                         s.K, in.q, in.w, in.cache, s.topk, tokens, ws, o);
+    KPool::score_select(in.space, in.q, in.w, s.topk, batch, paged, ids, ws, o);
+    KPool::select_tokens(in.space, in.q, in.w, s.topk, batch, paged, tokens, ws, o);
     host_events.armed = false;
     Kokkos::fence();
     EXPECT_TRUE(host_events.fences.empty())

@@ -58,6 +58,7 @@ struct World {
   Cache cache;
   I2 pool_ids, tokens;
   KPool::Options opts;
+  KPool::ScoreEngine engine = KPool::ScoreEngine::automatic;  // the workspace's
 
   World() {
     opts = test_options<E>();
@@ -113,13 +114,12 @@ struct World {
     U32 const cl = to_index_view<U32>(cache_lengths, "cache_lengths");
     I2 const bt = table_view();
     KPool::SelectWorkspace<Tq, M> ws(space, ws_rows, ws_visible, ws_heads, D,
-                                     workspace_engine<M>(opts));
+                                     workspace_engine<M>(engine));
+    auto const batch = KPool::ragged_batch(ro, cl, num_requests);
     if (e == Entry::score_select)
-      KPool::score_select(space, ro, cl, bt, num_requests, K, qv, w, c, topk, pool_ids, ws,
-                          opts);
+      KPool::score_select(space, qv, w, topk, batch, KPool::paged(c, bt), pool_ids, ws, opts);
     else
-      KPool::select_tokens(space, ro, cl, bt, num_requests, K, qv, w, c, topk, tokens, ws,
-                           opts);
+      KPool::select_tokens(space, qv, w, topk, batch, KPool::paged(c, bt), tokens, ws, opts);
     space.fence();
   }
 };
@@ -231,21 +231,37 @@ TEST(SelectValidation, TopkMustBeAtLeastOne) {
   expect_rejected(w, scalar("topk", 0));
 }
 
+// K is the cache's: a cache is never built with K < 1 (the one cache
+// without K, an empty one, is refused as empty: CacheMustBeAllocated).
 TEST(SelectValidation, KpoolMustBeAtLeastOne) {
   World w;
-  w.K = 0;
-  expect_rejected(w, scalar("kpool", 0));
+  for (int bad : {0, -3}) {
+    try {
+      Cache c(w.space, 4, 4, w.D, bad, KPool::CacheScale::amax, true);
+      ADD_FAILURE() << "built a cache of K = " << bad;
+    } catch (KPool::InvalidArgument const& e) {
+      EXPECT_TRUE(check_message("KPool::PoolCache", e, scalar("kpool", bad)));
+    }
+  }
 }
 
 // A cache built for K (PoolCache's kpool constructor) is read with that K
 // only: the K = 2 selection over a K = 4 cache ran and returned
-// other visible pools.
+// other visible pools. K is the cache's now, so token rows sized for K = 2
+// are refused over a cache of another K, and a K = 4 cache's row at
+// position 9 sees 2 pools, not 5.
 TEST(SelectValidation, KpoolMustBeTheCaches) {
   for (int built : {4, 1}) {
     World w;
     w.cache = Cache(w.space, 4, 4, w.D, built, KPool::CacheScale::amax, true);
     EXPECT_EQ(w.cache.kpool(), built);
-    expect_rejected(w, scalar("kpool", w.K));
+    EXPECT_TRUE(rejects(w, Entry::select_tokens,
+                        at_extent("tokens", 1, KPool::select_tokens_width(w.topk, w.K)),
+                        [&] { w.run(Entry::select_tokens); }));
+    if (built != 4) continue;
+    ASSERT_NO_THROW(w.run(Entry::score_select));
+    auto const ids = bytes_of(w.pool_ids);
+    for (int j = 0; j < w.topk; ++j) EXPECT_EQ(ids[5 * w.topk + j] >= 0, j < 2) << j;
   }
   World w;
   w.cache = Cache(w.space, 4, 4, w.D, w.K, KPool::CacheScale::amax, true);
@@ -297,12 +313,13 @@ TEST(SelectValidation, BlockTableMustHaveARowPerLiveRequest) {
       U32 const cl = to_index_view<U32>(w.cache_lengths, "cache_lengths");
       I2 const bt("block_table", 2, w.max_blocks);  // 3 live requests
       Workspace ws(w.space, w.ws_rows, w.ws_visible, w.H, w.D);
+      auto const batch = KPool::ragged_batch(ro, cl, w.num_requests);
       if (e == Entry::score_select)
-        KPool::score_select(w.space, ro, cl, bt, w.num_requests, w.K, w.q, w.weights,
-                            w.cache, w.topk, w.pool_ids, ws, w.opts);
+        KPool::score_select(w.space, w.q, w.weights, w.topk, batch, KPool::paged(w.cache, bt),
+                            w.pool_ids, ws, w.opts);
       else
-        KPool::select_tokens(w.space, ro, cl, bt, w.num_requests, w.K, w.q, w.weights,
-                             w.cache, w.topk, w.tokens, ws, w.opts);
+        KPool::select_tokens(w.space, w.q, w.weights, w.topk, batch, KPool::paged(w.cache, bt),
+                             w.tokens, ws, w.opts);
     }));
 }
 
@@ -367,8 +384,8 @@ TEST(SelectValidation, WithoutValidationTheWorkspaceHoldsTheBlockTable) {
     I2 const table = positions_view<M>(w.table, w.max_blocks);
     Workspace ws(w.space, w.ws_rows, w.ws_visible, w.H, w.D);
     EXPECT_TRUE(rejects(w, Entry::score_select, Expect{"workspace", -1, "8", "max_visible"}, [&] {
-      KPool::score_select(w.space, KPool::paged(w.cache, table), w.q, w.weights, w.topk,
-                          KPool::decode_batch(positions, 2), w.pool_ids, ws, w.opts);
+      KPool::score_select(w.space, w.q, w.weights, w.topk, KPool::decode_batch(positions, 2),
+                          KPool::paged(w.cache, table), w.pool_ids, ws, w.opts);
     }));
   }
   w.ws_visible = 12;
@@ -395,6 +412,8 @@ TEST(SelectValidation, Fp8CacheNeedsAStorageTypeOtherThanF64) {
                         [&] { w.run_with(e, qd, w.weights, w.cache); }));
 }
 
+// An empty cache has no K either (kpool() = 0, and K is the cache's): it
+// is refused as kpool 0, which is checked before the cache's storage.
 TEST(SelectValidation, CacheMustBeAllocated) {
   World w;
   Cache empty;
@@ -411,7 +430,7 @@ TEST(SelectValidation, CacheMustBeAllocated) {
 TEST(SelectValidation, TeamGemmHeadsMustFitADevicesFastScratch) {
   if (!KPOOL_HAS_KOKKOSKERNELS) GTEST_SKIP() << "team_gemm needs Kokkos Kernels";
   World w;
-  w.opts.score_engine = KPool::ScoreEngine::team_gemm;
+  w.engine = KPool::ScoreEngine::team_gemm;
   int const H = 1024;
   w.ws_heads = H;
   Q3 q("q", w.rows, H, w.D);
@@ -427,17 +446,36 @@ TEST(SelectValidation, TeamGemmHeadsMustFitADevicesFastScratch) {
   }
 }
 
+// blas is refused where its workspace is built: the constructor names
+// its engine, and says `why`.
+::testing::AssertionResult workspace_refuses(World const& w, KPool::ScoreEngine engine,
+                                             std::string const& why) {
+  try {
+    Workspace ws(w.space, w.ws_rows, w.ws_visible, w.H, w.D, engine);
+  } catch (KPool::InvalidArgument const& e) {
+    if (std::string(e.what()).find(why) == std::string::npos)
+      return ::testing::AssertionFailure() << "no '" << why << "' in " << e.what();
+    return check_message("KPool::SelectWorkspace", e,
+                         Expect{"engine", -1, KPool::Details::engine_name(engine), ""});
+  }
+  return ::testing::AssertionFailure() << "built a workspace for it";
+}
+
 // team_gemm and blas are Kokkos Kernels' code: a build without it refuses
-// them by name, before anything is written, with or without validation.
+// them by name, before anything is written, with or without validation
+// (blas already when its workspace is built).
 TEST(SelectValidation, KokkosKernelsEnginesAreRefusedWithoutIt) {
   if (KPOOL_HAS_KOKKOSKERNELS) GTEST_SKIP() << "this build has Kokkos Kernels";
   for (bool validate : {true, false})
     for (KPool::ScoreEngine engine : {KPool::ScoreEngine::team_gemm, KPool::ScoreEngine::blas}) {
       World w;
       w.opts.validate = validate;
-      w.opts.score_engine = engine;
-      expect_rejected(w, Expect{"options", -1, KPool::Details::engine_name(engine),
-                                "score_engine"});
+      if (engine == KPool::ScoreEngine::blas) {
+        EXPECT_TRUE(workspace_refuses(w, engine, "needs Kokkos Kernels"));
+        continue;
+      }
+      w.engine = engine;
+      expect_rejected(w, Expect{"workspace", -1, KPool::Details::engine_name(engine), "engine"});
       try {
         w.run(Entry::score_select);
         ADD_FAILURE() << "accepted";
@@ -451,11 +489,10 @@ TEST(SelectValidation, KokkosKernelsEnginesAreRefusedWithoutIt) {
 TEST(SelectValidation, HostEnginesNeedAHostSpace) {
   if (!KPool::Details::KokkosExt::is_device_backend<E>::value)
     GTEST_SKIP() << "every engine runs on a host execution space";
-  for (KPool::ScoreEngine engine : {KPool::ScoreEngine::blas, KPool::ScoreEngine::register_tiles}) {
-    World w;
-    w.opts.score_engine = engine;
-    expect_rejected(w, Expect{"options", -1, KPool::Details::engine_name(engine), "score_engine"});
-  }
+  World w;
+  EXPECT_TRUE(workspace_refuses(w, KPool::ScoreEngine::blas, ""));
+  w.engine = KPool::ScoreEngine::register_tiles;
+  expect_rejected(w, Expect{"workspace", -1, "register_tiles", "engine"});
 }
 
 // ---------------------------------------------------------------------------
@@ -486,7 +523,7 @@ TEST(SelectDefenceInDepth, GarbageStaysInBounds) {
                    std::to_string(trial));
       World w;
       w.opts.validate = false;
-      w.opts.score_engine = engine;
+      w.engine = engine;
       for (auto& b : w.table) b = static_cast<std::int32_t>(w.rng.next());
       if (trial >= 1) w.cache_lengths[1] = 0x7FFFFFF0u + trial;  // overflowing positions
       if (trial >= 2) w.row_offsets[2] = 3;                       // decreasing
@@ -513,7 +550,7 @@ TEST(SelectDefenceInDepth, GarbageBlocksYieldOnlyVisibleIds) {
   for (KPool::ScoreEngine engine : engines()) {
     World w;
     w.opts.validate = false;
-    w.opts.score_engine = engine;
+    w.engine = engine;
     w.ws_visible = 12;  // every pool the table addresses
     for (auto& b : w.table) b = static_cast<std::int32_t>(w.rng.next() % 9) - 2;
     w.run(Entry::score_select);

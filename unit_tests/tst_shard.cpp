@@ -57,8 +57,7 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
                                     << " engine=" << static_cast<int>(engine)
                                     << " duplicates=" << s.duplicates);
   Sharded<E, T, C> x(s, seed);
-  KPool::Options o = test_options<E>();
-  o.score_engine = engine;
+  KPool::Options const o = test_options<E>();
 
   int whole_blocks = 0;
   auto const whole_table = x.make_table([&](int r) { return x.pools(r); }, whole_blocks, seed + 1);
@@ -112,22 +111,23 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
   int const next_n = 3;
   std::size_t const ws_rows = s.long_rows ? static_cast<std::size_t>(x.B + 1) * next_n
                                           : static_cast<std::size_t>(x.rows);
-  KPool::SelectWorkspace<T, M> ws(x.space, ws_rows, max_visible, s.H, s.D);
-  KPool::SelectWorkspace<T, M> local_ws(x.space, ws_rows, max_local, s.H, s.D);
+  KPool::SelectWorkspace<T, M> ws(x.space, ws_rows, max_visible, s.H, s.D, engine);
+  KPool::SelectWorkspace<T, M> local_ws(x.space, ws_rows, max_local, s.H, s.D, engine);
   auto const compare = [&](KPool::Batch<M> const& batch, int rows, char const* what) {
     auto const q = Kokkos::subview(x.q, std::make_pair(0, rows), Kokkos::ALL, Kokkos::ALL);
     auto const w = Kokkos::subview(x.w, std::make_pair(0, rows), Kokkos::ALL);
     Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want("want", rows, s.topk);
     Kokkos::deep_copy(want, kSentinel);
-    KPool::score_select(x.space, KPool::paged(whole, whole_table), q, w, s.topk, batch, want,
+    KPool::score_select(x.space, q, w, s.topk, batch, KPool::paged(whole, whole_table), want,
                         ws, o);
     std::vector<std::int32_t> const expected = flat(want);
     std::vector<KPool::ShardWorkspace<T, M>> exchanges;
     std::size_t const bytes = KPool::ShardWorkspace<T, M>::payload_bytes(rows, s.topk);
     for (int rank = 0; rank < W; ++rank) {
       exchanges.emplace_back(x.space, ws_rows, s.topk, W);
-      KPool::shard_select_local(x.space, KPool::paged(caches[rank], tables[rank]), q, w,
-                                s.topk, batch, local_ws, exchanges.back(), o);
+      KPool::shard_select_local(x.space, q, w, s.topk, batch,
+                                KPool::paged(caches[rank], tables[rank]), local_ws,
+                                exchanges.back(), o);
     }
     for (auto& ex : exchanges)
       for (int rank = 0; rank < W; ++rank)
@@ -139,13 +139,13 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
     int const width = KPool::select_tokens_width(s.topk, s.K);
     Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> want_tokens("want_tokens", rows, width);
     Kokkos::deep_copy(want_tokens, kSentinel);
-    KPool::select_tokens(x.space, KPool::paged(whole, whole_table), q, w, s.topk, batch,
+    KPool::select_tokens(x.space, q, w, s.topk, batch, KPool::paged(whole, whole_table),
                          want_tokens, ws, o);
     std::vector<std::int32_t> const expected_tokens = flat(want_tokens);
     for (int rank = 0; rank < W; ++rank) {
       Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got("got", rows, s.topk);
       Kokkos::deep_copy(got, kSentinel);
-      KPool::shard_select_merge(x.space, KPool::paged(caches[rank], tables[rank]), s.topk, got,
+      KPool::shard_select_merge(x.space, s.topk, KPool::paged(caches[rank], tables[rank]), got,
                                 exchanges[rank], o);
       std::vector<std::int32_t> const ids = flat(got);
       for (int t = 0; t < rows; ++t)
@@ -154,8 +154,9 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
               << what << ": merged on rank " << rank << ", row " << t << " column " << j;
       Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> got_tokens("got_tokens", rows, width);
       Kokkos::deep_copy(got_tokens, kSentinel);
-      KPool::shard_select_merge_tokens(x.space, KPool::paged(caches[rank], tables[rank]),
-                                       s.topk, batch, got_tokens, exchanges[rank], o);
+      KPool::shard_select_merge_tokens(x.space, s.topk, batch,
+                                       KPool::paged(caches[rank], tables[rank]), got_tokens,
+                                       exchanges[rank], o);
       std::vector<std::int32_t> const tokens = flat(got_tokens);
       for (int t = 0; t < rows; ++t)
         for (int j = 0; j < width; ++j)
@@ -292,8 +293,8 @@ TEST(ShardValidation, RefusedByNameNothingWritten) {
   auto const untouched = flat(ids);
 
   // A shard's cache alone holds half the pools: selecting from it is refused.
-  expect_invalid([&] { KPool::score_select(x.space, KPool::paged(cache, table), x.q, x.w,
-                                           s.topk, x.batch(), ids, ws); },
+  expect_invalid([&] { KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(),
+                                           KPool::paged(cache, table), ids, ws); },
                  "KPool::score_select", "cache", "the ranks' exchange");
   // Shards out of range.
   expect_invalid([&] { (void)x.make_cache(1).sharded(KPool::Shard{2, 2, 1}); },
@@ -302,19 +303,19 @@ TEST(ShardValidation, RefusedByNameNothingWritten) {
                  "KPool::PoolCache", "shard", "is not at least 1");
   // An exchange for other ranks, too few rows, too small a topk.
   KPool::ShardWorkspace<float, M0> ex3(x.space, x.rows, s.topk, 3);
-  expect_invalid([&] { KPool::shard_select_local(x.space, KPool::paged(cache, table), x.q,
-                                                 x.w, s.topk, x.batch(), ws, ex3); },
+  expect_invalid([&] { KPool::shard_select_local(x.space, x.q, x.w, s.topk, x.batch(),
+                                                 KPool::paged(cache, table), ws, ex3); },
                  "KPool::shard_select_local", "exchange", "does not match the cache's shard");
   KPool::ShardWorkspace<float, M0> small(x.space, 2, s.topk, 2);
-  expect_invalid([&] { KPool::shard_select_local(x.space, KPool::paged(cache, table), x.q,
-                                                 x.w, s.topk, x.batch(), ws, small); },
+  expect_invalid([&] { KPool::shard_select_local(x.space, x.q, x.w, s.topk, x.batch(),
+                                                 KPool::paged(cache, table), ws, small); },
                  "KPool::shard_select_local", "q", "max_tokens");
-  expect_invalid([&] { KPool::shard_select_merge(x.space, KPool::paged(cache, table),
-                                                 s.topk + 1, ids, ex); },
+  expect_invalid([&] { KPool::shard_select_merge(x.space, s.topk + 1,
+                                                 KPool::paged(cache, table), ids, ex); },
                  "KPool::shard_select_merge", "pool_ids", "topk");
   // Token rows of the pool ids' width.
-  expect_invalid([&] { KPool::shard_select_merge_tokens(x.space, KPool::paged(cache, table),
-                                                        s.topk, x.batch(), ids, ex); },
+  expect_invalid([&] { KPool::shard_select_merge_tokens(x.space, s.topk, x.batch(),
+                                                        KPool::paged(cache, table), ids, ex); },
                  "KPool::shard_select_merge_tokens", "tokens", "topk * K + K - 1");
   // A block table that lacks a block of one of this rank's pools: named by
   // its local pool and its pool of the sequence.
@@ -323,8 +324,8 @@ TEST(ShardValidation, RefusedByNameNothingWritten) {
   auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), bad);
   hb(3, 2) = -1;  // request 3's local pools 8..11 (block_pools 4)
   Kokkos::deep_copy(bad, hb);
-  expect_invalid([&] { KPool::shard_select_local(x.space, KPool::paged(cache, bad), x.q, x.w,
-                                                 s.topk, x.batch(), ws, ex); },
+  expect_invalid([&] { KPool::shard_select_local(x.space, x.q, x.w, s.topk, x.batch(),
+                                                 KPool::paged(cache, bad), ws, ex); },
                  "KPool::shard_select_local", "block_table",
                  "local pool 8 (pool 17 of the sequence, rank 1 of 2 (interleave 1))");
   // The step into it is refused the same way, and writes nothing.
@@ -336,8 +337,8 @@ TEST(ShardValidation, RefusedByNameNothingWritten) {
     for (int e = 0; e < s.block_pools; ++e) ASSERT_EQ(entry_bytes(fresh, b, e), zero);
   // Through a Communicator: a group of one holding rank 1 of 2.
   KPool::SelfCommunicator<E0> self;
-  expect_invalid([&] { KPool::score_select(x.space, KPool::paged(cache, table), x.q, x.w,
-                                           s.topk, x.batch(), ids, ws, ex, self); },
+  expect_invalid([&] { KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(),
+                                           KPool::paged(cache, table), ids, ws, ex, self); },
                  "KPool::score_select", "cache", "does not match the communicator's rank 0 of 1");
   EXPECT_EQ(flat(ids), untouched);
 }
@@ -355,18 +356,18 @@ TEST(ShardCommunicator, GroupOfOneIsTheSingleRankSelection) {
   KPool::ShardWorkspace<float, M0> ex(x.space, x.rows, s.topk, 1);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M0> want("want", x.rows, s.topk);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M0> got("got", x.rows, s.topk);
-  KPool::score_select(x.space, KPool::paged(cache, table), x.q, x.w, s.topk, x.batch(), want,
+  KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(), KPool::paged(cache, table), want,
                       ws);
   KPool::SelfCommunicator<E0> self;
-  KPool::score_select(x.space, KPool::paged(cache, table), x.q, x.w, s.topk, x.batch(), got,
+  KPool::score_select(x.space, x.q, x.w, s.topk, x.batch(), KPool::paged(cache, table), got,
                       ws, ex, self);
   EXPECT_EQ(flat(got), flat(want));
   int const width = KPool::select_tokens_width(s.topk, s.K);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M0> want_tokens("want_tokens", x.rows, width);
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M0> got_tokens("got_tokens", x.rows, width);
-  KPool::select_tokens(x.space, KPool::paged(cache, table), x.q, x.w, s.topk, x.batch(),
+  KPool::select_tokens(x.space, x.q, x.w, s.topk, x.batch(), KPool::paged(cache, table),
                        want_tokens, ws);
-  KPool::select_tokens(x.space, KPool::paged(cache, table), x.q, x.w, s.topk, x.batch(),
+  KPool::select_tokens(x.space, x.q, x.w, s.topk, x.batch(), KPool::paged(cache, table),
                        got_tokens, ws, ex, self);
   EXPECT_EQ(flat(got_tokens), flat(want_tokens));
 }

@@ -96,11 +96,11 @@ class OneSlot {
       case Path::unfused:
       case Path::decode: {
         o.fused = path_ == Path::fused;
-        auto const paged = KPool::paged(cache_, table_);
+        auto paged = KPool::paged(cache_, table_);
         if (path_ == Path::decode)
-          KPool::step(space, ring_, k3, g3, ape, decode, out_, paged, o);
+          KPool::step(space, ring_, k3, g3, ape, decode, paged, out_, o);
         else
-          KPool::step(space, ring_, k2, g2, ape, ragged, out_, paged, o);
+          KPool::step(space, ring_, k2, g2, ape, ragged, paged, out_, o);
         std::uint32_t const count = on_host(out_.count())();
         auto const ids = on_host(out_.pool_id());
         auto const pooled = on_host(out_.pooled());

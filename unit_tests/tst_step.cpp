@@ -139,8 +139,10 @@ TYPED_TEST(Step, GeneralStepMatchesTheWritersInOrder) {
         KPool::Options o = test_options<E>();
         o.fused = fused;
         KPool::step(space, ring, to_view<T, M>(key, "key"), to_view<T, M>(gate, "gate"),
-                    ape_view<M>(ape), bv.row_offsets, bv.cache_lengths,
-                    bv.slot_idx, batch.device.num_requests, out, o);
+                    ape_view<M>(ape),
+                    KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, bv.slot_idx,
+                                        batch.device.num_requests),
+                    out, o);
         check_output<C>(out, e, B);
         ASSERT_TRUE(ring_equals(ring, ref_ring));
       }
@@ -169,6 +171,8 @@ TYPED_TEST(Step, FusedAndThreeLaunchPathsAgreeBitForBit) {
       auto const gv = to_view<T, M>(gate, "gate");
       auto const av = ape_view<M>(ape);
       BatchViews<M> const bv(batch.device);
+      auto const ragged = KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, bv.slot_idx,
+                                              batch.device.num_requests);
       std::size_t const cap = KPool::StepOutput<T, M>::capacity_for(rows, B, K);
       KPool::Ring<T, M> ring_f(space, slots, K, D), ring_u(space, slots, K, D);
       load_ring(ring_f, start);
@@ -176,11 +180,9 @@ TYPED_TEST(Step, FusedAndThreeLaunchPathsAgreeBitForBit) {
       KPool::StepOutput<T, M> out_f(space, cap, B, D), out_u(space, cap, B, D);
       KPool::Options o = test_options<E>();
       o.fused = true;
-      KPool::step(space, ring_f, kv, gv, av, bv.row_offsets, bv.cache_lengths,
-                  bv.slot_idx, batch.device.num_requests, out_f, o);
+      KPool::step(space, ring_f, kv, gv, av, ragged, out_f, o);
       o.fused = false;
-      KPool::step(space, ring_u, kv, gv, av, bv.row_offsets, bv.cache_lengths,
-                  bv.slot_idx, batch.device.num_requests, out_u, o);
+      KPool::step(space, ring_u, kv, gv, av, ragged, out_u, o);
       std::uint32_t const n = on_host(out_f.count())();
       ASSERT_EQ(n, on_host(out_u.count())());
       ASSERT_GT(n, 0u);
@@ -226,8 +228,9 @@ TYPED_TEST(Step, CapacityBoundIsEnoughForTheFullestBatch) {
   KPool::StepOutput<T, M> out(space, cap, B, D);
   BatchViews<M> const bv(batch.device);
   KPool::step(space, ring, to_view<T, M>(key, "key"), to_view<T, M>(key, "gate"),
-              ape_view<M>(ape), bv.row_offsets, bv.cache_lengths, bv.slot_idx, B,
-              out, test_options<E>());
+              ape_view<M>(ape),
+              KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, bv.slot_idx, B), out,
+              test_options<E>());
   check_output<C>(out, e, B);
 }
 
@@ -283,9 +286,11 @@ TYPED_TEST(Step, DecodeStepCompactsTailUpdatePools) {
       auto const pos_v = positions_view<M>(positions, next_n);
       KPool::StepOutput<T, M> out(
           space, KPool::StepOutput<T, M>::capacity_for(B * next_n, B, K), B, D);
-      KPool::decode_step(space, ring, k3, g3, ape_view<M>(ape), pos_v,
-                         to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"),
-                         live, out, test_options<E>());
+      KPool::step(space, ring, k3, g3, ape_view<M>(ape),
+                  KPool::decode_batch(
+                      pos_v, to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"),
+                      live),
+                  out, test_options<E>());
       check_output<C>(out, e, B);
       ASSERT_TRUE(ring_equals(ring, ref_ring));
     }

@@ -7,9 +7,9 @@
 // With verify rounds ("Oracle properties" 4): a row sends the next token
 // plus S drafts, a random prefix of the drafts is accepted, and the
 // sequence's next row re-sends from the first rejected position with new
-// values (a rewind), through decode_step and through step, fused and
-// unfused, with the serving ring length. Every pool as last emitted equals,
-// bit for bit, a one-shot compress of the values last sent.
+// values (a rewind), through step with a decode batch and a ragged one
+// (fused and unfused), with the serving ring length. Every pool as last
+// emitted equals, bit for bit, a one-shot compress of the values last sent.
 //
 // With a pool cache (docs/indexer.md, "The pool cache"), passed to every
 // step and decode step, each sequence's cache entries (values and scales)
@@ -34,6 +34,13 @@ using namespace KPoolTest;
 template <class C>
 class Streaming : public ::testing::Test {};
 TYPED_TEST_SUITE(Streaming, Configs, ConfigName);
+
+// A ragged batch of one request: n token rows from position c (to `slot`).
+template <class Mem, class U32 = Kokkos::View<std::uint32_t*, Mem>>
+KPool::Batch<Mem> one_request(std::uint32_t c, std::uint32_t n, U32 const& slot = U32()) {
+  return KPool::ragged_batch(to_index_view<U32>(std::vector<std::uint32_t>{0, n}, "ro"),
+                             to_index_view<U32>(std::vector<std::uint32_t>{c}, "cl"), slot, 1);
+}
 
 // The cache a simulation's steps write (on = false: none).
 struct CacheKind {
@@ -84,6 +91,7 @@ class Simulation {
   // The fp8 cache type; f64 pools have none (their kinds are native only).
   using F8 = std::conditional_t<std::is_same<T, double>::value, T, KPool::float8_e4m3>;
   using Table = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, Mem>;
+  using U32 = Kokkos::View<std::uint32_t*, Mem>;
 
  public:
   // drafts = S > 0 adds verify rounds, with the serving ring length.
@@ -147,14 +155,10 @@ class Simulation {
       if (pools == 0) continue;
       Matrix const ref = KPoolRef::one_shot(key, gate, ape_);
       Matrix const scale = KPoolRef::one_shot_scale(key, gate, ape_);
-      using U32 = Kokkos::View<std::uint32_t*, Mem>;
       U32 offsets("offsets", 2);
       Kokkos::View<T**, Kokkos::LayoutRight, Mem> once("once", pools, D_);
       KPool::compress(space, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
-                      ape_view<Mem>(ape_),
-                      to_index_view<U32>(std::vector<std::uint32_t>{0, std::uint32_t(fed)}, "ro"),
-                      to_index_view<U32>(std::vector<std::uint32_t>{0}, "cl"), 1, offsets,
-                      once);
+                      ape_view<Mem>(ape_), one_request<Mem>(0, fed), offsets, once);
       auto const h = on_host(once);
       for (int p = 0; p < pools; ++p) {
         auto const it = produced_.find({id, p});
@@ -251,15 +255,15 @@ class Simulation {
           gate.at(offsets[r] + i, c) = input(fed[r].first->id, cache[r] + i, c, 1, C::dtype, rev);
         }
       }
-    using U32 = Kokkos::View<std::uint32_t*, Mem>;
     KPool::Options o = test_options<E>();
     o.fused = rng_.below(2) == 0;
     ++(o.fused ? fused_calls_ : unfused_calls_);
-    auto const run_step = [&](auto&... pool_cache) {
+    auto const batch = KPool::ragged_batch(to_index_view<U32>(offsets, "row_offsets"),
+                                           to_index_view<U32>(cache, "cache_lengths"),
+                                           to_index_view<U32>(slot, "slot_idx"), n);
+    auto const run_step = [&](auto&&... paged_cache) {
       KPool::step(E(), ring_, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
-                  ape_view<Mem>(ape_), to_index_view<U32>(offsets, "row_offsets"),
-                  to_index_view<U32>(cache, "cache_lengths"),
-                  to_index_view<U32>(slot, "slot_idx"), n, out_, pool_cache..., o);
+                  ape_view<Mem>(ape_), batch, paged_cache..., out_, o);
     };
     with_cache(rows, B, run_step);
     collect(rows);
@@ -304,10 +308,10 @@ class Simulation {
     for (int r = 0; r < B; ++r)
       for (int i = 0; i < next_n; ++i) hp(r, i) = positions[r * next_n + i];
     Kokkos::deep_copy(pos_v, hp);
-    auto const run_decode = [&](auto&... pool_cache) {
-      KPool::decode_step(E(), ring_, key, gate, ape_view<Mem>(ape_), pos_v,
-                         to_index_view<Kokkos::View<std::uint32_t*, Mem>>(slot, "slot_idx"), n,
-                         out_, pool_cache..., test_options<E>());
+    auto const batch = KPool::decode_batch(pos_v, to_index_view<U32>(slot, "slot_idx"), n);
+    auto const run_decode = [&](auto&&... paged_cache) {
+      KPool::step(E(), ring_, key, gate, ape_view<Mem>(ape_), batch, paged_cache..., out_,
+                  test_options<E>());
     };
     with_cache(rows, B, run_decode);
     ++decode_calls_;
@@ -353,9 +357,9 @@ class Simulation {
     }
   }
 
-  // Runs call() without a cache, or call(cache, block_table) with the
-  // simulation's, the table's row r holding rows[r]'s blocks (-1 past
-  // them) and garbage in the rows past num_requests.
+  // Runs call() without a cache, or call(KPool::paged(cache, block_table))
+  // with the simulation's, the table's row r holding rows[r]'s blocks (-1
+  // past them) and garbage in the rows past num_requests.
   template <class Call>
   void with_cache(std::vector<Sequence*> const& rows, int B, Call const& call) {
     if (!kind_.on) {
@@ -375,9 +379,9 @@ class Simulation {
       }
     Kokkos::deep_copy(table, h);
     if (kind_.fp8)
-      call(fp8_, table);
+      call(KPool::paged(fp8_, table));
     else
-      call(native_, table);
+      call(KPool::paged(native_, table));
   }
 
   // Enough blocks for every pool a sequence can complete, drafts past its
@@ -469,7 +473,8 @@ class Simulation {
     }
     KPool::PoolCache<Cc, Mem> one_shot(E(), streamed.num_blocks(), block_pools_, D_, K_,
                                        kind_.scale, kind_.rotate, kind_.profile());
-    KPool::store_pools(E(), out, B, table, one_shot, test_options<E>());
+    KPool::store_pools(E(), out, KPool::ragged_batch(U32("ro", B + 1), U32("cl", B), B),
+                       KPool::paged(one_shot, table), test_options<E>());
 
     auto const sv = on_host(streamed.values());
     auto const ss = on_host(streamed.scales());
@@ -648,16 +653,13 @@ class DraftScenario {
     if (path_ == Path::decode) {
       std::vector<std::int32_t> pos(n);
       for (int i = 0; i < n; ++i) pos[i] = c + i;
-      KPool::decode_step(space, ring_, to_view3<T, Mem>(key, n, "key"),
-                         to_view3<T, Mem>(gate, n, "gate"), ape_view<Mem>(ape_),
-                         positions_view<Mem>(pos, n), slot, 1, out_, o);
+      KPool::step(space, ring_, to_view3<T, Mem>(key, n, "key"),
+                  to_view3<T, Mem>(gate, n, "gate"), ape_view<Mem>(ape_),
+                  KPool::decode_batch(positions_view<Mem>(pos, n), slot, 1), out_, o);
     } else {
       o.fused = path_ == Path::fused;
       KPool::step(space, ring_, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
-                  ape_view<Mem>(ape_),
-                  to_index_view<U32>(std::vector<std::uint32_t>{0, std::uint32_t(n)}, "ro"),
-                  to_index_view<U32>(std::vector<std::uint32_t>{std::uint32_t(c)}, "cl"), slot,
-                  1, out_, o);
+                  ape_view<Mem>(ape_), one_request<Mem>(c, n, slot), out_, o);
     }
     std::uint32_t const count = on_host(out_.count())();
     auto const ids = on_host(out_.pool_id());
@@ -694,9 +696,7 @@ class DraftScenario {
     U32 offsets("offsets", 2);
     Kokkos::View<T**, Kokkos::LayoutRight, Mem> once("once", pools, D_);
     KPool::compress(space, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
-                    ape_view<Mem>(ape_),
-                    to_index_view<U32>(std::vector<std::uint32_t>{0, std::uint32_t(length_)}, "ro"),
-                    to_index_view<U32>(std::vector<std::uint32_t>{0}, "cl"), 1, offsets, once);
+                    ape_view<Mem>(ape_), one_request<Mem>(0, length_), offsets, once);
     auto const h = on_host(once);
     for (int p = 0; p < pools; ++p) {
       auto const it = last_.find(p);

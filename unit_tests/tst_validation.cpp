@@ -61,7 +61,7 @@ std::string entry_name(Entry e) {
     case Entry::tail_update: return "KPool::tail_update";
     case Entry::step_fused:
     case Entry::step_unfused: return "KPool::step";
-    case Entry::decode_step: return "KPool::decode_step";
+    case Entry::decode_step: return "KPool::step";
     case Entry::expand_topk: return "KPool::expand_topk";
     case Entry::pool_row_offsets: return "KPool::compute_pool_row_offsets";
   }
@@ -71,6 +71,7 @@ std::string entry_name(Entry e) {
 std::string label(Entry e) {
   return entry_name(e) + (e == Entry::step_fused     ? " (fused)"
                           : e == Entry::step_unfused ? " (three launches)"
+                          : e == Entry::decode_step  ? " (decode)"
                                                      : "");
 }
 
@@ -117,19 +118,18 @@ struct World {
   int num_requests = 4;
   V2 key, gate;
   F2 ape;
-  Ring ring;   // step, decode_step
-  V4 tail;     // ring_close, seed_tail, tail_update: ring.tail() unless replaced
+  Ring ring;  // the steps and the ring writers
+  V4 tail;    // empty, or a tail of a shape no Ring has for the writers (their checks of it)
   // decode
   int Bd = 4, next_n = 3;
   std::vector<std::int32_t> positions{3, 4, 5, 8, -1, 9, -1, -1, -1, 7, 2, 100};
   std::vector<std::uint32_t> dslots{2, 5, 7, 2};
   int dnum = 3;
   V3 key3, gate3;
-  // expand_topk, compute_pool_row_offsets
+  // expand_topk (K from the cache the ids come from); compute_pool_row_offsets reads key, ape
   I2 pool_ids;
-  int kpool = K;
+  KPool::PoolCache<float, M> ids_cache{space, 1, 1, 1, K};
   bool tail_always = true;
-  std::size_t key_rows = 14;
   // outputs, exact sizes
   U32 c_offsets;
   V2 c_pooled;
@@ -151,7 +151,6 @@ struct World {
     ape = ape_view<M>(random_ape(rng, K, D));
     ring = Ring(space, kSlots, K, D);
     load_ring(ring, random_ring(rng, DType::bf16, kSlots, K, D));
-    tail = ring.tail();
     key3 = V3("key3", Bd, next_n, D);
     gate3 = V3("gate3", Bd, next_n, D);
     fill(key3, -2, 2);
@@ -222,52 +221,58 @@ struct World {
     U32 const ro = index_view<U32>(row_offsets, "row_offsets");
     U32 const cl = index_view<U32>(cache_lengths, "cache_lengths");
     U32 const si = index_view<U32>(slot_idx, "slot_idx");
+    auto const batch = KPool::ragged_batch(ro, cl, num_requests);
+    auto const ring_batch = KPool::ragged_batch(ro, cl, si, num_requests);
+    auto const decode = KPool::decode_batch(positions_view(), index_view<U32>(dslots, "slot_idx"),
+                                            dnum);
+    // A tail set (no Ring has its shape) goes to the writers as the raw-tail forms: no slots.
     KPool::Options o = opts;
     switch (e) {
       case Entry::compress:
-        KPool::compress(space, key, gate, ape, ro, cl, num_requests, c_offsets,
-                        c_pooled, o);
-        break;
-      case Entry::ring_close:
-        KPool::ring_close(space, tail, key, gate, ape, ro, cl, si, num_requests,
-                          rc_pooled, rc_closed, o);
-        break;
-      case Entry::seed_tail:
-        KPool::seed_tail(space, tail, key, gate, ro, cl, si, num_requests, o);
-        break;
-      case Entry::tail_update:
-        KPool::tail_update(space, tail, key3, gate3, ape, positions_view(),
-                           index_view<U32>(dslots, "slot_idx"), dnum,
-                           tu_pooled, tu_closed, o);
+        KPool::compress(space, key, gate, ape, batch, c_offsets, c_pooled, o);
         break;
       // Each call is a batch of its own, not the next call of the same
       // sequences: the slots hold every position (as load_ring left them),
       // so that any start continues its sequence within the ring's depth,
       // and a call that returns leaves them so again (the slot rules are
       // tested in tst_streaming).
+      case Entry::ring_close:
+        if (tail.extent(0) == 0)
+          KPool::ring_close(space, ring, key, gate, ape, ring_batch, rc_pooled, rc_closed, o);
+        else
+          KPool::Details::ring_close_impl(space, tail, key, gate, ape, ro, cl, si, num_requests,
+                                          rc_pooled, rc_closed, o, {});
+        break;
+      case Entry::seed_tail:
+        if (tail.extent(0) == 0)
+          KPool::seed_tail(space, ring, key, gate, ring_batch, o);
+        else
+          KPool::Details::seed_tail_impl(space, tail, key, gate, ro, cl, si, num_requests, o, {});
+        break;
+      case Entry::tail_update:
+        if (tail.extent(0) == 0)
+          KPool::tail_update(space, ring, key3, gate3, ape, decode, tu_pooled, tu_closed, o);
+        else
+          KPool::Details::tail_update_impl(space, tail, key3, gate3, ape, decode.positions,
+                                           decode.slot_idx, dnum, tu_pooled, tu_closed, o, {});
+        break;
       case Entry::step_fused:
       case Entry::step_unfused:
         o.fused = e == Entry::step_fused;
-        KPool::step(space, ring, key, gate, ape, ro, cl, si, num_requests,
-                    step_out, o);
-        hold_positions(ring, 0x7FFFFFFFu, 1);
+        KPool::step(space, ring, key, gate, ape, ring_batch, step_out, o);
         break;
       case Entry::decode_step:
-        KPool::decode_step(space, ring, key3, gate3, ape, positions_view(),
-                           index_view<U32>(dslots, "slot_idx"), dnum,
-                           decode_out, o);
-        hold_positions(ring, 0x7FFFFFFFu, 1);
+        KPool::step(space, ring, key3, gate3, ape, decode, decode_out, o);
         break;
       case Entry::expand_topk:
-        KPool::expand_topk(space, pool_ids, ro, cl, num_requests, kpool,
-                           tail_always, ex_out, o);
+        KPool::expand_topk(space, pool_ids, tail_always, batch, ids_cache, ex_out, o);
         break;
       case Entry::pool_row_offsets:
-        KPool::compute_pool_row_offsets(space, ro, cl, num_requests, kpool,
-                                        key_rows, pro_offsets, o);
+        KPool::compute_pool_row_offsets(space, key, ape, batch, pro_offsets, o);
         break;
     }
     space.fence();
+    hold_positions(ring, 0x7FFFFFFFu, 1);
   }
 };
 
@@ -295,7 +300,7 @@ Snapshot snapshot(World const& w) {
   Snapshot s;
   add(s, "ring", w.ring.tail());
   add(s, "ring.state", w.ring.state());
-  if (w.tail.data() != w.ring.tail().data()) add(s, "tail", w.tail);
+  if (w.tail.extent(0)) add(s, "tail", w.tail);
   add(s, "compress.pool_row_offsets", w.c_offsets);
   add(s, "compress.pooled", w.c_pooled);
   add(s, "ring_close.pooled", w.rc_pooled);
@@ -423,13 +428,14 @@ void expect_rejected(World& w, std::vector<Entry> const& entries,
 }
 
 template <class F>
-::testing::AssertionResult ring_ctor_rejects(F&& make, Expect const& x) {
+::testing::AssertionResult ctor_rejects(F&& make, Expect const& x,
+                                        std::string const& entry = "KPool::Ring") {
   try {
     make();
   } catch (KPool::InvalidArgument const& ex) {
-    return check_message("KPool::Ring", ex, x);
+    return check_message(entry, ex, x);
   }
-  return ::testing::AssertionFailure() << "KPool::Ring accepted it";
+  return ::testing::AssertionFailure() << entry << " accepted it";
 }
 
 // ---------------------------------------------------------------------------
@@ -608,34 +614,31 @@ TEST(Validation, CacheLengthPlusRowsMustFitInt32) {
 TEST(Validation, KpoolMustBeAtLeastOne) {
   World w;
   w.ape = F2("ape", 0, w.D);
-  expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused,
-                      Entry::step_unfused, Entry::tail_update,
-                      Entry::decode_step},
+  expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused, Entry::step_unfused,
+                      Entry::tail_update, Entry::decode_step},
                   at_extent("ape", 0, 0));
   // seed_tail takes K from the tail, [max_slots, 2, K, D].
   w.tail = V4("tail", kSlots, 2, 0, w.D);
   expect_rejected(w, {Entry::seed_tail}, at_extent("tail", 2, 0));
-  // expand_topk and compute_pool_row_offsets take it as an argument.
-  for (int bad : {0, -3}) {
-    w.kpool = bad;
-    expect_rejected(w, {Entry::expand_topk, Entry::pool_row_offsets},
-                    scalar("kpool", bad));
-  }
-  EXPECT_TRUE(ring_ctor_rejects([&] { Ring r(w.space, kSlots, 0, w.D); },
-                                scalar("kpool", 0)));
+  // compute_pool_row_offsets takes it from ape, expand_topk from the cache the ids come from.
+  expect_rejected(w, {Entry::pool_row_offsets}, scalar("kpool", 0));
+  w.ids_cache = KPool::PoolCache<float, M>();  // built without K
+  expect_rejected(w, {Entry::expand_topk}, Expect{"cache", -1, "0", "kpool"});
+  for (int bad : {0, -3})  // whose constructor refuses K < 1, as the Ring's does
+    EXPECT_TRUE(ctor_rejects([&] { KPool::PoolCache<float, M> c(w.space, 1, 1, 1, bad); },
+                             scalar("kpool", bad), "KPool::PoolCache"));
+  EXPECT_TRUE(ctor_rejects([&] { Ring r(w.space, kSlots, 0, w.D); }, scalar("kpool", 0)));
 }
 
 TEST(Validation, HeadDimMustBeAtLeastOne) {
   World w;
   w.ape = F2("ape", K, 0);
-  expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused,
-                      Entry::step_unfused, Entry::tail_update,
-                      Entry::decode_step},
+  expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused, Entry::step_unfused,
+                      Entry::tail_update, Entry::decode_step},
                   at_extent("ape", 1, 0));
   w.tail = V4("tail", kSlots, 2, K, 0);
   expect_rejected(w, {Entry::seed_tail}, at_extent("tail", 3, 0));
-  EXPECT_TRUE(ring_ctor_rejects([&] { Ring r(w.space, kSlots, K, 0); },
-                                scalar("head_dim", 0)));
+  EXPECT_TRUE(ctor_rejects([&] { Ring r(w.space, kSlots, K, 0); }, scalar("head_dim", 0)));
 }
 
 TEST(Validation, NextNMustBeAtLeastOne) {
@@ -689,11 +692,9 @@ TEST(Validation, HeadDimMustAgree) {
   }
   {
     World w;
-    w.tail = V4("tail", kSlots, 2, K, D + 1);
     w.ring = Ring(w.space, kSlots, K, D + 1);
-    expect_rejected(w, {Entry::ring_close, Entry::step_fused,
-                        Entry::step_unfused, Entry::tail_update,
-                        Entry::decode_step},
+    expect_rejected(w, {Entry::ring_close, Entry::step_fused, Entry::step_unfused,
+                        Entry::tail_update, Entry::decode_step},
                     at_extent("tail", 3, D + 1));
     expect_rejected(w, {Entry::seed_tail}, at_extent("key", 1, D));
   }
@@ -728,26 +729,25 @@ TEST(Validation, HeadDimMustAgree) {
 TEST(Validation, KpoolMustAgree) {
   {
     World w;
-    w.tail = V4("tail", kSlots, 2, K + 1, w.D);
     w.ring = Ring(w.space, kSlots, K + 1, w.D);
-    expect_rejected(w, {Entry::ring_close, Entry::step_fused,
-                        Entry::step_unfused, Entry::tail_update,
+    expect_rejected(w, {Entry::step_fused, Entry::step_unfused, Entry::tail_update,
                         Entry::decode_step},
                     at_extent("tail", 2, K + 1));
+    // ring_close checks the ring's kpool before its tail.
+    expect_rejected(w, {Entry::ring_close}, Expect{"ring", -1, std::to_string(K + 1), "kpool"});
   }
   {
     World w;
     w.ape = F2("ape", K + 1, w.D);
-    expect_rejected(w, {Entry::ring_close, Entry::step_fused,
-                        Entry::step_unfused, Entry::tail_update,
+    expect_rejected(w, {Entry::step_fused, Entry::step_unfused, Entry::tail_update,
                         Entry::decode_step},
                     at_extent("tail", 2, K));
+    expect_rejected(w, {Entry::ring_close}, Expect{"ring", -1, std::to_string(K), "kpool"});
   }
   {
     World w;
     w.tail = V4("tail", kSlots, 3, K, w.D);  // keys and gates: 2
-    expect_rejected(w, {Entry::ring_close, Entry::seed_tail,
-                        Entry::tail_update},
+    expect_rejected(w, {Entry::ring_close, Entry::seed_tail, Entry::tail_update},
                     at_extent("tail", 1, 3));
   }
 }
@@ -762,8 +762,8 @@ TEST(Validation, RingLengthMustBeAMultipleOfKpool) {
     expect_rejected(w, {Entry::ring_close, Entry::tail_update},
                     at_extent("tail", 2, R));
     if (R > 0) {
-      EXPECT_TRUE(ring_ctor_rejects([&] { Ring r(w.space, kSlots, K, w.D, R); },
-                                    scalar("ring_length", R)));
+      EXPECT_TRUE(ctor_rejects([&] { Ring r(w.space, kSlots, K, w.D, R); },
+                               scalar("ring_length", R)));
     }
   }
   {
@@ -776,14 +776,14 @@ TEST(Validation, RingLengthMustBeAMultipleOfKpool) {
     // A ring built for another kpool, even of a length this kpool divides.
     World w;
     w.ring = Ring(w.space, kSlots, K / 2, w.D, K);
-    expect_rejected(w, {Entry::step_fused, Entry::step_unfused, Entry::decode_step},
+    expect_rejected(w, {Entry::ring_close, Entry::tail_update, Entry::step_fused,
+                        Entry::step_unfused, Entry::decode_step},
                     Expect{"ring", -1, std::to_string(K / 2), "kpool"});
   }
   {
     World w;
     w.ring = Ring(w.space, kSlots, K, w.D, 2 * K);
     hold_positions(w.ring, 0x7FFFFFFFu, 1);
-    w.tail = w.ring.tail();
     EXPECT_EQ(w.ring.ring_length(), 2 * K);
     EXPECT_EQ(w.ring.kpool(), K);
     for (Entry e : {Entry::ring_close, Entry::seed_tail, Entry::tail_update,
@@ -988,13 +988,12 @@ TEST(DefenceInDepth, ShapeErrorsThrowWithValidationOff) {
     World w;
     w.opts.validate = false;
     w.ape = F2("ape", 0, w.D);
-    w.kpool = 0;
+    w.ids_cache = KPool::PoolCache<float, M>();
     expect_rejected(w, {Entry::compress, Entry::ring_close, Entry::step_fused,
-                        Entry::step_unfused, Entry::tail_update,
-                        Entry::decode_step},
+                        Entry::step_unfused, Entry::tail_update, Entry::decode_step},
                     at_extent("ape", 0, 0));
-    expect_rejected(w, {Entry::expand_topk, Entry::pool_row_offsets},
-                    scalar("kpool", 0));
+    expect_rejected(w, {Entry::pool_row_offsets}, scalar("kpool", 0));
+    expect_rejected(w, {Entry::expand_topk}, Expect{"cache", -1, "0", "kpool"});
   }
 }
 
@@ -1221,7 +1220,8 @@ TEST(DefenceInDepth, ExpandRowPastInt32PositionsIsSkipped) {
   Kokkos::deep_copy(out, -77);
   KPool::Options o;
   o.validate = false;
-  KPool::expand_topk(E(), ids, row_offsets, cache, 2, K, true, out, o);
+  KPool::expand_topk(E(), ids, true, KPool::ragged_batch(row_offsets, cache, 2),
+                     KPool::PoolCache<float, M>(E(), 1, 1, 1, K), out, o);
   auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
   for (int j = 0; j < width; ++j) EXPECT_EQ(h(0, j), -77) << "column " << j;
   // Row 1: visible 6, pool 0 complete, tail positions 4 and 5.

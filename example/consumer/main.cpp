@@ -4,12 +4,13 @@
 //  1. Chunked prefill: sequences A (slot 0) and B (slot 1) prefilled in
 //     chunks of 7 tokens through Layer::step; chunks end mid-pool, so pools
 //     close across calls. Every pool also lands in the layer's pool cache.
-//  2. Speculative decoding with verification: each Layer::decode_step row
-//     sends the next token and 2 drafts (next_n = 3). The verifier accepts
-//     some drafts; the next round re-sends from the first rejected one,
-//     rewinding the sequence. A rejected draft's key is wrong, so a pool
-//     built from it is wrong until it is re-sent; the layer's ring is
-//     Ring::serving_length(K, 2) long, so the rewind is safe.
+//  2. Speculative decoding with verification: each row of a decode batch
+//     (Layer::step) sends the next token and 2 drafts (next_n = 3). The
+//     verifier accepts some drafts; the next round re-sends from the first
+//     rejected one, rewinding the sequence. A rejected draft's key is
+//     wrong, so a pool built from it is wrong until it is re-sent; the
+//     layer's ring is Ring::serving_length(K, 2) long, so the rewind is
+//     safe.
 //  3. After every decode round, the selection of that batch: the layer's
 //     score_select and select_tokens, whose rows come
 //     from the decode positions on the device; each token row is checked
@@ -276,8 +277,10 @@ void check_sequence(Exec const& space, Layer const& layer, Sequence const& s) {
   Kokkos::deep_copy(gate, hg);
   Kokkos::View<std::uint32_t*, Mem> pool_row_offsets("pool_row_offsets", 2);
   KPool::compress(space, key, gate, layer.ape(),
-                  device_u32("row_offsets", {0u, static_cast<std::uint32_t>(L)}),
-                  device_u32("cache_lengths", {0u}), 1, pool_row_offsets, once);
+                  KPool::ragged_batch(
+                      device_u32("row_offsets", {0u, static_cast<std::uint32_t>(L)}),
+                      device_u32("cache_lengths", {0u}), 1),
+                  pool_row_offsets, once);
   auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), once);
   auto const cached =
       Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), layer.cache().values());

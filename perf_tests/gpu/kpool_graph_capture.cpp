@@ -219,10 +219,11 @@ void run_steps(Space const& space, State& s, Inputs const& in, bool fused) {
   KPool::Options o;
   o.validate = false;
   o.fused = fused;
-  KPool::step(space, s.ring, in.key, in.gate, in.ape, in.row_offsets,
-              in.cache_lengths, in.slot_idx, Inputs::B, s.general, o);
-  KPool::decode_step(space, s.ring, in.dkey, in.dgate, in.ape, in.positions,
-                     in.slot_idx, Inputs::B, s.decode, o);
+  KPool::step(space, s.ring, in.key, in.gate, in.ape,
+              KPool::ragged_batch(in.row_offsets, in.cache_lengths, in.slot_idx, Inputs::B),
+              s.general, o);
+  KPool::step(space, s.ring, in.dkey, in.dgate, in.ape,
+              KPool::decode_batch(in.positions, in.slot_idx, Inputs::B), s.decode, o);
 }
 
 // Everything a step leaves behind, on the host, as bytes.
@@ -427,8 +428,8 @@ int check_select(Space const& space, Stream stream) {
     auto cl = index_view<Kokkos::View<std::uint32_t*, Mem>>(space, "sel_lengths", sel.cache);
     std::size_t const n = offsets.back();
     auto const select = [&](auto const& q, auto const& w, Ids const& out) {
-      KPool::score_select(space, KPool::paged(sel.pools, sel.table), q, w, topk,
-                          KPool::ragged_batch(ro, cl, B), out, sel.ws, o);
+      KPool::score_select(space, q, w, topk, KPool::ragged_batch(ro, cl, B),
+                          KPool::paged(sel.pools, sel.table), out, sel.ws, o);
     };
     int const st = replay_select(space, stream, "ragged select", n, select,
                                  sel.queries(space, n, 13), sel.weights(space, n, 14),
@@ -450,8 +451,8 @@ int check_select(Space const& space, Stream stream) {
     KPool::Options p = o;
     p.decode_selection = how;
     auto const select = [&](auto const& q, auto const& w, Ids const& out) {
-      KPool::score_select(space, KPool::paged(sel.pools, sel.table), q, w, topk,
-                          KPool::decode_batch(positions, B), out, sel.ws, p);
+      KPool::score_select(space, q, w, topk, KPool::decode_batch(positions, B),
+                          KPool::paged(sel.pools, sel.table), out, sel.ws, p);
     };
     char const* what = how == KPool::DecodeSelection::separate
                            ? "decode select, separate"

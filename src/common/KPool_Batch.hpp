@@ -91,8 +91,12 @@ auto ragged_batch(RowOffsetsView const& row_offsets, CacheLengthsView const& cac
   KPOOL_IMPL_CHECK_VIEW(CacheLengthsView, std::uint32_t, 1, S, "cache_lengths");
   Batch<M> b;
   b.kind = Batch<M>::Kind::ragged;
-  b.row_offsets = row_offsets;
-  b.cache_lengths = cache_lengths;
+  // Past a wrong type only the assertion above speaks (no cascade).
+  if constexpr (Details::view_ok<RowOffsetsView, std::uint32_t, 1, S>() &&
+                Details::view_ok<CacheLengthsView, std::uint32_t, 1, S>()) {
+    b.row_offsets = row_offsets;
+    b.cache_lengths = cache_lengths;
+  }
   b.num_requests = num_requests;
   return b;
 }
@@ -110,7 +114,8 @@ auto ragged_batch(RowOffsetsView const& row_offsets, CacheLengthsView const& cac
   using M = typename Details::view_facts<RowOffsetsView>::memory_space;
   KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, Details::SpaceOf<M>, "slot_idx");
   auto b = ragged_batch(row_offsets, cache_lengths, num_requests);
-  b.slot_idx = slot_idx;
+  if constexpr (Details::view_ok<SlotView, std::uint32_t, 1, Details::SpaceOf<M>>())
+    b.slot_idx = slot_idx;
   return b;
 }
 
@@ -125,7 +130,8 @@ auto decode_batch(PositionsView const& positions, int num_requests) {
   KPOOL_IMPL_CHECK_VIEW(PositionsView, std::int32_t, 2, Details::SpaceOf<M>, "positions");
   Batch<M> b;
   b.kind = Batch<M>::Kind::decode;
-  b.positions = positions;
+  if constexpr (Details::view_ok<PositionsView, std::int32_t, 2, Details::SpaceOf<M>>())
+    b.positions = positions;
   b.num_requests = num_requests;
   return b;
 }
@@ -141,7 +147,8 @@ auto decode_batch(PositionsView const& positions, SlotView const& slot_idx, int 
   using M = typename Details::view_facts<PositionsView>::memory_space;
   KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, Details::SpaceOf<M>, "slot_idx");
   auto b = decode_batch(positions, num_requests);
-  b.slot_idx = slot_idx;
+  if constexpr (Details::view_ok<SlotView, std::uint32_t, 1, Details::SpaceOf<M>>())
+    b.slot_idx = slot_idx;
   return b;
 }
 

@@ -89,9 +89,13 @@ struct Options {
   /// KPool::step only: one launch for ring_close, compress and seed_tail
   /// (true, the default) or three (false). Both give the same bits.
   bool fused = true;
-  /// KPool::score_select and KPool::select_tokens only: the scoring
-  /// engine (see ScoreEngine).
+#if KPOOL_ENABLE_DEPRECATED
+  /// Retired: the scoring engine is the selection workspace's, chosen when
+  /// it is built (SelectWorkspace's `engine`). This may only repeat it, or
+  /// choose one where the workspace was built for ScoreEngine::automatic; a
+  /// contradiction is refused by name. Gone with KPool_ENABLE_DEPRECATED=OFF.
   ScoreEngine score_engine = ScoreEngine::automatic;
+#endif
   /// KPool::score_select and KPool::select_tokens with a decode Batch
   /// only: the scoring and the top-k in one launch or two (see
   /// DecodeSelection).

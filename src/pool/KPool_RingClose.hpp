@@ -88,8 +88,10 @@ void ring_close_impl(ExecutionSpace const& space, TailView const& tail,
 /// closed_pool(r) = p. Otherwise closed_pool(r) = -1 and pooled(r) is not
 /// written. The ring is only read (run it before seed_tail, which
 /// overwrites those entries). Rows at and past num_requests are not
-/// touched. c may be below the sequence's length (a rewind; see KPool::Ring
-/// for the caller's depth rule).
+/// touched. c may be below the sequence's length (a rewind, within the
+/// ring's depth: docs/ring.md, "Rewinds"), never past what the slot holds
+/// (docs/ring.md, "No gaps"): with options.validate each live row's start
+/// is checked against its slot's state.
 ///
 /// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
 /// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
@@ -97,54 +99,26 @@ void ring_close_impl(ExecutionSpace const& space, TailView const& tail,
 ///
 /// @tparam ExecutionSpace a Kokkos execution space.
 /// @param space the execution space instance the work is queued on.
-/// @param tail [max_slots, 2, R, D] T: the ring (Ring::tail()), read; R a
-/// multiple of K.
+/// @param ring the layer's ring (the one the steps use), built for ape's
+/// K; only read.
 /// @param key [total_tokens, D] T.
 /// @param gate [total_tokens, D] T.
 /// @param ape [K, D] float; K and D are taken from it.
-/// @param row_offsets [B + 1] uint32.
-/// @param cache_lengths [B] uint32.
-/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
-/// distinct among live rows.
-/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param batch a ragged batch with each row's ring slot
+/// (KPool::ragged_batch(row_offsets, cache_lengths, slot_idx, num_requests)).
 /// @param pooled [B, D] T, written where a pool closes.
 /// @param closed_pool [B] int32, written for every live row: the closed
 /// pool's id, or -1.
 /// @param options `validate` (data checks) and `team_size`; `fused` unused.
-/// @throws KPool::InvalidArgument for mismatched shapes or a ring length
-/// that is not a multiple of K (always) or bad index data or slots (with
-/// options.validate). Nothing has been written then.
+/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
+/// one without slot_idx; for mismatched shapes or a ring of another K
+/// (always); with options.validate, bad index data or slots, or a start
+/// its slot cannot serve ("cache_lengths", naming the slot, c and what the
+/// slot holds). Nothing has been written then.
 /// @par Launches and synchronization
 /// One launch on `space`. With options.validate, first fences `space` and
-/// copies row_offsets, cache_lengths and slot_idx (live rows) to the host.
-template <class ExecutionSpace, class TailView, class KeyView, class GateView,
-          class ApeView, class RowOffsetsView, class CacheLengthsView,
-          class SlotView, class PooledView, class ClosedView>
-void ring_close(ExecutionSpace const& space, TailView const& tail,
-                KeyView const& key, GateView const& gate, ApeView const& ape,
-                RowOffsetsView const& row_offsets,
-                CacheLengthsView const& cache_lengths,
-                SlotView const& slot_idx, int num_requests,
-                PooledView const& pooled, ClosedView const& closed_pool,
-                Options const& options = Options()) {
-  Details::ring_close_impl(space, tail, key, gate, ape, row_offsets, cache_lengths, slot_idx,
-                           num_requests, pooled, closed_pool, options,
-                           Details::RingSlots<typename ExecutionSpace::memory_space>());
-}
-
-/// ring_close with one batch argument and the ring itself (docs/api.md,
-/// "One batch argument"): space, the ring, inputs, a ragged batch with
-/// slot_idx, outputs, options. As the positional form, and with
-/// options.validate each live row's start is checked against its slot's
-/// state (docs/ring.md, "No gaps" and "The depth rule": no start past what
-/// the slot holds, none mid-pool in a fresh or reset slot, none deeper
-/// than the ring holds), with the other data checks. The ring is only
-/// read.
-/// @param ring the layer's ring (the one the steps use), built for ape's K.
-/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
-/// one without slot_idx, "cache_lengths" for a start the slot cannot
-/// serve (naming the slot, c and what the slot holds), and as the
-/// positional form. Nothing has been written then.
+/// copies row_offsets, cache_lengths and slot_idx (live rows) and the
+/// ring's slot state to the host.
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView, class GateView,
           class ApeView, class PooledView, class ClosedView>
 void ring_close(ExecutionSpace const& space, Ring<T, MemorySpace> const& ring,
@@ -155,25 +129,6 @@ void ring_close(ExecutionSpace const& space, Ring<T, MemorySpace> const& ring,
   Details::ring_close_impl(space, ring.tail(), key, gate, ape, batch.row_offsets,
                            batch.cache_lengths, batch.slot_idx, batch.num_requests, pooled,
                            closed_pool, options, Details::ring_slots(ring));
-}
-
-/// ring_close with one batch argument and the ring's view (docs/api.md,
-/// "One batch argument"): space, the ring's tail, inputs, a ragged batch
-/// with slot_idx, outputs, options. As the positional form: the slots'
-/// state is neither read nor checked (the ring form checks it).
-/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
-/// one without slot_idx, and as the positional form.
-template <class ExecutionSpace, class TailView, class KeyView, class GateView,
-          class ApeView, class MemorySpace, class PooledView, class ClosedView,
-          std::enable_if_t<Kokkos::is_view<TailView>::value, int> = 0>
-void ring_close(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
-                GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
-                PooledView const& pooled, ClosedView const& closed_pool,
-                Options const& options = Options()) {
-  Details::writer_batch_ok("KPool::ring_close", batch, Batch<MemorySpace>::Kind::ragged, true);
-  Details::ring_close_impl(space, tail, key, gate, ape, batch.row_offsets, batch.cache_lengths,
-                           batch.slot_idx, batch.num_requests, pooled, closed_pool, options,
-                           Details::RingSlots<typename ExecutionSpace::memory_space>());
 }
 
 }  // namespace KPool

@@ -73,10 +73,15 @@ void seed_tail_impl(ExecutionSpace const& space, TailView const& tail, KeyView c
 /// Stashes the call's last R positions in the ring (docs/writers.md,
 /// "seed_tail"). For request r with c = cache_lengths(r) and end = c + n,
 /// every position pos in [max(end - R, c), end) has its key and gate rows
-/// copied to tail(slot_idx(r), 0, pos % R) and tail(slot_idx(r), 1,
-/// pos % R). Nothing else is written, so a chunked prefill leaves the same
-/// ring as a single one, and a later call may rewind into any of those
-/// positions. Run it after ring_close.
+/// copied to ring index pos % R of slot slot_idx(r). Nothing else is
+/// written, so a chunked prefill leaves the same ring as a single one, and
+/// a later call may rewind into any of those positions. Run it after
+/// ring_close. Each live row that sends positions moves its slot's state
+/// on the device: the slot then holds them, after what it held when they
+/// continue it (docs/ring.md, "What a slot holds"). This is also how a
+/// sequence starts mid-pool in a fresh or reset slot (a prefix-cache hit
+/// at c, c % K != 0): seed_tail the pending pool's earlier members
+/// [floor(c/K)*K, c) with cache_lengths = floor(c/K)*K, then step from c.
 ///
 /// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
 /// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
@@ -84,46 +89,19 @@ void seed_tail_impl(ExecutionSpace const& space, TailView const& tail, KeyView c
 ///
 /// @tparam ExecutionSpace a Kokkos execution space.
 /// @param space the execution space instance the work is queued on.
-/// @param tail [max_slots, 2, R, D] T: the ring (Ring::tail()), written; R
-/// and D are taken from it (seed_tail needs no K).
+/// @param ring the layer's ring (the one the steps use); its entries and
+/// its slots' state are written. R and D are the ring's.
 /// @param key [total_tokens, D] T.
 /// @param gate [total_tokens, D] T.
-/// @param row_offsets [B + 1] uint32.
-/// @param cache_lengths [B] uint32.
-/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
-/// distinct among live rows.
-/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param batch a ragged batch with each row's ring slot
+/// (KPool::ragged_batch(row_offsets, cache_lengths, slot_idx, num_requests)).
 /// @param options `validate` (data checks) and `team_size`; `fused` unused.
-/// @throws KPool::InvalidArgument for mismatched shapes (always) or bad
-/// index data or slots (with options.validate). Nothing has been written
-/// then.
+/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
+/// one without slot_idx; for mismatched shapes (always) or bad index data
+/// or slots (with options.validate). Nothing has been written then.
 /// @par Launches and synchronization
 /// One launch on `space`. With options.validate, first fences `space` and
 /// copies row_offsets, cache_lengths and slot_idx (live rows) to the host.
-template <class ExecutionSpace, class TailView, class KeyView, class GateView,
-          class RowOffsetsView, class CacheLengthsView, class SlotView>
-void seed_tail(ExecutionSpace const& space, TailView const& tail,
-               KeyView const& key, GateView const& gate,
-               RowOffsetsView const& row_offsets,
-               CacheLengthsView const& cache_lengths, SlotView const& slot_idx,
-               int num_requests, Options const& options = Options()) {
-  Details::seed_tail_impl(space, tail, key, gate, row_offsets, cache_lengths, slot_idx,
-                          num_requests, options,
-                          Details::RingSlots<typename ExecutionSpace::memory_space>());
-}
-
-/// seed_tail with one batch argument and the ring itself (docs/api.md,
-/// "One batch argument"): space, the ring, inputs, a ragged batch with
-/// slot_idx, options. As the positional form, and each live row that
-/// sends positions [c, c + n) moves its slot's state on the device: the
-/// slot then holds them, after what it held when they continue it
-/// (docs/ring.md, "What a slot holds"). This is how a sequence starts
-/// mid-pool in a fresh or reset slot (a prefix-cache hit at c, c % K != 0):
-/// seed_tail the pending pool's earlier members [floor(c/K)*K, c) with
-/// cache_lengths = floor(c/K)*K, then step from c.
-/// @param ring the layer's ring (the one the steps use); written.
-/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
-/// one without slot_idx, and as the positional form.
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView, class GateView>
 void seed_tail(ExecutionSpace const& space, Ring<T, MemorySpace>& ring, KeyView const& key,
                GateView const& gate, Batch<MemorySpace> const& batch,
@@ -132,23 +110,6 @@ void seed_tail(ExecutionSpace const& space, Ring<T, MemorySpace>& ring, KeyView 
   Details::seed_tail_impl(space, ring.tail(), key, gate, batch.row_offsets,
                           batch.cache_lengths, batch.slot_idx, batch.num_requests, options,
                           Details::ring_slots(ring));
-}
-
-/// seed_tail with one batch argument and the ring's view (docs/api.md,
-/// "One batch argument"): space, the ring's tail, inputs, a ragged batch
-/// with slot_idx, options. As the positional form: the slots' state is not
-/// moved (the ring form moves it).
-/// @throws KPool::InvalidArgument (argument "batch") for a decode batch or
-/// one without slot_idx, and as the positional form.
-template <class ExecutionSpace, class TailView, class KeyView, class GateView,
-          class MemorySpace, std::enable_if_t<Kokkos::is_view<TailView>::value, int> = 0>
-void seed_tail(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
-               GateView const& gate, Batch<MemorySpace> const& batch,
-               Options const& options = Options()) {
-  Details::writer_batch_ok("KPool::seed_tail", batch, Batch<MemorySpace>::Kind::ragged, true);
-  Details::seed_tail_impl(space, tail, key, gate, batch.row_offsets, batch.cache_lengths,
-                          batch.slot_idx, batch.num_requests, options,
-                          Details::RingSlots<typename ExecutionSpace::memory_space>());
 }
 
 }  // namespace KPool

@@ -150,8 +150,10 @@ void tail_update_impl(ExecutionSpace const& space, TailView const& tail,
 /// and closed_pool(r, j), j = 0, 1, ... in order; the rest of
 /// closed_pool(r) is -1. Rows at and past num_requests are not touched. A
 /// row's first real position may rewind below the sequence's length
-/// (re-sent drafts; see KPool::Ring for the caller's depth rule): a pool
-/// whose last member is re-sent is emitted again.
+/// (re-sent drafts, within the ring's depth: docs/ring.md, "Rewinds"), never
+/// start past what its slot holds (docs/ring.md, "No gaps"): a pool whose
+/// last member is re-sent is emitted again. Each row's real positions move
+/// its slot's state on the device.
 ///
 /// Every View is a Kokkos::View in ExecutionSpace::memory_space, of any
 /// layout Kokkos can view as LayoutStride (LayoutRight, LayoutLeft,
@@ -159,52 +161,28 @@ void tail_update_impl(ExecutionSpace const& space, TailView const& tail,
 ///
 /// @tparam ExecutionSpace a Kokkos execution space.
 /// @param space the execution space instance the work is queued on.
-/// @param tail [max_slots, 2, R, D] T: the ring (Ring::tail()), read and
-/// written; R a multiple of K.
+/// @param ring the layer's ring (the one the steps use), built for ape's
+/// K; its entries and its slots' state are written.
 /// @param key [B, next_n, D] T (padding entries unread).
 /// @param gate [B, next_n, D] T.
 /// @param ape [K, D] float; K and D are taken from it.
-/// @param positions [B, next_n] int32: absolute positions, negative for
-/// padding; a row's real positions, left to right, are consecutive.
-/// @param slot_idx [B] uint32: each row's ring slot, below max_slots,
-/// distinct among live rows.
-/// @param num_requests live rows, 0 <= num_requests <= B.
+/// @param batch a decode batch with each row's ring slot
+/// (KPool::decode_batch(positions, slot_idx, num_requests)): positions
+/// [B, next_n] int32, negative for padding, a row's real positions
+/// consecutive.
 /// @param pooled [B, M, D] T, written, M >= ceil(next_n / K).
 /// @param closed_pool [B, M] int32, written for every live row.
 /// @param options `validate` (data checks) and `team_size`; `fused` unused.
-/// @throws KPool::InvalidArgument for mismatched shapes, next_n = 0, M <
-/// ceil(next_n / K) or a ring length that is not a multiple of K (always),
-/// or a slot out of range or shared, or real positions not consecutive
-/// (with options.validate). Nothing has been written then.
+/// @throws KPool::InvalidArgument (argument "batch") for a ragged batch or
+/// one without slot_idx; for mismatched shapes, next_n = 0, M <
+/// ceil(next_n / K) or a ring of another K (always); with
+/// options.validate, a slot out of range or shared, real positions not
+/// consecutive, or a start its slot cannot serve ("positions", naming the
+/// slot, c and what the slot holds). Nothing has been written then.
 /// @par Launches and synchronization
 /// One launch on `space`. With options.validate, first fences `space` and
-/// copies slot_idx and positions (live rows) to the host.
-template <class ExecutionSpace, class TailView, class KeyView, class GateView,
-          class ApeView, class PositionsView, class SlotView, class PooledView,
-          class ClosedView>
-void tail_update(ExecutionSpace const& space, TailView const& tail,
-                 KeyView const& key, GateView const& gate, ApeView const& ape,
-                 PositionsView const& positions, SlotView const& slot_idx,
-                 int num_requests, PooledView const& pooled,
-                 ClosedView const& closed_pool,
-                 Options const& options = Options()) {
-  Details::tail_update_impl(space, tail, key, gate, ape, positions, slot_idx, num_requests,
-                            pooled, closed_pool, options,
-                            Details::RingSlots<typename ExecutionSpace::memory_space>());
-}
-
-/// tail_update with one batch argument and the ring itself (docs/api.md,
-/// "One batch argument"): space, the ring, inputs, a decode batch with
-/// slot_idx, outputs, options. As the positional form, and with
-/// options.validate each live row's first real position is checked
-/// against its slot's state (docs/ring.md, "No gaps" and "The depth
-/// rule"), which each row's real positions then move on the device.
-/// @param ring the layer's ring (the one the steps use), built for ape's
-/// K; written.
-/// @throws KPool::InvalidArgument (argument "batch") for a ragged batch or
-/// one without slot_idx, "positions" for a start the slot cannot serve
-/// (naming the slot, c and what the slot holds), and as the positional
-/// form. Nothing has been written then.
+/// copies slot_idx and positions (live rows) and the ring's slot state to
+/// the host.
 template <class ExecutionSpace, class T, class MemorySpace, class KeyView, class GateView,
           class ApeView, class PooledView, class ClosedView>
 void tail_update(ExecutionSpace const& space, Ring<T, MemorySpace>& ring, KeyView const& key,
@@ -215,25 +193,6 @@ void tail_update(ExecutionSpace const& space, Ring<T, MemorySpace>& ring, KeyVie
   Details::tail_update_impl(space, ring.tail(), key, gate, ape, batch.positions, batch.slot_idx,
                             batch.num_requests, pooled, closed_pool, options,
                             Details::ring_slots(ring));
-}
-
-/// tail_update with one batch argument and the ring's view (docs/api.md,
-/// "One batch argument"): space, the ring's tail, inputs, a decode batch
-/// with slot_idx, outputs, options. As the positional form: the slots'
-/// state is neither checked nor moved (the ring form does both).
-/// @throws KPool::InvalidArgument (argument "batch") for a ragged batch or
-/// one without slot_idx, and as the positional form.
-template <class ExecutionSpace, class TailView, class KeyView, class GateView,
-          class ApeView, class MemorySpace, class PooledView, class ClosedView,
-          std::enable_if_t<Kokkos::is_view<TailView>::value, int> = 0>
-void tail_update(ExecutionSpace const& space, TailView const& tail, KeyView const& key,
-                 GateView const& gate, ApeView const& ape, Batch<MemorySpace> const& batch,
-                 PooledView const& pooled, ClosedView const& closed_pool,
-                 Options const& options = Options()) {
-  Details::writer_batch_ok("KPool::tail_update", batch, Batch<MemorySpace>::Kind::decode, true);
-  Details::tail_update_impl(space, tail, key, gate, ape, batch.positions, batch.slot_idx,
-                            batch.num_requests, pooled, closed_pool, options,
-                            Details::RingSlots<typename ExecutionSpace::memory_space>());
 }
 
 }  // namespace KPool

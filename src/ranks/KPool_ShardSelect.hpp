@@ -236,11 +236,12 @@ void shard_local_call(Checker const& chk, ExecutionSpace const& space,
 /// @param cache this rank's shard of the cache (PoolCache::sharded) and
 /// its block table of local pools.
 /// @param exchange built for at least q's rows, topk, and the cache's ranks.
-template <class ExecutionSpace, class C, class MemorySpace, class QView, class WeightsView,
+template <class ExecutionSpace, class QView, class WeightsView, class C, class MemorySpace,
           class T>
-void shard_select_local(ExecutionSpace const& space, PagedCache<C, MemorySpace> const& cache,
-                        QView const& q, WeightsView const& weights, int topk,
-                        Batch<MemorySpace> const& batch, SelectWorkspace<T, MemorySpace>& workspace,
+void shard_select_local(ExecutionSpace const& space, QView const& q, WeightsView const& weights,
+                        int topk, Batch<MemorySpace> const& batch,
+                        PagedCache<C, MemorySpace> const& cache,
+                        SelectWorkspace<T, MemorySpace>& workspace,
                         ShardWorkspace<T, MemorySpace>& exchange,
                         Options const& options = Options()) {
   Details::shard_local_call(Details::Entry("KPool::shard_select_local"), space, cache, q,
@@ -318,8 +319,8 @@ void shard_merge_call(Checker const& chk, ExecutionSpace const& space,
 /// lower pool id. One launch, a team a row; rows no request owns are left
 /// as they are.
 template <class ExecutionSpace, class C, class MemorySpace, class PoolIdsView, class T>
-void shard_select_merge(ExecutionSpace const& space, PagedCache<C, MemorySpace> const& cache,
-                        int topk, PoolIdsView const& pool_ids,
+void shard_select_merge(ExecutionSpace const& space, int topk,
+                        PagedCache<C, MemorySpace> const& cache, PoolIdsView const& pool_ids,
                         ShardWorkspace<T, MemorySpace>& exchange,
                         Options const& options = Options()) {
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
@@ -334,9 +335,9 @@ void shard_select_merge(ExecutionSpace const& space, PagedCache<C, MemorySpace> 
 /// batch's positions. Two launches (the rows' positions, the merge).
 /// @param batch the call's batch (ragged or decode), as the local step's.
 template <class ExecutionSpace, class C, class MemorySpace, class TokensView, class T>
-void shard_select_merge_tokens(ExecutionSpace const& space,
-                               PagedCache<C, MemorySpace> const& cache, int topk,
-                               Batch<MemorySpace> const& batch, TokensView const& tokens,
+void shard_select_merge_tokens(ExecutionSpace const& space, int topk,
+                               Batch<MemorySpace> const& batch,
+                               PagedCache<C, MemorySpace> const& cache, TokensView const& tokens,
                                ShardWorkspace<T, MemorySpace>& exchange,
                                Options const& options = Options()) {
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(TokensView, std::int32_t, 2, ExecutionSpace, "tokens");
@@ -409,11 +410,11 @@ void shard_call(std::string const& entry, ExecutionSpace const& space,
 /// shard_select_merge, on `space`.
 /// @param exchange built for q's rows, topk and comm.size() ranks.
 /// @param comm the group; comm.rank() must be the cache's shard rank.
-template <class ExecutionSpace, class C, class MemorySpace, class QView, class WeightsView,
+template <class ExecutionSpace, class QView, class WeightsView, class C, class MemorySpace,
           class PoolIdsView, class T>
-void score_select(ExecutionSpace const& space, PagedCache<C, MemorySpace> const& cache,
-                  QView const& q, WeightsView const& weights, int topk,
-                  Batch<MemorySpace> const& batch, PoolIdsView const& pool_ids,
+void score_select(ExecutionSpace const& space, QView const& q, WeightsView const& weights,
+                  int topk, Batch<MemorySpace> const& batch,
+                  PagedCache<C, MemorySpace> const& cache, PoolIdsView const& pool_ids,
                   SelectWorkspace<T, MemorySpace>& workspace,
                   ShardWorkspace<T, MemorySpace>& exchange,
                   Communicator<ExecutionSpace>& comm, Options const& options = Options()) {
@@ -427,11 +428,11 @@ void score_select(ExecutionSpace const& space, PagedCache<C, MemorySpace> const&
 /// over the whole cache on one rank; as the score_select form above, its
 /// merge written as token positions (shard_select_merge_tokens).
 /// @param tokens [T, topk * K + K - 1] int32, written for the live rows.
-template <class ExecutionSpace, class C, class MemorySpace, class QView, class WeightsView,
+template <class ExecutionSpace, class QView, class WeightsView, class C, class MemorySpace,
           class TokensView, class T>
-void select_tokens(ExecutionSpace const& space, PagedCache<C, MemorySpace> const& cache,
-                   QView const& q, WeightsView const& weights, int topk,
-                   Batch<MemorySpace> const& batch, TokensView const& tokens,
+void select_tokens(ExecutionSpace const& space, QView const& q, WeightsView const& weights,
+                   int topk, Batch<MemorySpace> const& batch,
+                   PagedCache<C, MemorySpace> const& cache, TokensView const& tokens,
                    SelectWorkspace<T, MemorySpace>& workspace,
                    ShardWorkspace<T, MemorySpace>& exchange,
                    Communicator<ExecutionSpace>& comm, Options const& options = Options()) {

@@ -61,11 +61,12 @@ class SelectWorkspace {
   /// @param max_visible the most pools a query row will see.
   /// @param num_heads H, the query heads.
   /// @param head_dim D, the cache's head_dim.
-  /// @param engine the scoring engine the selections use when their
-  /// Options::score_engine is automatic (the default: automatic, the
-  /// execution space's own choice). ScoreEngine::blas stages its buffers
-  /// (hosts with Kokkos Kernels); a selection asking for blas from a
-  /// workspace built for another engine is refused by name.
+  /// @param engine the scoring engine every selection through this
+  /// workspace uses: the one place it is chosen (the default, automatic:
+  /// the execution space's own choice, docs/indexer.md, "The scoring
+  /// engines"). ScoreEngine::blas stages its buffers (hosts with Kokkos
+  /// Kernels). An engine that does not take a call (tensor_cores over a
+  /// native f32 cache, say) is refused by name when the call is made.
   /// @throws KPool::InvalidArgument (entry point "KPool::SelectWorkspace")
   /// for sizes below 1, max_visible above 2^31 - 1, a key buffer past
   /// the address space, or blas where it does not exist (a device memory
@@ -154,8 +155,8 @@ class SelectWorkspace {
   int num_heads() const { return num_heads_; }
   /// @return D.
   int head_dim() const { return head_dim_; }
-  /// @return the engine the selections use for Options::score_engine
-  /// automatic (automatic: the execution space's own choice).
+  /// @return the engine the selections use (automatic: the execution
+  /// space's own choice).
   ScoreEngine engine() const { return engine_; }
   /// @return false for a default-constructed workspace.
   bool is_allocated() const { return keys_.data() != nullptr; }
@@ -224,94 +225,55 @@ class SelectWorkspace {
   Kokkos::View<score_type*, MemorySpace> blas_weights_;
 };
 
-/// Scoring and top-k selection over the pool cache (docs/indexer.md, "Scoring"
-/// and "Selection"). Query row row_offsets(r) + i is position
-/// cache_lengths(r) + i of the sequence in batch row r; it sees the pools
-/// p < floor((pos + 1) / kpool) and scores each as
+/// Scoring and top-k selection over the pool cache (docs/indexer.md,
+/// "Scoring" and "Selection"), for either form of the one batch argument
+/// (docs/api.md, "One batch argument"). A query row at position pos of its
+/// sequence sees the pools p < floor((pos + 1) / K) and scores each as
 ///   sum_h weights(t, h) * relu(R(q(t, h, :)) . k_p)
 /// (k_p the dequantized cached key, R the cache's rotation, relu passing
 /// NaN). pool_ids(t, :) receives the min(topk, visible) best pools, higher
 /// score first, ties to the lower id, NaN below every number, in ascending
-/// id order, then -1. Rows outside the live requests are not touched.
+/// id order, then -1. Rows outside the live requests are not touched. K is
+/// the cache's.
+///
+/// - A ragged batch: query row row_offsets(r) + i is position
+///   cache_lengths(r) + i of the sequence in batch row r.
+/// - A decode batch ([B, next_n] positions): query row r * next_n + i is
+///   entry (r, i) of positions, at position base_r + i with base_r = p - i
+///   for the row's first real entry (r, i) at p (a padding entry's row is
+///   selected as that position: its result means nothing, like the
+///   padding); on a device one kernel scores and selects it
+///   (Options::decode_selection).
 ///
 /// @param space the execution space instance everything is queued on.
-/// @param row_offsets [B + 1] uint32: request r's query rows.
-/// @param cache_lengths [B] uint32: the position of request r's first
-/// query row.
-/// @param block_table [>= num_requests, max_blocks] int32, any layout: the
-/// blocks of request r's pools, as the steps took it.
-/// @param num_requests the live rows of the batch.
-/// @param kpool K.
 /// @param q [T, H, D] of the workspace's storage type (the cache's type,
-/// or any but f64 for an fp8 cache): the indexer queries.
+/// or any but f64 for an fp8 cache): the indexer queries (T = B * next_n
+/// for a decode batch).
 /// @param weights [T, H] float: per-head weights.
-/// @param cache the layer's pool cache, read only.
-/// @param topk the pools selected per query row, at least 1.
-/// @param pool_ids [T, topk] int32, written for the live requests' rows.
-/// @param workspace at least T rows of max_visible pools, H heads, D.
-/// @param options validate, team_size, score_engine.
+/// @param topk pools selected per query row, at least 1.
+/// @param batch a ragged or decode batch (slot_idx not read).
+/// @param cache the layer's pool cache and the batch rows' block table
+/// (KPool::paged), read only.
+/// @param pool_ids [T, topk] int32, written for the live rows.
+/// @param workspace at least one row of max_visible pools, H heads, D;
+/// its engine is the call's (SelectWorkspace).
+/// @param options validate (with a decode batch also: a base_r below 0 is
+/// refused), team_size, decode_selection.
 /// @throws KPool::InvalidArgument for bad shapes (always) and bad data
 /// (with options.validate), before anything is written (docs/indexer.md,
 /// "Bad input").
 /// @par Launches and synchronization
 /// Per chunk of the workspace's rows, three on `space` (prepare the
-/// queries, score, select), which wait for nothing without validation;
-/// with ScoreEngine::blas the scoring is, per request and chunk of up to
-/// 8192 pools and ~256 query head rows, one staging launch, one gemm on
-/// the calling thread and one reduction launch, with fences.
-template <class ExecutionSpace, class RowOffsetsView, class CacheLengthsView,
-          class BlockTableView, class QView, class WeightsView, class C,
-          class MemorySpace, class PoolIdsView, class T>
-void score_select(ExecutionSpace const& space,
-                  RowOffsetsView const& row_offsets,
-                  CacheLengthsView const& cache_lengths,
-                  BlockTableView const& block_table, int num_requests,
-                  int kpool, QView const& q, WeightsView const& weights,
-                  PoolCache<C, MemorySpace> const& cache, int topk,
-                  PoolIdsView const& pool_ids,
-                  SelectWorkspace<T, MemorySpace>& workspace,
-                  Options const& options = Options()) {
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace,
-                               "pool_ids");
-  if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
-                !Details::view_facts<PoolIdsView>::is_const) {
-    Details::Entry const chk("KPool::score_select");
-    Details::score_select_call<false>(chk, space, row_offsets, cache_lengths,
-                                      block_table, num_requests, kpool, q,
-                                      weights, cache, topk, "pool_ids",
-                                      pool_ids, workspace, options);
-  }
-}
-
-/// score_select with one batch argument (docs/api.md, "One batch
-/// argument"): space, the paged cache (state), q, weights and topk
-/// (inputs), the batch, pool_ids (output), the workspace, options. K is
-/// the cache's. A ragged batch is the positional form's; with a decode
-/// batch ([B, next_n] positions), query row r * next_n + i is entry (r, i)
-/// of positions, at position base_r + i with base_r = p - i for the row's
-/// first real entry (r, i) at p (a padding entry's row is selected as that
-/// position: its result means nothing, like the padding); the rows are
-/// built on the device, in one small launch per chunk of the workspace's
-/// max_tokens rows. Same selection, rules and errors as the positional
-/// form.
-/// @param space the execution space instance everything is queued on.
-/// @param cache the layer's pool cache and the batch rows' block table
-/// (KPool::paged), read only.
-/// @param q [T, H, D]: the indexer queries (T = B * next_n for a decode
-/// batch).
-/// @param weights [T, H] float.
-/// @param topk pools selected per query row, at least 1.
-/// @param batch a ragged or decode batch (slot_idx not read).
-/// @param pool_ids [T, topk] int32, written for the live rows.
-/// @param workspace at least one row of max_visible pools, H heads, D.
-/// @param options validate (with a decode batch also: a base_r below 0 is
-/// refused), team_size, score_engine.
-/// @throws KPool::InvalidArgument as the positional form.
-template <class ExecutionSpace, class C, class MemorySpace, class QView,
-          class WeightsView, class PoolIdsView, class T>
-void score_select(ExecutionSpace const& space, PagedCache<C, MemorySpace> const& cache,
-                  QView const& q, WeightsView const& weights, int topk,
-                  Batch<MemorySpace> const& batch, PoolIdsView const& pool_ids,
+/// queries, score, select; a decode batch's fused selection: one), which
+/// wait for nothing without validation; with the blas engine the scoring
+/// is, per request and chunk of up to 8192 pools and ~256 query head rows,
+/// one staging launch, one gemm on the calling thread and one reduction
+/// launch, with fences.
+template <class ExecutionSpace, class QView, class WeightsView, class C, class MemorySpace,
+          class PoolIdsView, class T>
+void score_select(ExecutionSpace const& space, QView const& q, WeightsView const& weights,
+                  int topk, Batch<MemorySpace> const& batch,
+                  PagedCache<C, MemorySpace> const& cache, PoolIdsView const& pool_ids,
                   SelectWorkspace<T, MemorySpace>& workspace,
                   Options const& options = Options()) {
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");

@@ -19,7 +19,7 @@ int main(int argc, char* argv[]) {
   Kokkos::View<std::int32_t*, M> row_offsets("row_offsets", B + 1);  // wrong
   Kokkos::View<std::uint32_t*, M> cache_lengths("cache_lengths", B);
   Kokkos::View<std::uint32_t*, M> slot_idx("slot_idx", B);
-  KPool::step(space, ring, key, gate, ape, row_offsets, cache_lengths, slot_idx,
-              B, out);
+  KPool::step(space, ring, key, gate, ape,
+              KPool::ragged_batch(row_offsets, cache_lengths, slot_idx, B), out);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <common/KPool_Exceptions.hpp>
 #include <common/KPool_Float8.hpp>
 #include <common/detail/KPool_CacheWrite.hpp>
+#include <common/detail/KPool_Request.hpp>
 #include <common/detail/KPool_Strided.hpp>
 #include <common/detail/KPool_Validate.hpp>
 #include <common/detail/KPool_Views.hpp>
@@ -125,13 +126,35 @@ KOKKOS_INLINE_FUNCTION O to_output(A a) {
 // the original domain of a rotated cache the dequantized rows are staged
 // in scratch and rotated back (the orthonormal transform is its own
 // inverse) before they are written.
+// How many pools load_pools reads for each live row: an array's count
+// (its positional form), or the complete pools before a batch's rows (a
+// ragged batch: floor(cache_lengths(r) / K); a decode batch: floor(base_r
+// / K), base_r its first real position's row base).
+struct PoolCounts {
+  enum class From { array, ragged, decode };
+  From from = From::array;
+  Strided<const std::int32_t, 1> num_pools;
+  Strided<const std::uint32_t, 1> cache_lengths;
+  Strided<const std::int32_t, 2> positions;
+  int next_n = 0;
+  int kpool = 1;
+
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(int r) const {
+    if (from == From::array) return num_pools(r);
+    std::uint64_t const base = from == From::ragged
+                                   ? static_cast<std::uint64_t>(cache_lengths(r))
+                                   : decode_row_base(positions, r, next_n);
+    return static_cast<std::int64_t>(base / static_cast<std::uint64_t>(kpool));
+  }
+};
+
 template <class ExecutionSpace, class C, class A, class O>
 struct LoadPoolsFunctor {
   using member_type =
       typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
 
   CacheTarget<C, A, typename ExecutionSpace::memory_space> cache;
-  Strided<const std::int32_t, 1> num_pools;
+  PoolCounts num_pools;
   Strided<O, 3> out;
   std::uint64_t max_pools;  // out.extent(1)
   int num_requests;

@@ -121,6 +121,23 @@ KOKKOS_INLINE_FUNCTION SlotStart slot_start(SlotState const& s, std::uint64_t c,
   return SlotStart::ok;
 }
 
+// A decode batch's row r (docs/indexer.md, "Decode batches"): entry
+// (r, i) is at position base_r + i, base_r = p - i for its first real
+// entry (r, i) at p; 0 for a row without one, or a base below 0 (which
+// validation refuses). What the selection and the ranks' expansion read.
+template <class Positions>
+KOKKOS_INLINE_FUNCTION std::uint64_t decode_row_base(Positions const& positions,
+                                                     std::int64_t r, int next_n) {
+  for (int i = 0; i < next_n; ++i) {
+    std::int32_t const p = positions(r, i);
+    if (p >= 0) {
+      std::int64_t const base = static_cast<std::int64_t>(p) - i;
+      return base < 0 ? 0u : static_cast<std::uint64_t>(base);
+    }
+  }
+  return 0u;
+}
+
 // Pools that close when a decode row stashes `pos`: one when it is the last
 // member of its pool.
 KOKKOS_INLINE_FUNCTION bool closes_pool(std::int64_t pos, int kpool) {

@@ -90,23 +90,6 @@ struct SelectRequest {
   bool valid;
 };
 
-// A decode batch's row r (docs/indexer.md, "Decode batches"): entry
-// (r, i) is at position base_r + i, base_r = p - i for its first real
-// entry (r, i) at p; 0 for a row without one, or a base below 0 (which
-// validation refuses). What the selection and the ranks' expansion read.
-template <class Positions>
-KOKKOS_INLINE_FUNCTION std::uint64_t decode_row_base(Positions const& positions,
-                                                     std::int64_t r, int next_n) {
-  for (int i = 0; i < next_n; ++i) {
-    std::int32_t const p = positions(r, i);
-    if (p >= 0) {
-      std::int64_t const base = static_cast<std::int64_t>(p) - i;
-      return base < 0 ? 0u : static_cast<std::uint64_t>(base);
-    }
-  }
-  return 0u;
-}
-
 // The batch of a selection call: rows of q by request, and how many pools
 // a row may see (the workspace's row capacity). Where the pools live is
 // the cache's CacheTarget (its locate() is the block lookup every engine

@@ -369,7 +369,7 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
                       SlotView const& slot_idx, int num_requests,
                       StepOutput<T, M>& out, Arg const& arg,
                       Options const& options) {
-  Entry const chk("KPool::decode_step");
+  Entry const chk("KPool::step");
   check_decode_shapes(chk, key, gate, ape, positions, ring.tail(),
                       num_requests);
   int const K = static_cast<int>(ape.extent(0));
@@ -444,14 +444,14 @@ void decode_step_impl(ExecutionSpace const& space, Ring<T, M>& ring,
           chk, "num_requests", space, f,
           static_cast<std::uint64_t>(num_requests), D, P::width, per_row,
           options.team_size);
-      launch_offsets_scan(space, "KPool::decode_step::offsets",
+      launch_offsets_scan(space, "KPool::step::decode_offsets",
                           DecodePoolCount<M>{positions, slot_idx, num_requests,
                                              K, ring.max_slots()},
                           View1<std::uint32_t, M>(out.offsets()),
                           static_cast<int>(B));
-      launch_items(space, "KPool::decode_step::tail_update", shape, f);
+      launch_items(space, "KPool::step::tail_update", shape, f);
     });
-    cache_pass(space, "KPool::decode_step::cache");
+    cache_pass(space, "KPool::step::decode_cache");
   };
   if constexpr (Arg::enabled &&
                 cache_write_path_by_size<ExecutionSpace, CacheItems::decode, Arg::path>()) {

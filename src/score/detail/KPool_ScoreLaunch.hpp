@@ -64,18 +64,18 @@ ScoreEngine resolve_engine(Checker const& chk, ScoreEngine requested, bool rotat
                            bool serving, int heads, int head_dim) {
   if ((requested == ScoreEngine::blas || requested == ScoreEngine::team_gemm) &&
       !KPOOL_HAS_KOKKOSKERNELS)
-    chk.fail("options", "score_engine", -1, engine_name(requested),
+    chk.fail("workspace", "engine", -1, engine_name(requested),
              "needs Kokkos Kernels, which this build of KPool was configured "
              "without (KPOOL_HAS_KOKKOSKERNELS is 0; use automatic, tiles, "
              "register_tiles or tensor_cores)");
   if ((requested == ScoreEngine::blas || requested == ScoreEngine::register_tiles) &&
       KokkosExt::is_device_backend<ExecutionSpace>::value)
-    chk.fail("options", "score_engine", -1, engine_name(requested),
+    chk.fail("workspace", "engine", -1, engine_name(requested),
              "needs a host execution space (use tiles, team_gemm, tensor_cores or "
              "automatic)");
   MmaPlan const plan = mma_plan<ExecutionSpace, T, C>(rotated, serving);
   if (requested == ScoreEngine::tensor_cores && !plan.usable)
-    chk.fail("options", "score_engine", -1, engine_name(requested),
+    chk.fail("workspace", "engine", -1, engine_name(requested),
              std::string("does not take this call (") + plan.why + ")");
   if (requested == ScoreEngine::automatic) {
     if (plan.usable && plan.on_device) return ScoreEngine::tensor_cores;
@@ -365,7 +365,7 @@ void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
   if constexpr (mma_types<T, C>::value) {
     MmaPlan const plan = mma_plan<ExecutionSpace, T, C>(in.cache.rotate, in.cache.serving);
     if (!plan.usable)
-      chk.fail("options", "score_engine", -1, "tensor_cores",
+      chk.fail("workspace", "engine", -1, "tensor_cores",
                std::string("does not take this call (") + plan.why + ")");
     // mma_plan refuses what mma_kernel_runs leaves out.
     if (plan.kind == MmaKind::e4m3) {
@@ -392,7 +392,7 @@ void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
     }
   } else {
     (void)space, (void)in, (void)options, (void)run;
-    chk.fail("options", "score_engine", -1, "tensor_cores",
+    chk.fail("workspace", "engine", -1, "tensor_cores",
              "does not take f32 or f64 caches (use tiles)");
   }
 }

@@ -250,14 +250,17 @@ void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
                          int kpool, QView const& q, WeightsView const& weights,
                          Cache const& cache, int topk, char const* out_name,
                          OutView const& out, Workspace const& workspace,
-                         bool decode = false) {
+                         bool decode = false, bool scores = false) {
   using C = typename Cache::value_type;
-  if (topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
-  if (kpool < 1)
-    chk.fail_scalar("kpool", kpool, "is not a valid kpool (K must be at least 1)");
+  if (!scores && topk < 1) chk.fail_scalar("topk", topk, "is not at least 1");
   if (!cache.is_allocated())
     chk.fail("cache", "", -1, "an empty PoolCache",
              "has no storage (construct it with a size)");
+  // K is the cache's (a retired form's own kpool must repeat it, below).
+  if (cache.kpool() < 1)
+    chk.fail("cache", "kpool", -1, std::to_string(cache.kpool()),
+             "is not at least 1: the cache was built without its K "
+             "(PoolCache(space, num_blocks, block_pools, head_dim, kpool))");
   // A cache built with its K must be read with that K: another one gives
   // other visible pools, silently.
   if (cache.kpool() != kpool)
@@ -285,11 +288,11 @@ void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
   std::uint64_t const width =
       Expand ? expanded_width(static_cast<std::uint64_t>(topk), kpool, true)
              : static_cast<std::uint64_t>(topk);
-  if (width > 0x7FFFFFFF)
+  if (!scores && width > 0x7FFFFFFF)
     chk.fail_scalar("topk", topk, "times kpool is too wide a token row");
   chk.extent_is(out_name, 0, out.extent(0), rows, "the rows of q");
-  chk.extent_is(out_name, 1, out.extent(1), width,
-                Expand ? "topk * K + K - 1" : "topk");
+  if (!scores)
+    chk.extent_is(out_name, 1, out.extent(1), width, Expand ? "topk * K + K - 1" : "topk");
   // A decode batch's shape is checked by its entry point (its rows are
   // its positions).
   if (!decode) chk.batch_shape(row_offsets, cache_lengths, num_requests);
@@ -302,6 +305,10 @@ void check_select_shapes(Checker const& chk, RowOffsetsView const& row_offsets,
   chk.extent_is("q", 1, static_cast<std::size_t>(H),
                 static_cast<std::size_t>(workspace.num_heads()),
                 "the workspace's num_heads");
+  // Scores: a column for every pool a row may see.
+  if (scores)
+    chk.extent_at_least(out_name, 1, out.extent(1), workspace.max_visible(),
+                        "pools a row may see (the workspace's max_visible)");
   chk.extent_is("q", 2, static_cast<std::size_t>(D),
                 static_cast<std::size_t>(workspace.head_dim()),
                 "the workspace's head_dim");
@@ -349,7 +356,8 @@ struct DecodeRows {
   int first = 0;
   int next_n = 0;
 };
-template <bool Expand, bool Decode = false, class ExecutionSpace, class RowOffsetsView,
+template <bool Expand, bool Decode = false, bool Scores = false, class ExecutionSpace,
+          class RowOffsetsView,
           class CacheLengthsView, class BlockTableView, class QView,
           class WeightsView, class Cache, class OutView, class Workspace>
 void score_select_call(Checker const& chk, ExecutionSpace const& space,
@@ -394,7 +402,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     using Key = score_key_t<A>;
     check_select_shapes<Expand, T>(chk, row_offsets, cache_lengths, block_table,
                                    num_requests, kpool, q, weights, cache, topk,
-                                   out_name, out, workspace, Decode);
+                                   out_name, out, workspace, Decode, Scores);
     if (cache.shard().sharded() && shard_keys == nullptr)
       chk.fail("cache", "shard", -1, shard_name(cache.shard()),
                "holds one rank's share of the pools: a selection over it needs the "
@@ -403,10 +411,21 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     int const D = cache.head_dim();
     std::size_t const rows = q.extent(0);
     int const H = static_cast<int>(q.extent(1));
-    // The call's engine, else the workspace's (built for it).
-    ScoreEngine const asked = options.score_engine == ScoreEngine::automatic
-                                  ? workspace.engine()
-                                  : options.score_engine;
+    // The workspace's engine (built for it): the one place the engine is
+    // chosen. The retired Options::score_engine may only repeat it, or
+    // choose where the workspace was built for automatic.
+    ScoreEngine asked = workspace.engine();
+#if KPOOL_ENABLE_DEPRECATED
+    ScoreEngine const retired = options.score_engine;
+    if (retired != ScoreEngine::automatic) {
+      if (asked != ScoreEngine::automatic && asked != retired)
+        chk.fail("options", "score_engine", -1, engine_name(retired),
+                 std::string("contradicts the workspace's engine, ") + engine_name(asked) +
+                     " (the engine is the workspace's: SelectWorkspace(space, max_tokens, "
+                     "max_visible, num_heads, head_dim, engine))");
+      asked = retired;
+    }
+#endif
     ScoreEngine const engine = resolve_engine<ExecutionSpace, T, C>(
         chk, asked, cache.rotated(), cache.profile() == CacheProfile::serving, H, D);
     if (engine == ScoreEngine::blas && workspace.blas_queries() == nullptr)
@@ -414,7 +433,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
                "needs a workspace built for it: SelectWorkspace(space, max_tokens, "
                "max_visible, num_heads, head_dim, ScoreEngine::blas)");
     bool fuse = false;
-    if constexpr (Decode)
+    if constexpr (Decode && !Scores)
       fuse = fuse_decode_selection<ExecutionSpace, Key, Expand>(chk, options, engine, workspace,
                                                                 topk);
     // Without validation, a workspace that may be too short for a row is
@@ -454,7 +473,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     // its first row): it prepares the chunk's queries itself.
     using Prepare = PrepareQueriesFunctor<ExecutionSpace, T, A>;
     FuseScoreSelect<ExecutionSpace, Prepare, Key, Expand> fused;
-    if constexpr (Decode) {
+    if constexpr (Decode && !Scores) {
       fused.space = space;
       fused.out = View2<std::int32_t, M>(out);
       fused.out_columns = static_cast<int>(out.extent(1));
@@ -479,7 +498,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     for (std::size_t row_begin = 0; row_begin < rows; row_begin += chunk) {
       in.batch.row_begin = row_begin;
       in.batch.row_end = std::min(rows, row_begin + chunk);
-      if constexpr (Decode) {
+      if constexpr (Decode && !Scores) {
         if (fuse) {
           fused.prepare.row0 = in.batch.row_begin;
           launch_score(chk, space, engine, in, workspace, options, fused);
@@ -492,9 +511,12 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
           in.batch.row_end - in.batch.row_begin, H, D, workspace.prepared_queries(),
           workspace.prepared_weights());
       launch_score(chk, space, engine, in, workspace, options, LaunchScore<ExecutionSpace>{space});
-      launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
-                            View2<std::int32_t, M>(out), topk, split, options,
-                            static_cast<Key*>(shard_keys));
+      if constexpr (Scores)
+        launch_scores(chk, space, in.batch, static_cast<Key const*>(in.keys), out, options);
+      else
+        launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
+                              View2<std::int32_t, M>(out), topk, split, options,
+                              static_cast<Key*>(shard_keys));
     }
   }
 }
@@ -549,7 +571,7 @@ void check_decode_select_batch(Checker const& chk, ExecutionSpace const& space,
 // to the workspace's max_tokens rows each (one for the usual batch of at
 // most max_tokens rows), whose kernels read the requests' rows straight
 // from the positions (SelectBatch's decode form: no launch builds them).
-template <bool Expand, class ExecutionSpace, class C, class M, class QView,
+template <bool Expand, bool Scores = false, class ExecutionSpace, class C, class M, class QView,
           class WeightsView, class OutView, class Workspace>
 void score_select_batch(Checker const& chk, ExecutionSpace const& space,
                         PagedCache<C, M> const& paged, QView const& q,
@@ -558,7 +580,7 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
                         Options const& options, void* shard_keys = nullptr) {
   int const K = paged.cache.kpool();
   if (!batch.is_decode()) {
-    score_select_call<Expand>(chk, space, batch.row_offsets, batch.cache_lengths,
+    score_select_call<Expand, false, Scores>(chk, space, batch.row_offsets, batch.cache_lengths,
                               paged.block_table, batch.num_requests, K, q, weights,
                               paged.cache, topk, out_name, out, workspace, options,
                               shard_keys);
@@ -602,7 +624,7 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
       decode.positions = Strided<const std::int32_t, 2>(batch.positions);
       decode.first = static_cast<int>(first);
       decode.next_n = next_n;
-      score_select_call<Expand, true>(
+      score_select_call<Expand, true, Scores>(
           chk, space, View1<const std::uint32_t, M>(), View1<const std::uint32_t, M>(),
           Kokkos::subview(paged.block_table, reqs, Kokkos::ALL), static_cast<int>(count), K,
           Kokkos::subview(q, rows, Kokkos::ALL, Kokkos::ALL),
@@ -619,7 +641,7 @@ void score_select_batch(Checker const& chk, ExecutionSpace const& space,
     } while (first < n);
   } else {
     // The positional call names the wrong argument at compile time.
-    score_select_call<Expand>(chk, space, batch.row_offsets, batch.cache_lengths,
+    score_select_call<Expand, false, Scores>(chk, space, batch.row_offsets, batch.cache_lengths,
                               paged.block_table, batch.num_requests, K, q, weights,
                               paged.cache, topk, out_name, out, workspace, options,
                               shard_keys);
