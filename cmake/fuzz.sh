@@ -57,7 +57,7 @@ elif [ -d "$cache/kokkos-kernels-trilinos" ]; then
   kk=(-DKokkosKernels_ROOT="$cache/kokkos-kernels-trilinos")
 fi
 cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_COMPILER="clang++-$v" -DKPool_ENABLE_FUZZERS=ON \
+  -DCMAKE_CXX_COMPILER="clang++-$v" -DKPool_ENABLE_FUZZERS=ON -DKPool_ENABLE_DEPRECATED=OFF \
   -DKPool_ENABLE_TESTS=OFF -DKPool_ENABLE_PERF_TESTS=OFF -DKPool_ENABLE_EXAMPLES=OFF \
   -DKokkos_ROOT="$Kokkos_ROOT" "${kk[@]}" >/dev/null
 
