@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -438,6 +439,67 @@ void fill_uniform(Rng& rng, V const& v, double lo, double hi) {
     h.data()[i] = static_cast<typename V::value_type>(static_cast<float>(rng.uniform(lo, hi)));
   Kokkos::deep_copy(v, h);
 }
+
+// What a refusal must say: the entry point and argument always, the value,
+// a part of what() and the row where given.
+struct Refusal {
+  static constexpr std::int64_t any_row = std::numeric_limits<std::int64_t>::min();
+  char const* entry;
+  char const* argument;
+  char const* value = nullptr;
+  char const* words = nullptr;
+  std::int64_t row = any_row;
+};
+
+// call() must throw KPool::InvalidArgument saying `r`.
+template <class F>
+void expect_refused(F const& call, Refusal const& r) {
+  try {
+    call();
+    ADD_FAILURE() << r.entry << " accepted what it must refuse (argument " << r.argument << ")";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.entry_point(), r.entry);
+    EXPECT_EQ(e.argument(), r.argument);
+    if (r.value) {
+      EXPECT_EQ(e.value(), r.value);
+    }
+    if (r.words) {
+      EXPECT_NE(std::string(e.what()).find(r.words), std::string::npos) << e.what();
+    }
+    if (r.row != Refusal::any_row) {
+      EXPECT_EQ(e.row(), r.row);
+    }
+  }
+}
+
+// A LayerConfig of the sizes every layer test gives: K, head_dim, heads,
+// slots, batch rows, token rows, cache blocks and pools a block; the rest
+// at LayerConfig's defaults, for the test to set.
+inline KPool::LayerConfig layer_config(int kpool, int head_dim, int num_heads, int max_slots,
+                                       int max_batch, std::size_t max_tokens, int num_blocks,
+                                       int block_pools) {
+  KPool::LayerConfig c;
+  c.kpool = kpool;
+  c.head_dim = head_dim;
+  c.num_heads = num_heads;
+  c.max_slots = max_slots;
+  c.max_batch = max_batch;
+  c.max_tokens = max_tokens;
+  c.num_blocks = num_blocks;
+  c.block_pools = block_pools;
+  return c;
+}
+
+// The names the tests on the default execution space use.
+namespace OnDefaultSpace {
+using E = Kokkos::DefaultExecutionSpace;
+using M = E::memory_space;
+using U32 = Kokkos::View<std::uint32_t*, M>;
+using I1 = Kokkos::View<std::int32_t*, M>;
+using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+using F2 = Kokkos::View<float**, Kokkos::LayoutRight, M>;
+using F3 = Kokkos::View<float***, Kokkos::LayoutRight, M>;
+}  // namespace OnDefaultSpace
 
 }  // namespace KPoolTest
 

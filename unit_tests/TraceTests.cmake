@@ -9,7 +9,7 @@ target_link_libraries(kpool_trace_check PRIVATE kpool_internal_flags)
 target_compile_features(kpool_trace_check PRIVATE cxx_std_17)
 
 # The trace reader on the inputs fuzz_trace found (no Kokkos).
-add_executable(tst_trace_reader tst_trace_reader.cpp)
+add_executable(tst_trace_reader common/tst_trace_reader.cpp)
 target_include_directories(tst_trace_reader PRIVATE ${PROJECT_SOURCE_DIR}/example)
 target_link_libraries(tst_trace_reader PRIVATE GTest::gtest GTest::gtest_main kpool_internal_flags)
 target_compile_features(tst_trace_reader PRIVATE cxx_std_17)

@@ -142,7 +142,7 @@ sanitize() {
   fi
   local tool prog filter
   for tool in memcheck racecheck synccheck; do
-    for spec in "tst_select:Select/*bf16.DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit" \
+    for spec in "tst_select:SelectDecode/*bf16.DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit" \
                 "tst_score_mma:MmaDevice.*MatchesTheEmulation" \
                 "tst_select_topk:SelectTopk.SelectsTheRankingWith32BitKeys"; do
       prog=${spec%%:*}

@@ -18,10 +18,7 @@ namespace {
 
 using namespace KPoolTest;
 
-using E = Kokkos::DefaultExecutionSpace;
-using M = E::memory_space;
-using U32 = Kokkos::View<std::uint32_t*, M>;
-using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+using namespace KPoolTest::OnDefaultSpace;
 
 template <class T>
 ::testing::AssertionResult same_output(KPool::HostStepOutput<T> const& a,
@@ -87,16 +84,8 @@ template <class T, class C>
 void layer_matches_low_level(Variant const& v) {
   Rng rng(7 + (v.rotate ? 1 : 0) + (v.serving ? 2 : 0));
   E space;
-  KPool::LayerConfig cfg;
-  cfg.kpool = 4;
-  cfg.head_dim = 32;
-  cfg.num_heads = 4;
-  cfg.max_slots = 4;
+  KPool::LayerConfig cfg = layer_config(4, 32, 4, 4, 3, 40, 12, 4);
   cfg.drafts = 2;
-  cfg.max_batch = 3;
-  cfg.max_tokens = 40;
-  cfg.num_blocks = 12;
-  cfg.block_pools = 4;
   cfg.rotate = v.rotate;
   cfg.max_context = 192;  // 48 pools a query row at most
   cfg.select_rows = v.select_rows;
@@ -346,15 +335,7 @@ TEST(Layer, AdoptsAnEngineOwnedCacheAndSharesAWorkspace) {
 // must be sized at all: each refused by name.
 TEST(Layer, AdoptedBuffersMustMatchTheConfig) {
   E space;
-  KPool::LayerConfig cfg;
-  cfg.kpool = 4;
-  cfg.head_dim = 32;
-  cfg.num_heads = 4;
-  cfg.max_slots = 2;
-  cfg.max_batch = 2;
-  cfg.max_tokens = 8;
-  cfg.num_blocks = 4;
-  cfg.block_pools = 4;
+  KPool::LayerConfig cfg = layer_config(4, 32, 4, 2, 2, 8, 4, 4);
   cfg.max_context = 64;
   cfg.profile = KPool::CacheProfile::serving;
   Kokkos::View<float**, M> ape("ape", 4, 32);
@@ -362,15 +343,8 @@ TEST(Layer, AdoptedBuffersMustMatchTheConfig) {
   auto const refused = [&](KPool::LayerConfig const& c,
                            KPool::LayerBuffers<KPool::bfloat16, KPool::float8_e4m3, M> const& b,
                            char const* argument, char const* value, char const* words) {
-    try {
-      L const bad(space, c, ape, b);
-      ADD_FAILURE() << "accepted: " << words;
-    } catch (KPool::InvalidArgument const& e) {
-      EXPECT_EQ(e.entry_point(), "KPool::Layer");
-      EXPECT_EQ(e.argument(), argument);
-      EXPECT_EQ(e.value(), value);
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
+    expect_refused([&] { L const bad(space, c, ape, b); },
+                   {"KPool::Layer", argument, value, words});
   };
   KPool::LayerBuffers<KPool::bfloat16, KPool::float8_e4m3, M> b;
   // An exact-profile cache for a serving layer.
@@ -414,36 +388,19 @@ TEST(Layer, AdoptedBuffersMustMatchTheConfig) {
 
 TEST(Layer, ConfigIsChecked) {
   E space;
-  KPool::LayerConfig cfg;
-  cfg.kpool = 4;
-  cfg.head_dim = 8;
-  cfg.num_heads = 2;
-  cfg.max_slots = 2;
-  cfg.max_batch = 2;
-  cfg.max_tokens = 8;
-  cfg.num_blocks = 2;
-  cfg.block_pools = 2;
+  KPool::LayerConfig cfg = layer_config(4, 8, 2, 2, 2, 8, 2, 2);
   cfg.max_context = 13;
   Kokkos::View<float**, M> ape("ape", 4, 8), wrong("ape", 2, 8);
   KPool::Layer<float, float, M> const ok(space, cfg, ape);
   EXPECT_EQ(ok.ring().ring_length(), 4);  // serving_length(4, 0)
   EXPECT_EQ(ok.config().max_visible, 4u);  // ceil(13 / 4)
   EXPECT_EQ(ok.config().select_rows, 8u);  // max_tokens
-  try {
-    KPool::Layer<float, float, M> const bad(space, cfg, wrong);
-    ADD_FAILURE() << "accepted ape [2, 8] for K = 4";
-  } catch (KPool::InvalidArgument const& e) {
-    EXPECT_EQ(e.entry_point(), "KPool::Layer");
-    EXPECT_EQ(e.argument(), "ape");
-  }
+  // ape [2, 8] for K = 4, then max_batch 0.
+  expect_refused([&] { KPool::Layer<float, float, M> const bad(space, cfg, wrong); },
+                 {"KPool::Layer", "ape"});
   cfg.max_batch = 0;
-  try {
-    KPool::Layer<float, float, M> const bad(space, cfg, ape);
-    ADD_FAILURE() << "accepted max_batch 0";
-  } catch (KPool::InvalidArgument const& e) {
-    EXPECT_EQ(e.argument(), "config");
-    EXPECT_EQ(e.value(), "0");
-  }
+  expect_refused([&] { KPool::Layer<float, float, M> const bad(space, cfg, ape); },
+                 {"KPool::Layer", "config", "0"});
 }
 
 // A call past the sizes the layer was built for is refused in the config's
@@ -451,15 +408,7 @@ TEST(Layer, ConfigIsChecked) {
 // anything is written; not as an error about the layer's private output.
 TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
   E space;
-  KPool::LayerConfig cfg;
-  cfg.kpool = 2;
-  cfg.head_dim = 8;
-  cfg.num_heads = 2;
-  cfg.max_slots = 4;
-  cfg.max_batch = 2;
-  cfg.max_tokens = 6;
-  cfg.num_blocks = 8;
-  cfg.block_pools = 2;
+  KPool::LayerConfig cfg = layer_config(2, 8, 2, 4, 2, 6, 8, 2);
   cfg.max_visible = 4;
   Kokkos::View<float**, M> ape("ape", 2, 8);
   KPool::Layer<float, float, M> layer(space, cfg, ape);
@@ -469,15 +418,7 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
   auto const ring_before = raw_bytes(layer.ring().tail());
   auto const expect = [&](auto const& call, char const* entry, char const* argument,
                           char const* value, char const* words) {
-    try {
-      call();
-      ADD_FAILURE() << entry << " accepted a call past the layer's sizes";
-    } catch (KPool::InvalidArgument const& e) {
-      EXPECT_EQ(e.entry_point(), entry);
-      EXPECT_EQ(e.argument(), argument);
-      EXPECT_EQ(e.value(), value);
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
+    expect_refused(call, {entry, argument, value, words});
     EXPECT_EQ(raw_bytes(layer.ring().tail()), ring_before) << entry << " wrote the ring";
   };
   // 8 token rows, 6 at most.
@@ -528,32 +469,17 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
 
 TEST(Layer, SelectionNeedsAStepFirst) {
   E space;
-  KPool::LayerConfig cfg;
-  cfg.kpool = 2;
-  cfg.head_dim = 8;
-  cfg.num_heads = 2;
-  cfg.max_slots = 2;
-  cfg.max_batch = 2;
-  cfg.max_tokens = 4;
-  cfg.num_blocks = 2;
-  cfg.block_pools = 2;
+  KPool::LayerConfig cfg = layer_config(2, 8, 2, 2, 2, 4, 2, 2);
   cfg.max_visible = 4;
   Kokkos::View<float**, M> ape("ape", 2, 8);
   KPool::Layer<float, float, M> layer(space, cfg, ape);
   Kokkos::View<float***, M> q("q", 4, 2, 8);
   Kokkos::View<float**, M> w("w", 4, 2);
   I2 tokens("tokens", 4, KPool::select_tokens_width(1, 2));
-  try {
-    layer.select_tokens(space, q, w, 1, tokens);
-    ADD_FAILURE() << "selected before any step";
-  } catch (KPool::InvalidArgument const& e) {
-    EXPECT_EQ(e.entry_point(), "KPool::Layer::select_tokens");
-    EXPECT_EQ(e.argument(), "layer");
-    EXPECT_EQ(e.value(), "");
-    EXPECT_STREQ(e.what(),
-                 "KPool::Layer::select_tokens: argument 'layer': has run no step yet: a "
-                 "selection follows step(), whose batch it selects for");
-  }
+  expect_refused([&] { layer.select_tokens(space, q, w, 1, tokens); },
+                 {"KPool::Layer::select_tokens", "layer", "",
+                  "KPool::Layer::select_tokens: argument 'layer': has run no step yet: a "
+                  "selection follows step(), whose batch it selects for"});
 }
 
 // After a decode step, entry (r, i) is position base_r + i: a row whose
@@ -561,16 +487,8 @@ TEST(Layer, SelectionNeedsAStepFirst) {
 // and validation refuses it (row and value named).
 TEST(Layer, DecodeSelectionRefusesANegativeBase) {
   E space;
-  KPool::LayerConfig cfg;
-  cfg.kpool = 2;
-  cfg.head_dim = 8;
-  cfg.num_heads = 2;
-  cfg.max_slots = 2;
+  KPool::LayerConfig cfg = layer_config(2, 8, 2, 2, 2, 6, 4, 2);
   cfg.drafts = 2;
-  cfg.max_batch = 2;
-  cfg.max_tokens = 6;
-  cfg.num_blocks = 4;
-  cfg.block_pools = 2;
   cfg.max_visible = 4;
   Kokkos::View<float**, M> ape("ape", 2, 8);
   KPool::Layer<float, float, M> layer(space, cfg, ape);
@@ -583,15 +501,9 @@ TEST(Layer, DecodeSelectionRefusesANegativeBase) {
   // Row 1: padding, then positions 0 and 1 (base -1).
   layer.step(space, key, gate,
              KPool::decode_batch(positions_view<M>({0, 1, 2, -1, 0, 1}, 3), slots, 2), table);
-  try {
-    layer.select_tokens(space, q, w, 1, tokens);
-    ADD_FAILURE() << "accepted a row whose entries would start below position 0";
-  } catch (KPool::InvalidArgument const& e) {
-    EXPECT_EQ(e.entry_point(), "KPool::select_tokens");  // the batch form's own check
-    EXPECT_EQ(e.argument(), "positions");
-    EXPECT_EQ(e.row(), 1);
-    EXPECT_EQ(e.value(), "0");
-  }
+  // The batch form's own check.
+  expect_refused([&] { layer.select_tokens(space, q, w, 1, tokens); },
+                 {"KPool::select_tokens", "positions", "0", nullptr, 1});
   // Left padding with room below is a position like any other.
   layer.step(space, key, gate,
              KPool::decode_batch(positions_view<M>({3, 4, 5, -1, 2, 3}, 3), slots, 2), table);

@@ -41,10 +41,8 @@ namespace {
 
 using namespace KPoolTest;
 
-using E = Kokkos::DefaultExecutionSpace;
-using M = E::memory_space;
+using namespace KPoolTest::OnDefaultSpace;
 using T = KPool::bfloat16;
-using U32 = Kokkos::View<std::uint32_t*, M>;
 
 // Device launch shapes follow the backend, not whether the host can reach
 // the backend's memory.

@@ -19,14 +19,10 @@ namespace {
 
 using namespace KPoolTest;
 
-using E = Kokkos::DefaultExecutionSpace;
-using M = E::memory_space;
+using namespace KPoolTest::OnDefaultSpace;
 using T = KPool::bfloat16;
 using C = KPool::float8_e4m3;
-using U32 = Kokkos::View<std::uint32_t*, M>;
-using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
 using Q3 = Kokkos::View<T***, Kokkos::LayoutRight, M>;
-using F2 = Kokkos::View<float**, Kokkos::LayoutRight, M>;
 using Cache = KPool::PoolCache<C, M>;
 using Workspace = KPool::SelectWorkspace<T, M>;
 

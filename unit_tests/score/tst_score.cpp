@@ -28,9 +28,7 @@ namespace {
 using namespace KPoolTest;
 namespace SR = KPoolSelectRef;
 
-using E = Kokkos::DefaultExecutionSpace;
-using M = E::memory_space;
-using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+using namespace KPoolTest::OnDefaultSpace;
 
 template <class T>
 using Scores = Kokkos::View<typename KPool::SelectWorkspace<T, M>::score_type**,

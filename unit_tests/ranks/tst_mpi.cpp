@@ -24,8 +24,7 @@
 namespace {
 
 using namespace KPoolTest;
-using E = Kokkos::DefaultExecutionSpace;
-using M = E::memory_space;
+using namespace KPoolTest::OnDefaultSpace;
 
 int world_rank() {
   int r = 0;
@@ -247,16 +246,8 @@ void check_layer(KPool::CacheProfile profile, int interleave, std::uint64_t seed
   Rng rng(seed);
   KPool::Options const o = test_options<E>();
   int const K = 4, D = 32, H = 4, topk = 5, bp = 4, row_blocks = 8;
-  KPool::LayerConfig cfg;
-  cfg.kpool = K;
-  cfg.head_dim = D;
-  cfg.num_heads = H;
-  cfg.max_slots = 3;
+  KPool::LayerConfig cfg = layer_config(K, D, H, 3, 3, 64, 3 * row_blocks, bp);
   cfg.drafts = 1;
-  cfg.max_batch = 3;
-  cfg.max_tokens = 64;
-  cfg.num_blocks = 3 * row_blocks;
-  cfg.block_pools = bp;
   cfg.profile = profile;
   cfg.max_context = static_cast<std::size_t>(row_blocks * bp * K);
   Kokkos::View<float**, Kokkos::LayoutRight, M> ape("ape", K, D);

@@ -19,13 +19,11 @@ namespace {
 using namespace KPoolTest;
 using namespace KPoolCacheTest;
 
-using E = Kokkos::DefaultExecutionSpace;
-using M = E::memory_space;
+using namespace KPoolTest::OnDefaultSpace;
 using T = KPool::bfloat16;
 using F8 = KPool::float8_e4m3;
 using Out = KPool::StepOutput<T, M>;
 using Table = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
-using U32 = Kokkos::View<std::uint32_t*, M>;
 
 constexpr int D = 16;
 constexpr int kBlocks = 6;

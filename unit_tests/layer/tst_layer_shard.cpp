@@ -19,10 +19,7 @@ namespace {
 
 using namespace KPoolTest;
 
-using E = Kokkos::DefaultExecutionSpace;
-using M = E::memory_space;
-using U32 = Kokkos::View<std::uint32_t*, M>;
-using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
+using namespace KPoolTest::OnDefaultSpace;
 
 // A communicator that says who it is and gathers nothing: enough for a
 // layer that steps, or refuses before its selection gathers.
@@ -45,15 +42,7 @@ class NoGather : public KPool::Communicator<E> {
 constexpr int K = 4, D = 16, H = 2, bp = 2, row_blocks = 8;
 
 KPool::LayerConfig config() {
-  KPool::LayerConfig cfg;
-  cfg.kpool = K;
-  cfg.head_dim = D;
-  cfg.num_heads = H;
-  cfg.max_slots = 2;
-  cfg.max_batch = 2;
-  cfg.max_tokens = 64;
-  cfg.num_blocks = 2 * row_blocks;
-  cfg.block_pools = bp;
+  KPool::LayerConfig cfg = layer_config(K, D, H, 2, 2, 64, 2 * row_blocks, bp);
   cfg.max_context = row_blocks * bp * K;
   return cfg;
 }

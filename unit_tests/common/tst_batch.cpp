@@ -5,7 +5,7 @@
 // engine's buffers. (The retired forms against their replacements:
 // tst_deprecated.cpp.)
 
-#include <KPoolTestUtils.hpp>
+#include "KPoolTwin.hpp"
 
 #include <string>
 #include <vector>
@@ -13,44 +13,8 @@
 namespace {
 
 using namespace KPoolTest;
-
-using E = Kokkos::DefaultExecutionSpace;
-using M = E::memory_space;
-using U32 = Kokkos::View<std::uint32_t*, M>;
-using I1 = Kokkos::View<std::int32_t*, M>;
-using I2 = Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M>;
-using F2 = Kokkos::View<float**, Kokkos::LayoutRight, M>;
-using F3 = Kokkos::View<float***, Kokkos::LayoutRight, M>;
-using Cache = KPool::PoolCache<KPool::float8_e4m3, M>;
-
-constexpr int K = 4, D = 16, H = 2, max_slots = 4, blocks = 12, block_pools = 4;
-
-// Two of everything a layer writes: `a` for the positional calls, `b` for
-// the Batch forms, each starting from the same ring contents.
-struct Twin {
-  KPool::Ring<float, M> ring;
-  Cache cache;
-  KPool::StepOutput<float, M> out;
-  Twin(E const& space, Rng rng)
-      : ring(space, max_slots, K, D, 2 * K),
-        cache(space, blocks, block_pools, D, K, KPool::CacheScale::amax, true),
-        out(space, KPool::StepOutput<float, M>::capacity_for(32, 3, K), 3, D) {
-    fill_uniform(rng, ring.tail(), -2, 2);
-    hold_positions(ring, 0x7FFFFFFFu, 1);  // stands for earlier calls
-    // Allocated uninitialized: the same bytes in both twins' rows that no
-    // call writes.
-    Kokkos::deep_copy(out.pooled(), 0.0f);
-    Kokkos::deep_copy(out.pool_id(), -1);
-  }
-};
-
-// Row r's blocks: 4r .. 4r + 3.
-I2 block_table() {
-  std::vector<std::int32_t> v;
-  for (int r = 0; r < 3; ++r)
-    for (int c = 0; c < 4; ++c) v.push_back(4 * r + c);
-  return positions_view<M>(v, 4);
-}
+using namespace KPoolTest::OnDefaultSpace;
+using namespace KPoolTwinTest;
 
 // Calls with a batch of the other form, or without the ring slots, and a
 // blas selection from a workspace built for another engine: refused by
@@ -76,15 +40,7 @@ TEST(Batch, AWrongBatchIsRefusedByNameAndNothingIsWritten) {
 
   auto const expect = [&](auto const& call, char const* entry, char const* argument,
                           char const* value, char const* words) {
-    try {
-      call();
-      ADD_FAILURE() << entry << " took a batch it must refuse";
-    } catch (KPool::InvalidArgument const& e) {
-      EXPECT_EQ(e.entry_point(), entry);
-      EXPECT_EQ(e.argument(), argument);
-      EXPECT_EQ(e.value(), value);
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
+    expect_refused(call, {entry, argument, value, words});
     EXPECT_EQ(raw_bytes(t.ring.tail()), ring_before) << "the ring was written";
     EXPECT_EQ(raw_bytes(t.cache.values()), cache_before) << "the cache was written";
   };
