@@ -472,6 +472,14 @@ void expect_refused(F const& call, Refusal const& r) {
   }
 }
 
+// The names a typed test's body gives its configuration (TypeParam, a
+// Config): C, its storage type T, execution space E and memory space M.
+#define KPOOL_TEST_CONFIG_NAMES          \
+  using C = TypeParam;                   \
+  using T = typename C::value_type;      \
+  using E = typename C::execution_space; \
+  using M = typename C::memory_space
+
 // A LayerConfig of the sizes every layer test gives: K, head_dim, heads,
 // slots, batch rows, token rows, cache blocks and pools a block; the rest
 // at LayerConfig's defaults, for the test to set.

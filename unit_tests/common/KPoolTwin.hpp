@@ -49,6 +49,13 @@ inline ::testing::AssertionResult same_state(E const& space, Twin const& a, Twin
   return ::testing::AssertionSuccess();
 }
 
+// An ape [K, D] of values drawn from [-1, 1).
+inline F2 twin_ape(Rng& rng) {
+  F2 ape("ape", K, D);
+  fill_uniform(rng, ape, -1, 1);
+  return ape;
+}
+
 // Row r's blocks: 4r .. 4r + 3.
 inline I2 block_table() {
   std::vector<std::int32_t> v;

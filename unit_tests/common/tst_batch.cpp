@@ -12,9 +12,7 @@
 
 namespace {
 
-using namespace KPoolTest;
-using namespace KPoolTest::OnDefaultSpace;
-using namespace KPoolTwinTest;
+using namespace KPoolTwinTest;  // KPoolTest's names too
 
 // Calls with a batch of the other form, or without the ring slots, and a
 // blas selection from a workspace built for another engine: refused by
@@ -23,8 +21,7 @@ TEST(Batch, AWrongBatchIsRefusedByNameAndNothingIsWritten) {
   E space;
   Rng rng(5);
   KPool::Options const opts = test_options<E>();
-  F2 ape("ape", K, D);
-  fill_uniform(rng, ape, -1, 1);
+  F2 const ape = twin_ape(rng);
   I2 const table = block_table();
   U32 const ro = to_index_view<U32>(std::vector<std::uint32_t>{0, 4, 8}, "row_offsets");
   U32 const cl = to_index_view<U32>(std::vector<std::uint32_t>{0, 0}, "cache_lengths");

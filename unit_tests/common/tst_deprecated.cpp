@@ -24,16 +24,13 @@
 
 namespace {
 
-using namespace KPoolTest;
-using namespace KPoolTest::OnDefaultSpace;
-using namespace KPoolTwinTest;
+using namespace KPoolTwinTest;  // KPoolTest's names too
 
 TEST(Deprecated, EveryRetiredFormIsItsReplacement) {
   E space;
   Rng rng(11);
   KPool::Options const opts = test_options<E>();
-  F2 ape("ape", K, D);
-  fill_uniform(rng, ape, -1, 1);
+  F2 const ape = twin_ape(rng);
   I2 const table = block_table();
 
   // A ragged batch: 2 live rows (continuations of 3 and 0 tokens), a dead
@@ -344,8 +341,7 @@ TEST(Deprecated, LayersPositionalStepsAreItsBatchStep) {
   cfg.num_blocks = blocks;
   cfg.block_pools = block_pools;
   cfg.max_context = 64;
-  F2 ape("ape", K, D);
-  fill_uniform(rng, ape, -1, 1);
+  F2 const ape = twin_ape(rng);
   KPool::Layer<float, float, M> a(space, cfg, ape), b(space, cfg, ape);
   I2 const table = block_table();
   KPool::Options const opts = test_options<E>();

@@ -28,10 +28,7 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> ring_requests(int K) {
 }
 
 TYPED_TEST(RingWriters, RingCloseMatchesReferenceAndOnlyReadsTheRing) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   for (int K : k_grid())
     for (int D : d_grid()) {
       SCOPED_TRACE(shape(K, D));
@@ -78,10 +75,7 @@ TYPED_TEST(RingWriters, RingCloseMatchesReferenceAndOnlyReadsTheRing) {
 }
 
 TYPED_TEST(RingWriters, SeedTailKeepsTheCallsLastRingLengthPositions) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   for (int K : k_grid())
     for (int D : d_grid()) {
       SCOPED_TRACE(shape(K, D));
@@ -108,10 +102,7 @@ TYPED_TEST(RingWriters, SeedTailKeepsTheCallsLastRingLengthPositions) {
 // Decode rows: next_n from 1 to 2K, padded entries anywhere in a row,
 // rows of padding only, dead rows, and more output columns than needed.
 TYPED_TEST(RingWriters, TailUpdateMatchesReferenceForEveryNextN) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   for (int K : k_grid())
     for (int D : d_grid()) {
       for (int next_n = 1; next_n <= 2 * K; next_n += (K >= 8 ? 3 : 1)) {
@@ -184,10 +175,7 @@ TYPED_TEST(RingWriters, TailUpdateMatchesReferenceForEveryNextN) {
 // decode rows that start below where the ring's last writes ended
 // (rewinds).
 TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   for (int K : {1, 3, 4})
     for (int D : {7, 128})
       for (int R : {2 * K, 4 * K}) {
@@ -359,10 +347,7 @@ struct OddRing {
 };
 
 TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   for (auto const& [K, D] : {std::pair<int, int>{4, 128}, {3, 64}}) {
     SCOPED_TRACE(shape(K, D));
     E space;

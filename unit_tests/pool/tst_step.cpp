@@ -115,10 +115,7 @@ void check_output(KPool::StepOutput<typename C::value_type, typename C::memory_s
 }
 
 TYPED_TEST(Step, GeneralStepMatchesTheWritersInOrder) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   for (int K : k_grid())
     for (int D : {1, 7, 128}) {
       for (bool fused : {true, false}) {
@@ -152,10 +149,7 @@ TYPED_TEST(Step, GeneralStepMatchesTheWritersInOrder) {
 // docs/writers.md asks the fused launch and the three launches for the same
 // pools; KPool promises the same bits, ring included.
 TYPED_TEST(Step, FusedAndThreeLaunchPathsAgreeBitForBit) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   for (int K : {1, 3, 4, 8})
     for (int D : {7, 128, 256}) {
       SCOPED_TRACE(shape(K, D));
@@ -204,10 +198,7 @@ TYPED_TEST(Step, FusedAndThreeLaunchPathsAgreeBitForBit) {
 // The output bound floor(total_tokens / K) + B is reached: every request
 // closes its ring pool and fills the rest with whole pools.
 TYPED_TEST(Step, CapacityBoundIsEnoughForTheFullestBatch) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   int const K = 4, D = 16, B = 6;
   Rng rng(8);
   std::vector<std::pair<std::uint32_t, std::uint32_t>> live;
@@ -235,10 +226,7 @@ TYPED_TEST(Step, CapacityBoundIsEnoughForTheFullestBatch) {
 }
 
 TYPED_TEST(Step, DecodeStepCompactsTailUpdatePools) {
-  using C = TypeParam;
-  using T = typename C::value_type;
-  using E = typename C::execution_space;
-  using M = typename C::memory_space;
+  KPOOL_TEST_CONFIG_NAMES;
   for (int K : k_grid())
     for (int next_n : {1, 2, K + 1, 2 * K}) {
       int const D = 64;

@@ -410,6 +410,21 @@ void expect_every_engine_conforms(Shape const& s, Scenario const& sc) {
   }
 }
 
+
+// select_tokens on the scenario writes the expansion (KPoolRef::expand_topk)
+// of what score_select selects, which conforms to the reference; rows
+// outside the live requests stay as they were in both outputs.
+template <class E, class T>
+void expect_tokens_expand_the_selection(Scenario const& sc, EngineOptions const& o) {
+  std::vector<std::int32_t> const ids = run<E, T>(sc, o);
+  ASSERT_TRUE(conforms(sc, ids));
+  std::vector<std::int32_t> want;
+  KPoolRef::expand_topk(sc.s.K, ids, sc.s.topk, sc.batch.reference, true, want);
+  std::vector<std::int32_t> const got = run<E, T>(sc, o, true);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "token column " << i;
+}
+
 }  // namespace KPoolSelectTest
 
 #endif

@@ -62,16 +62,7 @@ TYPED_TEST(Select, SelectTokensIsTheExpansionOfTheSelection) {
     Scenario const sc = make_scenario(s, TypeParam::dtype, mixed_batch(), 6, 2, 7);
     for (KPool::ScoreEngine engine : engines<E>()) {
       SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine));
-      EngineOptions const o = options_for<E>(engine);
-      std::vector<std::int32_t> const ids = run<E, T>(sc, o);
-      ASSERT_TRUE(conforms(sc, ids));
-      // Rows outside the live requests stay as they were in both outputs.
-      std::vector<std::int32_t> want;
-      KPoolRef::expand_topk(s.K, ids, s.topk, sc.batch.reference, true, want);
-      std::vector<std::int32_t> const got = run<E, T>(sc, o, true);
-      ASSERT_EQ(got.size(), want.size());
-      for (std::size_t i = 0; i < got.size(); ++i)
-        ASSERT_EQ(got[i], want[i]) << "token column " << i;
+      expect_tokens_expand_the_selection<E, T>(sc, options_for<E>(engine));
     }
   }
 }
@@ -280,15 +271,7 @@ TYPED_TEST(Select, SelectTokensWithATopkPastFastScratch) {
   Scenario const sc = make_scenario(s, TypeParam::dtype, {{(1u << 14) * 4 - 1, 1}}, 1, 0, 53);
   for (KPool::ScoreEngine engine : engines<E>()) {
     SCOPED_TRACE(describe(s) + " engine " + KPool::Details::engine_name(engine));
-    EngineOptions const o = options_for<E>(engine, 0);
-    std::vector<std::int32_t> const ids = run<E, T>(sc, o);
-    ASSERT_TRUE(conforms(sc, ids));
-    std::vector<std::int32_t> want;
-    KPoolRef::expand_topk(s.K, ids, s.topk, sc.batch.reference, true, want);
-    std::vector<std::int32_t> const got = run<E, T>(sc, o, true);
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t i = 0; i < got.size(); ++i)
-      ASSERT_EQ(got[i], want[i]) << "token column " << i;
+    expect_tokens_expand_the_selection<E, T>(sc, options_for<E>(engine, 0));
   }
 }
 
