@@ -168,6 +168,21 @@ class SelectWorkspace {
   /// selection's tickets, then its counts of queries claimed and prepared
   /// (the selection stage's own use).
   std::uint32_t* fused_tickets() const { return fused_tickets_.data(); }
+
+  /// Puts the fused decode selection's words (fused_tickets()) back to
+  /// zero: one fill queued on `space`, no fence. Every fused launch that
+  /// runs to its end leaves them at zero; one that dies mid-way (a device
+  /// fault, a killed stream or process sharing the workspace, an aborted
+  /// graph) may leave some set, and the next fused call through this
+  /// workspace would then wait for queries no team prepares. Call it after
+  /// such a failure, before the workspace is used again (docs/indexer.md,
+  /// "A decode selection in one launch"); anywhere else it is needless and
+  /// harmless. The other buffers need nothing: every call writes what it
+  /// reads.
+  template <class ExecutionSpace>
+  void reset_counters(ExecutionSpace const& space) const {
+    if (fused_tickets_.data() != nullptr) Kokkos::deep_copy(space, fused_tickets_, 0u);
+  }
   /// @return the long rows' regions: per-segment counts, then their sure
   /// ids and candidates (null without long rows).
   std::uint32_t* segment_histograms() const { return seg_hist_.data(); }

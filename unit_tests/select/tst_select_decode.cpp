@@ -259,6 +259,49 @@ TEST(SelectDecodeFusion, TeamsRunningTogetherPrepareTheQueriesOnce) {
   EXPECT_GE(compared, 8);
 }
 
+// A fused launch that dies mid-way can leave its groups' words set, and the
+// next fused call through the workspace would wait for queries no team
+// prepares: SelectWorkspace::reset_counters puts every word back to zero on
+// the caller's space, after which the fused call selects what the separate
+// path selects, on every engine the fused call takes.
+TEST(SelectDecodeFusion, ResetCountersRecoversFromALaunchThatDied) {
+  using E = Kokkos::DefaultExecutionSpace;
+  using M = E::memory_space;
+  Shape const s{4, 16, 64, 16, true, true, 16};
+  Scenario const sc = make_scenario(s, DType::f32, {{300, 2}, {1000, 2}}, 2, 0, 77);
+  Rng rng(3);
+  DecodeRows const d = decode_rows(sc, 2, rng);
+  Inputs<E, float, KPool::float8_e4m3> in(sc);
+  auto const positions = positions_view<M>(d.positions, d.next_n);
+  auto const batch = KPool::decode_batch(positions, sc.B());
+  auto const paged = KPool::paged(in.cache, in.table);
+  int compared = 0;
+  for (KPool::ScoreEngine engine : fused_engines<E, float>(s)) {
+    SCOPED_TRACE(KPool::Details::engine_name(engine));
+    EngineOptions fused = options_for<E>(engine);
+    fused.decode_selection = KPool::DecodeSelection::fused;
+    EngineOptions separate = fused;
+    separate.decode_selection = KPool::DecodeSelection::separate;
+    std::vector<std::int32_t> const want = run_decode<E, float>(sc, d, separate, false, 12);
+    KPool::SelectWorkspace<float, M> ws(in.space, 12, sc.max_visible, s.H, s.D,
+                                        workspace_engine<M>(engine));
+    Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>> const words(
+        ws.fused_tickets(), 3 * ws.max_tokens());
+    Kokkos::deep_copy(words, 5u);  // what a launch that died may leave
+    ws.reset_counters(in.space);
+    auto const h = on_host(words);
+    for (std::size_t i = 0; i < h.extent(0); ++i)
+      ASSERT_EQ(h(i), 0u) << "reset_counters left word " << i;
+    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, s.topk);
+    Kokkos::deep_copy(out, kSentinel);
+    KPool::score_select(in.space, in.q, in.w, s.topk, batch, paged, out, ws, fused);
+    auto const got = on_host(out);
+    EXPECT_EQ(std::vector<std::int32_t>(got.data(), got.data() + got.size()), want);
+    ++compared;
+  }
+  EXPECT_GE(compared, 1);
+}
+
 // A call the fused selection does not take, asked for by name: refused
 // naming options.decode_selection, nothing written; automatic takes the two
 // launches instead.
