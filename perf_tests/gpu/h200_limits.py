@@ -17,8 +17,8 @@ work on a GPU). The limit is the larger of
     TFLOP/s (the exact profile: three bf16 terms of the rotated query),
     "f32" 67 TFLOP/s on the CUDA cores (the other engines).
 
-These are the cost model's numbers (perf_tests/gpu/cost_model.py imports
-them). The measured time is the device's own where the report has it: a
+These are the limits docs/performance.md's GPU figures are set against.
+The measured time is the device's own where the report has it: a
 CUDA graph's per-call time, else the per-call time of a batch of calls
 with one fence, else the fenced per-call time. `ratio` = measured / limit
 (1.0 is the limit; the closer, the better).
