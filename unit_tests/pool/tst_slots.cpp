@@ -72,14 +72,20 @@ class OneSlot {
 
   KPool::Ring<T, M>& ring() { return ring_; }
 
+  // Every call of the session validates.
+  static KPool::Options validated() {
+    KPool::Options o = test_options<E>();
+    o.validate = true;
+    return o;
+  }
+
   // Positions [c, c + n) to slot 0; the bookkeeping moves only when the
   // call returns.
   void send(int c, int n) {
     Matrix key(n, D), gate(n, D);
     values(c, n, key, gate);
     E space;
-    KPool::Options o = test_options<E>();
-    o.validate = true;
+    KPool::Options o = validated();
     U32 const slot = to_index_view<U32>(std::vector<std::uint32_t>{0}, "slot_idx");
     U32 const ro = to_index_view<U32>(std::vector<std::uint32_t>{0, std::uint32_t(n)}, "ro");
     U32 const cl = to_index_view<U32>(std::vector<std::uint32_t>{std::uint32_t(c)}, "cl");
@@ -135,8 +141,7 @@ class OneSlot {
     Matrix key(n, D), gate(n, D);
     values(c, n, key, gate);
     E space;
-    KPool::Options o = test_options<E>();
-    o.validate = true;
+    KPool::Options const o = validated();
     U32 const slot = to_index_view<U32>(std::vector<std::uint32_t>{0}, "slot_idx");
     KPool::seed_tail(
         space, ring_, to_view<T, M>(key, "key"), to_view<T, M>(gate, "gate"),

@@ -40,10 +40,13 @@ DecodeRows decode_rows(Scenario const& sc, int next_n, Rng& rng) {
 }
 
 // pool_ids (or token rows) of a decode Batch selection of the scenario.
+// With `died`, the workspace first holds what a fused launch that died
+// mid-way may leave (every group's words set), and reset_counters puts
+// them back to zero on the call's space.
 template <class E, class T, class C>
 std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& d,
                                           EngineOptions const& options, bool tokens,
-                                          std::size_t ws_rows) {
+                                          std::size_t ws_rows, bool died = false) {
   using M = typename E::memory_space;
   Inputs<E, T, C> in(sc);
   int const width = tokens ? KPool::select_tokens_width(sc.s.topk, sc.s.K) : sc.s.topk;
@@ -57,6 +60,17 @@ std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& 
   auto const positions = positions_view<M>(d.positions, d.next_n);
   auto const batch = KPool::decode_batch(positions, sc.B());
   auto const paged = KPool::paged(in.cache, in.table);
+  Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>> const words(
+      ws.fused_tickets(), 3 * ws_rows);
+  if (died) {
+    Kokkos::deep_copy(words, 5u);
+    ws.reset_counters(in.space);
+    auto const h = on_host(words);
+    std::size_t set = 0;
+    for (std::size_t i = 0; i < h.extent(0); ++i) set += h(i) != 0u;
+    EXPECT_EQ(set, 0u) << "words reset_counters left set";
+    if (set != 0) return {};  // the fused call would wait for them forever
+  }
   auto const call = [&](Kokkos::View<T***, Kokkos::LayoutRight, M> const& q) {
     if (tokens)
       KPool::select_tokens(in.space, q, in.w, sc.s.topk, batch, paged, out, ws, options);
@@ -74,21 +88,22 @@ std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& 
           ws.prepared_queries(), ws_rows * static_cast<std::size_t>(sc.s.H * sc.s.D)),
       std::numeric_limits<A>::quiet_NaN());
   call(in.q);
-  auto const words = on_host(Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      ws.fused_tickets(), 3 * ws_rows));
-  for (std::size_t i = 0; i < words.extent(0); ++i)
-    EXPECT_EQ(words(i), 0u) << "the fused call left word " << i << " of its groups' words";
+  auto const after = on_host(words);
+  for (std::size_t i = 0; i < after.extent(0); ++i)
+    EXPECT_EQ(after(i), 0u) << "the fused call left word " << i << " of its groups' words";
   auto const h = on_host(out);
   return std::vector<std::int32_t>(h.data(), h.data() + h.size());
 }
 
 template <class E, class T>
 std::vector<std::int32_t> run_decode(Scenario const& sc, DecodeRows const& d,
-                                     EngineOptions const& o, bool tokens, std::size_t ws_rows) {
+                                     EngineOptions const& o, bool tokens, std::size_t ws_rows,
+                                     bool died = false) {
   if constexpr (!std::is_same<T, double>::value) {
-    if (sc.s.fp8) return run_decode_with<E, T, KPool::float8_e4m3>(sc, d, o, tokens, ws_rows);
+    if (sc.s.fp8)
+      return run_decode_with<E, T, KPool::float8_e4m3>(sc, d, o, tokens, ws_rows, died);
   }
-  return run_decode_with<E, T, T>(sc, d, o, tokens, ws_rows);
+  return run_decode_with<E, T, T>(sc, d, o, tokens, ws_rows, died);
 }
 
 // The engines a fused decode selection takes on E (every team engine the
@@ -266,15 +281,10 @@ TEST(SelectDecodeFusion, TeamsRunningTogetherPrepareTheQueriesOnce) {
 // path selects, on every engine the fused call takes.
 TEST(SelectDecodeFusion, ResetCountersRecoversFromALaunchThatDied) {
   using E = Kokkos::DefaultExecutionSpace;
-  using M = E::memory_space;
   Shape const s{4, 16, 64, 16, true, true, 16};
   Scenario const sc = make_scenario(s, DType::f32, {{300, 2}, {1000, 2}}, 2, 0, 77);
   Rng rng(3);
   DecodeRows const d = decode_rows(sc, 2, rng);
-  Inputs<E, float, KPool::float8_e4m3> in(sc);
-  auto const positions = positions_view<M>(d.positions, d.next_n);
-  auto const batch = KPool::decode_batch(positions, sc.B());
-  auto const paged = KPool::paged(in.cache, in.table);
   int compared = 0;
   for (KPool::ScoreEngine engine : fused_engines<E, float>(s)) {
     SCOPED_TRACE(KPool::Details::engine_name(engine));
@@ -283,20 +293,9 @@ TEST(SelectDecodeFusion, ResetCountersRecoversFromALaunchThatDied) {
     EngineOptions separate = fused;
     separate.decode_selection = KPool::DecodeSelection::separate;
     std::vector<std::int32_t> const want = run_decode<E, float>(sc, d, separate, false, 12);
-    KPool::SelectWorkspace<float, M> ws(in.space, 12, sc.max_visible, s.H, s.D,
-                                        workspace_engine<M>(engine));
-    Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>> const words(
-        ws.fused_tickets(), 3 * ws.max_tokens());
-    Kokkos::deep_copy(words, 5u);  // what a launch that died may leave
-    ws.reset_counters(in.space);
-    auto const h = on_host(words);
-    for (std::size_t i = 0; i < h.extent(0); ++i)
-      ASSERT_EQ(h(i), 0u) << "reset_counters left word " << i;
-    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> out("out", sc.rows, s.topk);
-    Kokkos::deep_copy(out, kSentinel);
-    KPool::score_select(in.space, in.q, in.w, s.topk, batch, paged, out, ws, fused);
-    auto const got = on_host(out);
-    EXPECT_EQ(std::vector<std::int32_t>(got.data(), got.data() + got.size()), want);
+    std::vector<std::int32_t> const got =
+        run_decode<E, float>(sc, d, fused, false, 12, /*died=*/true);
+    EXPECT_EQ(got, want);
     ++compared;
   }
   EXPECT_GE(compared, 1);
