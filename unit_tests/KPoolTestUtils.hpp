@@ -441,7 +441,7 @@ void fill_uniform(Rng& rng, V const& v, double lo, double hi) {
 }
 
 // What a refusal must say: the entry point and argument always, the value,
-// a part of what() and the row where given.
+// a part of what(), the row and the whole of what() where given.
 struct Refusal {
   static constexpr std::int64_t any_row = std::numeric_limits<std::int64_t>::min();
   char const* entry;
@@ -449,6 +449,7 @@ struct Refusal {
   char const* value = nullptr;
   char const* words = nullptr;
   std::int64_t row = any_row;
+  char const* what = nullptr;
 };
 
 // call() must throw KPool::InvalidArgument saying `r`.
@@ -468,6 +469,9 @@ void expect_refused(F const& call, Refusal const& r) {
     }
     if (r.row != Refusal::any_row) {
       EXPECT_EQ(e.row(), r.row);
+    }
+    if (r.what) {
+      EXPECT_STREQ(e.what(), r.what);
     }
   }
 }

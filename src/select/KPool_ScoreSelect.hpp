@@ -176,7 +176,7 @@ class SelectWorkspace {
   /// graph) may leave some set, and the next fused call through this
   /// workspace would then wait for queries no team prepares. Call it after
   /// such a failure, before the workspace is used again (docs/indexer.md,
-  /// "A decode selection in one launch"); anywhere else it is needless and
+  /// "One launch for a decode selection"); anywhere else it is needless and
   /// harmless. The other buffers need nothing: every call writes what it
   /// reads.
   template <class ExecutionSpace>

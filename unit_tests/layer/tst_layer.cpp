@@ -477,7 +477,7 @@ TEST(Layer, SelectionNeedsAStepFirst) {
   Kokkos::View<float**, M> w("w", 4, 2);
   I2 tokens("tokens", 4, KPool::select_tokens_width(1, 2));
   expect_refused([&] { layer.select_tokens(space, q, w, 1, tokens); },
-                 {"KPool::Layer::select_tokens", "layer", "",
+                 {"KPool::Layer::select_tokens", "layer", "", nullptr, Refusal::any_row,
                   "KPool::Layer::select_tokens: argument 'layer': has run no step yet: a "
                   "selection follows step(), whose batch it selects for"});
 }
