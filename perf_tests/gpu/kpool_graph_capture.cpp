@@ -16,8 +16,8 @@
 // Then the selections: score_select over a rotated fp8 cache (validation
 // off, the automatic engine: tensor_cores on sm_80 and newer) on a ragged
 // batch, and on a decode batch (the form a serving engine's decode step
-// takes) with the fused one-launch path (the device's choice) and the
-// separate one. Each is recorded once and replayed 3 times, an eager
+// takes) with the fused one-launch path and the separate one (the
+// default). Each is recorded once and replayed 3 times, an eager
 // selection on other queries on the same workspace before each replay;
 // every replay must give the eager call's pool ids. The fused path keeps
 // its counters in the workspace and puts them back to zero for the next
@@ -447,7 +447,7 @@ int check_select(Space const& space, Stream stream) {
   Kokkos::deep_copy(space, positions, hp);
   std::size_t const n = static_cast<std::size_t>(B) * next_n;
   for (KPool::DecodeSelection how :
-       {KPool::DecodeSelection::automatic, KPool::DecodeSelection::separate}) {
+       {KPool::DecodeSelection::fused, KPool::DecodeSelection::separate}) {
     KPool::Options p = o;
     p.decode_selection = how;
     auto const select = [&](auto const& q, auto const& w, Ids const& out) {
@@ -456,7 +456,7 @@ int check_select(Space const& space, Stream stream) {
     };
     char const* what = how == KPool::DecodeSelection::separate
                            ? "decode select, separate"
-                           : "decode select, the device's choice (fused with device shapes)";
+                           : "decode select, fused";
     int const st = replay_select(space, stream, what, n, select, sel.queries(space, n, 17),
                                  sel.weights(space, n, 18), sel.queries(space, n, 19),
                                  sel.weights(space, n, 20));

@@ -22,6 +22,8 @@
 #   perf       kpool_perf on exactly the cases of tier1_cases.txt, each
 #              case's JSON line and summary line appended under OUT as it
 #              ends, then each against the H200's limit (h200_limits.py)
+#              and against the cost model's figure (cost_model.py
+#              --measured: the model to be replaced by the measurements)
 # Tier 2 runs the rest: every unit-test program in full (and under the three
 # sanitizers), the hardware E4M3 conversion on all 2^32 floats, the whole
 # perf suite.
@@ -197,5 +199,8 @@ if [ -z "$no_gpu" ] && [ -s "$report" ]; then
   python3 "$repo/perf_tests/gpu/h200_limits.py" "$report" >"$out/h200_limits_tier$tier.txt" 2>&1
   cat "$out/h200_limits_tier$tier.txt" >>"$summary"
   cat "$out/h200_limits_tier$tier.txt"
+  python3 "$repo/perf_tests/gpu/cost_model.py" --measured "$report" \
+    >"$out/cost_model_tier$tier.txt" 2>&1
+  grep -E '^[a-z_0-9]+ \(|measured:' "$out/cost_model_tier$tier.txt" >>"$summary"
 fi
 echo "summary: $summary"

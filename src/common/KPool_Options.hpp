@@ -54,9 +54,9 @@ enum class ScoreEngine {
 /// a decode Batch) launches its scoring and its top-k (docs/indexer.md,
 /// "One launch for a decode selection"). Both give the same bits.
 enum class DecodeSelection {
-  /// fused with device shapes (device backends, and a
-  /// KPool_TEST_DEVICE_SHAPES build) where the call allows it, else
-  /// separate.
+  /// separate on every backend, the faster of the two on an H200 by
+  /// perf_tests/gpu/cost_model.py (docs/performance.md); a device run may
+  /// overturn it.
   automatic,
   /// One launch: each group of rows is scored by its teams, and the team
   /// that finishes last selects the group's rows. Refused by name where

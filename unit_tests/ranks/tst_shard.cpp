@@ -167,7 +167,8 @@ void check_sharded(ShardCase const& s, int W, int u, KPool::ScoreEngine engine,
   };
   if (!s.long_rows) compare(x.batch(), x.rows, "ragged");
   if (::testing::Test::HasFatalFailure()) return;
-  // Decode rows (the fused decode selection with device shapes): each
+  // Decode rows (the default decode selection; its fused form gives the
+  // same bits, tst_select_decode): each
   // request's last 3 positions again, a short request padded; a fourth
   // batch row past num_requests.
   std::vector<std::int32_t> positions;

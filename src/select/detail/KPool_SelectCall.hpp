@@ -174,14 +174,16 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
 
 // Whether a decode selection scores and selects in one launch
 // (Options::decode_selection; select/detail/KPool_TopkFused.hpp): fused
-// when asked, or by default with device shapes, where the call allows it;
-// asked for where it does not, refused by name before anything runs.
+// when asked, where the call allows it; asked for where it does not,
+// refused by name before anything runs. The default is separate on every
+// backend: on an H200 perf_tests/gpu/cost_model.py puts the fused kernel
+// at about twice the separate path's time (docs/performance.md), until a
+// device run says otherwise.
 template <class ExecutionSpace, class Key, bool Expand, class Workspace>
 bool fuse_decode_selection(Checker const& chk, Options const& options, ScoreEngine engine,
                            Workspace const& workspace, int topk) {
   DecodeSelection const asked = options.decode_selection;
-  if (asked == DecodeSelection::separate) return false;
-  if (asked == DecodeSelection::automatic && !device_shapes<ExecutionSpace>::value) return false;
+  if (asked != DecodeSelection::fused) return false;
   std::string why;
   if (engine == ScoreEngine::blas)
     why = "the blas engine scores on the calling thread, not in a team kernel";
@@ -194,8 +196,7 @@ bool fuse_decode_selection(Checker const& chk, Options const& options, ScoreEngi
     why = "topk = " + std::to_string(topk) +
           " takes the wide selection, whose buffers a fused team does not hold";
   if (why.empty()) return true;
-  if (asked == DecodeSelection::fused)
-    chk.fail("options", "decode_selection", -1, "fused", "does not take this call: " + why);
+  chk.fail("options", "decode_selection", -1, "fused", "does not take this call: " + why);
   return false;
 }
 

@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""The selection's kernels on an H200, by arithmetic: two methods a case, the larger kept.
+
+    cost_model.py                       # the table, then every assumption with its source
+    cost_model.py --json                # {"cases": {NAME: {"us", "limit_us", "method", ...}}}
+    cost_model.py --markdown            # docs/performance.md's table ("The cost model")
+    cost_model.py --resources TSV       # a fresh cuda_kernel_resources.py report
+    cost_model.py --measured REPORT     # the model against a device run's kpool_perf report
+
+The two methods:
+
+  - bandwidth: the bytes a case must move over the bandwidth its bytes in
+    flight sustain (Little's law: in flight / latency, at most the HBM's
+    sustained 4 TB/s), or its FLOPs at the rate mma.sync reaches, whichever
+    is slower. It assumes every resident warp always has its tiles in
+    flight: the model docs/performance.md used before issue #45.
+  - latency: what each team does, one after the other (query staging, the
+    chain of loads before each tile, the tile's MMA work, the fused
+    kernel's claims, ticket and fences, the top-k's passes), times the
+    rounds of resident teams its launch needs, plus the launches' gaps.
+
+The launch shapes are today's, computed here by the formulas of the
+launch code (each printed with the file and function it copies: a change
+there must change this script). Registers come from the CUDA build's
+report (kernel_resources_sm90.tsv beside this file, or --resources), and
+give the resident teams an SM with the SM's register file, warp and block
+limits. The H200's limits are h200_limits.py's, from the bytes and FLOPs
+kpool_perf counts for the same cases (ctest cost_model checks both).
+
+Every latency and cost below is an assumption until a device run measures
+it (perf_tests/gpu/run_device.sh); --measured puts the model beside it.
+"""
+import csv
+import json
+import math
+import os
+import re
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, here)
+import h200_limits  # noqa: E402
+
+ASSUMED = {}
+
+
+def assume(name, value, unit, source):
+    """A figure the model stands on, kept with its unit and source."""
+    ASSUMED[name] = (value, unit, source)
+    return value
+
+
+# The H200 (SXM).
+SMS = assume("sms", 132, "SMs", "H200 SXM: the GH100 of the H100 SXM, 132 SMs "
+             "(../shared/design/SELECTION_ON_GPUS.md)")
+CLOCK = assume("clock", 1.98e9, "Hz", "H200 boost clock (SELECTION_ON_GPUS.md)")
+REGS_SM = assume("regs_sm", 65536, "registers an SM", "compute capability 9.0 "
+                 "(CUDA C++ Programming Guide, 'Technical Specifications')")
+REG_UNIT = assume("reg_unit", 256, "registers", "a warp's register allocation "
+                  "granularity, compute capability 9.0 (CUDA occupancy calculator)")
+WARPS_SM = assume("warps_sm", 64, "warps an SM", "compute capability 9.0")
+BLOCKS_SM = assume("blocks_sm", 32, "blocks an SM", "compute capability 9.0")
+SMEM_SM = assume("smem_sm", 228 * 1024, "bytes", "shared memory an SM, 1 KiB of it "
+                 "reserved a block (compute capability 9.0)")
+THREADS_SM = 2048
+HBM = assume("hbm", h200_limits.MEM, "bytes/s", "sustained copy (h200_limits.py)")
+LAT_HBM = assume("lat_hbm", 0.6e-6, "s", "a load from HBM under a streaming load: "
+                 "Hopper's is commonly put at 0.5-0.7 us (docs/performance.md's "
+                 "assumption since the key pipeline)")
+LAT_L2 = assume("lat_l2", 0.2e-6, "s", "a load or atomic served by L2 under load "
+                "(Hopper's unloaded L2 hit is about 260 cycles, 0.13 us); assumption")
+FENCE = assume("fence_sc", 0.4e-6, "s", "a fence.sc.gpu: waits out the thread's "
+               "outstanding stores, about two L2 round trips; assumption")
+GAP = assume("launch_gap", 1.5e-6, "s", "between two kernels of a CUDA graph "
+             "(SELECTION_ON_GPUS.md: ~1-2 us a graph node)")
+BARRIER = assume("barrier", 0.02e-6, "s", "a team barrier of 128 threads arriving "
+                 "together (about 40 cycles); assumption")
+SCAN = assume("team_scan", 0.1e-6, "s", "one chunk of a Kokkos team scan of 128 "
+              "values in shared memory (warp shuffles, two barriers); assumption")
+INFLIGHT = assume("loads_in_flight", 8, "loads a thread", "independent loads a thread "
+                  "keeps in flight in a strided loop (nvcc's unrolling); read the SASS "
+                  "when a device is lent")
+MMA_CYC = assume("mma_cycles", 16, "cycles", "one mma.sync of a warp, issued with its "
+                 "four independent accumulators (Hopper's mma.sync at about half its "
+                 "wgmma rate); assumption")
+MMA_RATE = assume("mma_sync_fraction", 0.5, "of the tensor peak", "what mma.sync "
+                  "reaches of Hopper's wgmma peak; assumption")
+EPI_CYC = assume("epilogue_cycles", 300, "cycles", "a warp's relu, weight and head sum "
+                 "over one 16-pool tile of 32 heads (ScoreMmaFunctor's epilogue), "
+                 "counted from the code")
+CVT_CYC = {"serving": assume("cvt_serving", 12, "cycles a value", "a query value to its "
+                             "E4M3 code (float_to_e4m3_bits, portable form), counted"),
+           "exact": assume("cvt_exact", 24, "cycles a value", "a query value to its three "
+                           "bf16 terms (bf16_term x 3), counted")}
+PREP = assume("prepare_row_head", 1.0e-6, "s", "one (row, head)'s preparation by 64 "
+              "threads: rotation, amax, codes (docs/performance.md, the fused prologue)")
+
+# The launch code's constants (src/).
+TEAM_THREADS = 128          # select_shape: max_select_team
+MMA_TILE = 16               # KPool_ScoreMmaFunctor.hpp: mma_tile_pools, a warp's tile
+HEADS, DIM = 32, 128
+ENTRY = DIM + 4             # an fp8 pool entry with its scale (docs/indexer.md)
+TOPK = 512
+BINS = 2048                 # select_bins (KPool_TopkCore.hpp)
+SPLIT_FROM, SEGMENT = 1 << 16, 1 << 14  # SelectSplit (KPool_TopkCore.hpp)
+PREFILL_ROWS = 4            # rows a scoring team under the default scratch
+SHAPES = {
+    "tile_splits": "src/score/detail/KPool_ScoreLaunch.hpp: tile_splits "
+                   "(concurrency()/64 teams on a device, at most a tile each)",
+    "mma_warps": "src/score/detail/KPool_ScoreLaunch.hpp: the tensor-core launch "
+                 "(4 warps serving, 3 exact; the fused kernel rounds 3 down to 2)",
+    "rows": "src/score/detail/KPool_ScoreLaunch.hpp: tile_shape (a decode row a "
+            "group; 4 prefill rows a team under the default scratch)",
+    "select": "src/select/detail/KPool_SelectCall.hpp: select_shape (a team of 128 "
+              "a row)",
+    "split": "src/select/detail/KPool_TopkCore.hpp: SelectSplit (rows past 2^16 "
+             "pools, segments of 2^14, three launches before the selection)",
+    "prepare": "src/score/detail/KPool_ScorePrepare.hpp: a team of 64 a (row, head)",
+}
+
+# A case: the kpool_perf case whose bytes and FLOPs give its limit, and its shape.
+CASES = {
+    "decode_64x8192_serving": dict(perf="select_decode_b64_p8k/bf16/select_fused_serving",
+                                   kind="decode", rows=64, pools=8192, profile="serving"),
+    "decode_64x8192_exact": dict(perf="select_decode_b64_p8k/bf16/select_fused",
+                                 kind="decode", rows=64, pools=8192, profile="exact"),
+    # The same selection on the separate path (prepare, score, select).
+    "decode_64x8192_serving_separate": dict(perf="select_decode_b64_p8k/bf16/select_serving",
+                                            kind="decode", rows=64, pools=8192,
+                                            profile="serving", separate=True),
+    "decode_64x8192_exact_separate": dict(perf="select_decode_b64_p8k/bf16/select",
+                                          kind="decode", rows=64, pools=8192, profile="exact",
+                                          separate=True),
+    "topk_64x8192": dict(perf="topk_b64_p8k/f32/topk", kind="topk", rows=64, pools=8192),
+    "topk_1x1048576": dict(perf="topk_b1_p1m/f32/topk", kind="topk", rows=1, pools=1 << 20),
+    "select_1x1048576_serving": dict(perf="select_decode_b1_p1m/bf16/select_serving",
+                                     kind="long", rows=1, pools=1 << 20, profile="serving"),
+    "prefill_2048x2048_serving": dict(perf="select_prefill_q2k_p2k/bf16/select_serving",
+                                      kind="prefill", rows=2048, pools=2048,
+                                      profile="serving"),
+    "prefill_2048x2048_exact": dict(perf="select_prefill_q2k_p2k/bf16/select",
+                                    kind="prefill", rows=2048, pools=2048, profile="exact"),
+}
+# What each kernel's name matches in the register report, by profile
+# (MmaKind 2 is E4M3, the serving profile; 0 is bf16, the exact one).
+KERNELS = {
+    "fused/serving": r"FusedSelectFunctor<Kokkos::Cuda, KPool::Details::ScoreMmaFunctor<[^>]*\)2,",
+    "fused/exact": r"FusedSelectFunctor<Kokkos::Cuda, KPool::Details::ScoreMmaFunctor<[^>]*\)0,",
+    "score/serving": r"^KPool::Details::ScoreMmaFunctor<[^>]*\)2,",
+    "score/exact": r"^KPool::Details::ScoreMmaFunctor<[^>]*\)0,",
+    "prepare": r"^KPool::Details::PrepareQueriesFunctor<",
+    "select": r"^KPool::Details::SelectFunctor<",
+    "segment_hist": r"^KPool::Details::SegmentHistFunctor<",
+    "split_plan": r"^KPool::Details::SplitPlanFunctor<",
+    "segment_partition": r"^KPool::Details::SegmentPartitionFunctor<",
+}
+
+
+def load_resources(path):
+    """{kernel: {"regs", "spills", "stack", "smem"}}: the most of each over the
+    kernel's instantiations, from a cuda_kernel_resources.py report (whole,
+    or trimmed to the columns kernel_resources_sm90.tsv keeps)."""
+    with open(path) as f:
+        rows = list(csv.DictReader((l for l in f if not l.startswith("#")), delimiter="\t"))
+    out = {}
+    for key, pat in KERNELS.items():
+        rx = re.compile(pat)
+        hits = []
+        for r in rows:
+            name = r["demangled"]
+            m = re.search(r"ParallelFor<(KPool::Details::.*?), Kokkos::TeamPolicy", name)
+            if m:
+                name = m.group(1)
+            if rx.search(name):
+                hits.append(r)
+        if not hits:
+            sys.exit("cost_model: %s has no kernel matching %s" % (path, pat))
+        out[key] = {"regs": max(int(r["regs"]) for r in hits),
+                    "spills": max(int(r["spill_st"]) + int(r["spill_ld"]) for r in hits),
+                    "stack": max(int(r["stack_frame"]) for r in hits),
+                    "smem": max(int(r["smem"]) for r in hits)}
+    return out
+
+
+def resident(res, threads, scratch=0):
+    """Teams an SM and on the GPU: the register file, warps, blocks, shared memory."""
+    warps = math.ceil(threads / 32)
+    per_warp = math.ceil(res["regs"] * 32 / REG_UNIT) * REG_UNIT
+    by_regs = (REGS_SM // per_warp) // warps
+    by_warps = WARPS_SM // warps
+    by_smem = SMEM_SM // (scratch + res["smem"] + 1024)
+    per_sm = max(1, min(by_regs, by_warps, by_smem, BLOCKS_SM))
+    return per_sm, per_sm * SMS
+
+
+def tile_splits(groups, pools, team_pools):
+    target = SMS * THREADS_SM // 64
+    tiles = math.ceil(pools / team_pools)
+    return max(1, min(math.ceil(target / groups), tiles))
+
+
+def tile_chain():
+    """A tile's dependent loads: the block id (L2), then its place, scale and
+    packets (HBM) (ScoreMmaFunctor's tile loop)."""
+    return LAT_L2 + LAT_HBM
+
+
+def tile_compute(profile, rows):
+    """A warp's MMA work on one 16-pool tile for `rows` rows: the A fragments
+    are reloaded for each row (ScoreMmaFunctor's row loop)."""
+    k = 32 if profile == "serving" else 16
+    mmas = (HEADS // 16) * (MMA_TILE // 8) * (DIM // k) * (1 if profile == "serving" else 3)
+    return rows * (mmas * MMA_CYC + EPI_CYC) / CLOCK
+
+
+def scoring_team(profile, rows, pools, warps, fused):
+    """(seconds, parts, tiles a warp) of one scoring team today."""
+    threads = 32 * warps
+    items = math.ceil(rows * HEADS / threads)
+    values = items * DIM
+    lines = values * 4 / 128
+    staging = lines * LAT_L2 + values * CVT_CYC[profile] / CLOCK
+    tiles = max(1, math.ceil(pools / (MMA_TILE * warps)))
+    chain, compute = tile_chain(), tile_compute(profile, rows)
+    period = max(compute, chain)  # one tile ahead: the next tile's loads under this one's MMA
+    walk = chain + (tiles - 1) * period + compute
+    parts = {"staging": staging, "tiles": walk, "keys": LAT_L2 + 4 * BARRIER}
+    if fused:
+        # A claim and the row's count (atomics), the ticket, four fence.sc.
+        parts["protocol"] = 3 * LAT_L2 + 4 * FENCE
+    return sum(parts.values()), parts, tiles
+
+
+def topk_row(n, threads=TEAM_THREADS):
+    """One team's top-k of a row of n keys read from L2 (SelectFunctor):
+    a histogram pass, the threshold search as a team scan over the bins,
+    the partition (two walks of a thread's run), the threshold bin's
+    refinement (a second digit)."""
+    per = math.ceil(n / threads)
+    hist = math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK
+    search = (BINS // threads) * SCAN
+    partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN + 4 * BARRIER
+    refine = search + LAT_L2 + 4 * BARRIER
+    return hist + search + partition + refine
+
+
+def split_topk(n):
+    """A long row's top-k: SegmentHist, SplitPlan, SegmentPartition and the
+    selection, four launches (KPool_TopkSplit.hpp)."""
+    segs = math.ceil(n / SEGMENT)
+    per = math.ceil(SEGMENT / TEAM_THREADS)
+    seg_hist = math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK + (BINS // TEAM_THREADS) * SCAN
+    merge = math.ceil((BINS // TEAM_THREADS) * segs / INFLIGHT) * LAT_L2
+    plan = merge + (BINS // TEAM_THREADS) * SCAN + math.ceil(segs / TEAM_THREADS) * SCAN
+    partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN
+    finish = (BINS // TEAM_THREADS) * SCAN + LAT_L2
+    return seg_hist + plan + partition + finish + 3 * GAP, segs
+
+
+def in_flight_rate(teams, warps, depth=1):
+    """Bytes a second the resident warps' tiles sustain, and the bytes in flight."""
+    inflight = teams * warps * depth * MMA_TILE * ENTRY
+    return min(HBM, inflight / LAT_HBM), inflight
+
+
+def mma_time(flops, tensor):
+    return flops / (h200_limits.PEAK[tensor] * MMA_RATE) if flops else 0.0
+
+
+def model(name, c, res, limits):
+    """A case's figures: both methods, the larger kept."""
+    desc = limits[c["perf"]]
+    nbytes, flops, tensor = desc["bytes"], desc.get("flops", 0.0), desc.get("tensor", "")
+    out = {"perf_case": c["perf"], "bytes": nbytes, "flops": flops}
+    notes = []
+    if c["kind"] == "topk":
+        if c["pools"] > SPLIT_FROM:
+            lat, segs = split_topk(c["pools"])
+            notes.append("%d segments of 2^14, four launches (%s)" % (segs, SHAPES["split"]))
+        else:
+            lat = topk_row(c["pools"])
+            notes.append("one team of 128 a row, %d rows at once (%s)" % (c["rows"], SHAPES["select"]))
+        bw = nbytes / HBM
+        out.update(latency_us=lat * 1e6, bandwidth_us=bw * 1e6)
+    else:
+        profile = c["profile"]
+        rows = PREFILL_ROWS if c["kind"] == "prefill" else 1
+        groups = c["rows"] // rows
+        fused = c["kind"] == "decode" and not c.get("separate", False)
+        warps = 4 if profile == "serving" else (2 if fused else 3)
+        kern = res[("fused/" if fused else "score/") + profile]
+        splits = tile_splits(groups, c["pools"], MMA_TILE * warps)
+        teams = groups * splits
+        per_sm, at_once = resident(kern, 32 * warps)
+        rounds = math.ceil(teams / at_once)
+        pools = math.ceil(c["pools"] / splits)
+        team, parts, tiles = scoring_team(profile, rows, pools, warps, fused)
+        score = rounds * team
+        notes.append("%d teams of %d warps (%d row groups x %d splits: %s), %d resident "
+                     "(%d an SM at %d registers), %d rounds; a team %.2f us: %s; %d tiles a warp"
+                     % (teams, warps, groups, splits, SHAPES["tile_splits"], at_once, per_sm,
+                        kern["regs"], rounds, team * 1e6,
+                        ", ".join("%s %.2f" % (k, v * 1e6) for k, v in parts.items()), tiles))
+        # What goes around the scoring.
+        prep_teams = c["rows"] * HEADS
+        _, prep_at_once = resident(res["prepare"], 64)
+        prepare = math.ceil(prep_teams / prep_at_once) * PREP
+        if fused:
+            # The first wave prepares the rows; the last row's top-k runs after it.
+            around = PREP + topk_row(c["pools"])
+            notes.append("fused: one launch; the first wave prepares the queries (%.1f us), "
+                         "the last row's top-k after the scoring (%.1f us)"
+                         % (PREP * 1e6, topk_row(c["pools"]) * 1e6))
+        elif c["kind"] == "long":
+            top, segs = split_topk(c["pools"])
+            around = prepare + GAP + GAP + top
+            notes.append("prepare %.1f us, the split top-k %.1f us (%d segments), launch gaps"
+                         % (prepare * 1e6, top * 1e6, segs))
+        else:
+            _, sel_at_once = resident(res["select"], TEAM_THREADS)
+            top = math.ceil(c["rows"] / sel_at_once) * topk_row(c["pools"])
+            around = prepare + GAP + GAP + top
+            notes.append("prepare %d teams, %.1f us (%s); top-k %.1f us (%d rows, %d at once); "
+                         "two launch gaps" % (prep_teams, prepare * 1e6, SHAPES["prepare"],
+                                              top * 1e6, c["rows"], sel_at_once))
+        lat = score + around
+        rate, inflight = in_flight_rate(at_once, warps)
+        duty = tiles * tile_chain() / team
+        bw = max(nbytes / rate, mma_time(flops, tensor)) + (around if not fused else 0.0)
+        out.update(latency_us=lat * 1e6, bandwidth_us=bw * 1e6,
+                   in_flight_mb=inflight / 1e6, in_flight_effective_mb=inflight * min(1.0, duty) / 1e6,
+                   registers=kern["regs"], teams=teams, resident=at_once, rounds=rounds)
+        notes.append("in flight: %.2f MB if every resident warp always has a tile; %.2f MB "
+                     "for the %.0f%% of a team's time its warps wait on tiles"
+                     % (inflight / 1e6, inflight * min(1.0, duty) / 1e6, 100 * min(1.0, duty)))
+    lim, why = h200_limits.limit(desc)
+    out["limit_us"] = lim * 1e6
+    out["limit_from"] = why
+    if out["latency_us"] >= out["bandwidth_us"]:
+        out["us"], out["method"] = out["latency_us"], "latency"
+    else:
+        out["us"], out["method"] = out["bandwidth_us"], "bandwidth"
+    out["notes"] = notes
+    return out
+
+
+def describe_cases():
+    """The bytes and FLOPs kpool_perf counts for each case: its --describe
+    lines where given (ctest cost_model), else the table below, which that
+    test checks against them."""
+    return {c["perf"]: dict(name=c["perf"], **DESCRIBED[c["perf"]]) for c in CASES.values()}
+
+
+# kpool_perf --describe (docs/performance.md, "The H200's limit, case by case").
+DESCRIBED = {
+    "select_decode_b64_p8k/bf16/select_fused_serving":
+        {"bytes": 69902852, "flops": 4.29497e9, "tensor": "e4m3"},
+    "select_decode_b64_p8k/bf16/select_fused":
+        {"bytes": 69902852, "flops": 4.29497e9, "tensor": "bf16x3"},
+    "select_decode_b64_p8k/bf16/select_serving":
+        {"bytes": 69902852, "flops": 4.29497e9, "tensor": "e4m3"},
+    "select_decode_b64_p8k/bf16/select":
+        {"bytes": 69902852, "flops": 4.29497e9, "tensor": "bf16x3"},
+    "select_decode_b1_p1m/bf16/select_serving":
+        {"bytes": 138487948, "flops": 8.58993e9, "tensor": "e4m3"},
+    "select_prefill_q2k_p2k/bf16/select_serving":
+        {"bytes": 21504140, "flops": 3.00606e10, "tensor": "e4m3"},
+    "select_prefill_q2k_p2k/bf16/select":
+        {"bytes": 21504140, "flops": 3.00606e10, "tensor": "bf16x3"},
+    "topk_b64_p8k/f32/topk": {"bytes": 2097152},
+    "topk_b1_p1m/f32/topk": {"bytes": 4194304},
+}
+
+
+def run(res, limits):
+    return {n: model(n, c, res, limits) for n, c in CASES.items()}
+
+
+def decode_choice(cases):
+    """{profile: "fused" or "separate"}: the decode selection the model finds
+    faster (issue #45, item 5: a device's default decode_selection)."""
+    out = {}
+    for profile in ("serving", "exact"):
+        fused = cases["decode_64x8192_" + profile]["us"]
+        separate = cases["decode_64x8192_%s_separate" % profile]["us"]
+        out[profile] = {"choice": "fused" if fused <= separate else "separate",
+                        "fused_us": fused, "separate_us": separate}
+    return out
+
+
+def markdown(cases, res):
+    lines = ["| case | model (us) | method | latency (us) | bandwidth (us) | H200 limit (us) "
+             "| model / limit |", "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for n, o in cases.items():
+        lines.append("| `%s` | %.1f | %s | %.1f | %.1f | %.2f | %.1f |"
+                     % (n, o["us"], o["method"], o["latency_us"], o["bandwidth_us"],
+                        o["limit_us"], o["us"] / o["limit_us"]))
+    return "\n".join(lines)
+
+
+def main(argv):
+    args = list(argv)
+
+    def take(flag):
+        if flag in args:
+            i = args.index(flag)
+            if i + 1 >= len(args):
+                sys.exit(__doc__)
+            v = args[i + 1]
+            del args[i:i + 2]
+            return v
+        return None
+
+    resources = take("--resources") or os.path.join(here, "kernel_resources_sm90.tsv")
+    measured = take("--measured")
+    described = take("--describe")
+    flags = {a for a in args if a.startswith("--")}
+    if set(args) - flags or flags - {"--json", "--markdown"}:
+        sys.exit(__doc__)
+    res = load_resources(resources)
+    limits = describe_cases()
+    if described:
+        for c in h200_limits.load(described):
+            if c["name"] in limits:
+                limits[c["name"]] = c
+    cases = run(res, limits)
+    if measured:
+        got = {c["name"]: c for c in h200_limits.load(measured)}
+        for o in cases.values():
+            m = got.get(o["perf_case"])
+            sec, how = h200_limits.measured(m) if m else (None, "not in the report")
+            o["measured_us"] = None if sec is None else sec * 1e6
+            o["measured_how"] = how or "no time in the report"
+    if "--json" in flags:
+        print(json.dumps({"cases": cases, "kernels": res, "decode_selection": decode_choice(cases),
+                          "assumptions": {k: {"value": v, "unit": u, "source": s}
+                                          for k, (v, u, s) in ASSUMED.items()}}, indent=1))
+        return
+    if "--markdown" in flags:
+        print(markdown(cases, res))
+        return
+    print(markdown(cases, res))
+    print()
+    for n, o in cases.items():
+        print("%s (%s): %.1f us by %s, limit %.2f us (%s)"
+              % (n, o["perf_case"], o["us"], o["method"], o["limit_us"], o["limit_from"]))
+        for note in o["notes"]:
+            print("    " + note)
+        if measured:
+            if o.get("measured_us") is None:
+                print("    measured: " + o["measured_how"])
+            else:
+                print("    measured: %.1f us (%s): the model is %.2fx the measurement"
+                      % (o["measured_us"], o["measured_how"], o["us"] / o["measured_us"]))
+    print()
+    for profile, d in decode_choice(cases).items():
+        print("decode selection, %s profile: %s (fused %.1f us, separate %.1f us)"
+              % (profile, d["choice"], d["fused_us"], d["separate_us"]))
+    print()
+    print("kernels (%s):" % resources)
+    for k, r in res.items():
+        print("    %-18s %3d registers, %d spilled, %d stack" % (k, r["regs"], r["spills"], r["stack"]))
+    print("assumptions:")
+    for k, (v, u, s) in ASSUMED.items():
+        print("    %-18s %-10g %s: %s" % (k, v, u, s))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
