@@ -92,6 +92,9 @@ CVT_CYC = {"serving": assume("cvt_serving", 12, "cycles a value", "a query value
                              "E4M3 code (float_to_e4m3_bits, portable form), counted"),
            "exact": assume("cvt_exact", 24, "cycles a value", "a query value to its three "
                            "bf16 terms (bf16_term x 3), counted")}
+BANK_CYC = assume("bank_conflict_cycles", 16, "cycles", "a warp's shared-memory read "
+                  "whose 32 addresses are 16 words apart: 16-way bank conflicts, a cycle "
+                  "each (compute capability 9.0: 32 banks of 4 bytes)")
 PREP = assume("prepare_row_head", 1.0e-6, "s", "one (row, head)'s preparation by 64 "
               "threads: rotation, amax, codes (docs/performance.md, the fused prologue)")
 
@@ -231,6 +234,15 @@ def scoring_team(profile, rows, pools, warps, fused):
     return sum(parts.values()), parts, tiles
 
 
+def digit_search(threads=TEAM_THREADS):
+    """The threshold digit (find_digit, KPool_TopkTeam.hpp): a thread a run
+    of BINS / threads bins, one team scan of the runs' sums, each run walked
+    twice (its sum, then from its prefix), the runs 16 words apart in
+    shared memory (16-way bank conflicts)."""
+    run = BINS // threads
+    return SCAN + 2 * run * BANK_CYC / CLOCK
+
+
 def topk_row(n, threads=TEAM_THREADS):
     """One team's top-k of a row of n keys read from L2 (SelectFunctor):
     a histogram pass, the threshold search as a team scan over the bins,
@@ -238,7 +250,7 @@ def topk_row(n, threads=TEAM_THREADS):
     refinement (a second digit)."""
     per = math.ceil(n / threads)
     hist = math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK
-    search = (BINS // threads) * SCAN
+    search = digit_search(threads)
     partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN + 4 * BARRIER
     refine = search + LAT_L2 + 4 * BARRIER
     return hist + search + partition + refine
@@ -249,11 +261,12 @@ def split_topk(n):
     selection, four launches (KPool_TopkSplit.hpp)."""
     segs = math.ceil(n / SEGMENT)
     per = math.ceil(SEGMENT / TEAM_THREADS)
+    # The segment's suffix counts: a team scan over the bins in chunks.
     seg_hist = math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK + (BINS // TEAM_THREADS) * SCAN
     merge = math.ceil((BINS // TEAM_THREADS) * segs / INFLIGHT) * LAT_L2
-    plan = merge + (BINS // TEAM_THREADS) * SCAN + math.ceil(segs / TEAM_THREADS) * SCAN
+    plan = merge + digit_search() + math.ceil(segs / TEAM_THREADS) * SCAN
     partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN
-    finish = (BINS // TEAM_THREADS) * SCAN + LAT_L2
+    finish = digit_search() + LAT_L2
     return seg_hist + plan + partition + finish + 3 * GAP, segs
 
 

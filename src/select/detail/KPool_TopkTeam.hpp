@@ -364,19 +364,30 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
       b.shared(3) = 0;
     });
     member.team_barrier();
-    Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, nb),
-                          [&](int j, std::uint64_t& above, bool final) {
-                            int const d = nb - 1 - j;
-                            std::uint64_t const h = b.hist(d);
-                            if (final) {
-                              if (above < want && above + h >= want) {
+    // In runs: run q holds the bins j in [q * len, (q + 1) * len) from the
+    // top (d = nb - 1 - j), one run a thread, so the team scans its runs'
+    // sums in one chunk (a Kokkos team scan goes in chunks of the team
+    // size: 16 chunks, each with its barriers, for 2048 bins and 128
+    // threads) and each run then walks its bins from its prefix. The same
+    // sums in the same order of bins: the same digit as a scan of the bins.
+    int const len = (nb + member.team_size() - 1) / member.team_size();
+    int const runs = (nb + len - 1) / len;
+    Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, runs),
+                          [&](int q, std::uint64_t& above, bool final) {
+                            int const j1 = (q + 1) * len < nb ? (q + 1) * len : nb;
+                            std::uint64_t a = above;
+                            for (int j = q * len; j < j1; ++j) {
+                              int const d = nb - 1 - j;
+                              std::uint64_t const h = b.hist(d);
+                              if (final && a < want && a + h >= want) {
                                 b.shared(0) = static_cast<std::uint64_t>(d);
-                                b.shared(1) = want - above;
+                                b.shared(1) = want - a;
                                 b.shared(2) = h;
                               }
-                              if (j == nb - 1) b.shared(3) = above + h;
+                              a += h;
                             }
-                            above += h;
+                            if (final && q == runs - 1) b.shared(3) = a;
+                            above = a;
                           });
     member.team_barrier();
     int const d = static_cast<int>(b.shared(0));
