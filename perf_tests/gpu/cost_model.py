@@ -119,7 +119,12 @@ SHAPES = {
     "split": "src/select/detail/KPool_TopkCore.hpp: SelectSplit (rows past 2^16 "
              "pools, segments of 2^14, three launches before the selection)",
     "prepare": "src/score/detail/KPool_ScorePrepare.hpp: a team of 64 a (row, head)",
+    "persistent": "src/score/detail/KPool_ScoreLaunch.hpp: persistent_teams, the "
+                  "tensor-core engine's scoring launch but the fused kernel's",
 }
+# The tensor-core engine's register cap under its launch bounds
+# (KPool_ScoreMmaFunctor.hpp: LaunchBounds<128, 3>, mma_register_cap).
+MMA_REG_CAP = REGS_SM // (3 * 128) // 8 * 8
 
 # A case: the kpool_perf case whose bytes and FLOPs give its limit, and its shape.
 CASES = {
@@ -216,8 +221,10 @@ def tile_compute(profile, rows):
     return rows * (mmas * MMA_CYC + EPI_CYC) / CLOCK
 
 
-def scoring_team(profile, rows, pools, warps, fused):
-    """(seconds, parts, tiles a warp) of one scoring team today."""
+def scoring_team(profile, rows, pools, warps, fused, groups=1):
+    """(seconds, parts, tiles a warp) of one scoring team: `pools` pools of
+    each of `groups` row groups in turn (a persistent team's share crosses
+    groups), the group's queries staged once, its tiles one pipeline."""
     threads = 32 * warps
     items = math.ceil(rows * HEADS / threads)
     values = items * DIM
@@ -227,11 +234,12 @@ def scoring_team(profile, rows, pools, warps, fused):
     chain, compute = tile_chain(), tile_compute(profile, rows)
     period = max(compute, chain)  # one tile ahead: the next tile's loads under this one's MMA
     walk = chain + (tiles - 1) * period + compute
-    parts = {"staging": staging, "tiles": walk, "keys": LAT_L2 + 4 * BARRIER}
+    parts = {"staging": groups * staging, "tiles": groups * walk,
+             "keys": groups * (LAT_L2 + 4 * BARRIER)}
     if fused:
         # A claim and the row's count (atomics), the ticket, four fence.sc.
         parts["protocol"] = 3 * LAT_L2 + 4 * FENCE
-    return sum(parts.values()), parts, tiles
+    return sum(parts.values()), parts, groups * tiles
 
 
 def digit_search(threads=TEAM_THREADS):
@@ -303,16 +311,31 @@ def model(name, c, res, limits):
         warps = 4 if profile == "serving" else (2 if fused else 3)
         kern = res[("fused/" if fused else "score/") + profile]
         splits = tile_splits(groups, c["pools"], MMA_TILE * warps)
-        teams = groups * splits
+        work = groups * splits
         per_sm, at_once = resident(kern, 32 * warps)
-        rounds = math.ceil(teams / at_once)
-        pools = math.ceil(c["pools"] / splits)
-        team, parts, tiles = scoring_team(profile, rows, pools, warps, fused)
+        if fused:
+            # One team a virtual team, in rounds of the resident ones.
+            teams, rounds, share_groups = work, math.ceil(work / at_once), 1
+            pools = math.ceil(c["pools"] / splits)
+            how = "%d rounds" % rounds
+        else:
+            # Persistent (persistent_teams): the SMs times the teams an SM
+            # holds under the register cap, each a contiguous share of the
+            # virtual teams, one round.
+            per_sm = max(1, REGS_SM // (MMA_REG_CAP * 32 * warps))
+            teams = min(work, SMS * per_sm)
+            at_once, rounds = teams, 1
+            share = work / teams
+            share_groups = min(groups, math.ceil(share / splits) + (1 if share % splits else 0))
+            pools = math.ceil(share * c["pools"] / splits / share_groups)
+            how = "persistent, %.1f virtual teams a team over %d row groups (%s)" % (
+                share, share_groups, SHAPES["persistent"])
+        team, parts, tiles = scoring_team(profile, rows, pools, warps, fused, share_groups)
         score = rounds * team
-        notes.append("%d teams of %d warps (%d row groups x %d splits: %s), %d resident "
-                     "(%d an SM at %d registers), %d rounds; a team %.2f us: %s; %d tiles a warp"
-                     % (teams, warps, groups, splits, SHAPES["tile_splits"], at_once, per_sm,
-                        kern["regs"], rounds, team * 1e6,
+        notes.append("%d teams of %d warps for %d virtual teams (%d row groups x %d splits: %s), "
+                     "%d resident (%d an SM at %d registers), %s; a team %.2f us: %s; %d tiles a warp"
+                     % (teams, warps, work, groups, splits, SHAPES["tile_splits"], at_once, per_sm,
+                        kern["regs"], how, team * 1e6,
                         ", ".join("%s %.2f" % (k, v * 1e6) for k, v in parts.items()), tiles))
         # What goes around the scoring.
         prep_teams = c["rows"] * HEADS

@@ -86,6 +86,15 @@ struct Options {
   /// the functor on devices, 1 on hosts). Capped at what the execution
   /// space allows. Never changes results.
   int team_size = 0;
+  /// Teams of the tensor-core engine's scoring launch (the selection's and
+  /// KPool::score's, not the fused decode selection's), a persistent
+  /// launch whose teams each take an equal, contiguous share of the call's
+  /// (row group, pool split) work: 0 lets KPool choose (on CUDA as many as
+  /// are resident: the SMs times the teams an SM holds; on a host one a
+  /// share, as if not persistent), a positive count takes at most that
+  /// many, for example to leave SMs to other streams. Negative is refused
+  /// by name. Never changes results.
+  int scoring_teams = 0;
   /// KPool::step only: one launch for ring_close, compress and seed_tail
   /// (true, the default) or three (false). Both give the same bits.
   bool fused = true;

@@ -10,9 +10,11 @@
 //    bit, the keys score_select leaves in the workspace, and for every topk
 //    the ranking of KPool::score's scores (higher first, ties to the lower
 //    id) is score_select's pool_ids, row by row, on the same workspace;
-//  * a workspace of fewer rows (chunks) gives the same bits;
-//  * a scores View too narrow or too short is refused by name, nothing
-//    written.
+//  * a workspace of fewer rows (chunks) gives the same bits, and so does
+//    the tensor-core engine's launch of 1, 2, 3, 5 or 1000 persistent teams
+//    (Options::scoring_teams), whose shares cross row groups;
+//  * a scores View too narrow or too short, or a negative
+//    Options::scoring_teams, is refused by name, nothing written.
 
 #include <KPoolSelectReference.hpp>
 #include <KPoolShardTestUtils.hpp>
@@ -190,6 +192,21 @@ void check_scores(Sharded<E, T, C> const& s, KPool::PoolCache<C, M> const& cache
     Kokkos::deep_copy(chunked, kUntouched);
     KPool::score(space, qv, wv, batch, KPool::paged(cache, table), chunked, small, o);
     EXPECT_EQ(raw_bytes(chunked), raw_bytes(scores));
+    // The tensor-core engine's persistent launch (Options::scoring_teams):
+    // one team walking every group, a few teams whose shares cross groups,
+    // more teams than the work: the same bits.
+    if (engine != KPool::ScoreEngine::tensor_cores) continue;
+    for (int teams : {1, 2, 3, 5, 1000}) {
+      SCOPED_TRACE("scoring_teams " + std::to_string(teams));
+      KPool::Options p = o;
+      p.scoring_teams = teams;
+      Scores<T> persistent("persistent", live, cols);
+      Kokkos::deep_copy(persistent, kUntouched);
+      // The workspace's keys poisoned: a key the launch skips shows.
+      Kokkos::deep_copy(ws.keys(), typename std::decay_t<decltype(ws.keys())>::value_type(0x5a5a5a5a));
+      KPool::score(space, qv, wv, batch, KPool::paged(cache, table), persistent, ws, p);
+      EXPECT_EQ(raw_bytes(persistent), raw_bytes(scores));
+    }
   }
   EXPECT_GE(checked_engines, 2);
 }
@@ -269,6 +286,22 @@ TEST(Score, RefusesAScoresViewTooSmall) {
     }
     EXPECT_EQ(raw_bytes(scores), before);
   }
+  // A negative Options::scoring_teams, on every engine (the option is
+  // checked before any launch, whichever engine runs).
+  Scores<float> scores("scores", s.rows, 40);
+  Kokkos::deep_copy(scores, kUntouched);
+  auto const before = raw_bytes(scores);
+  KPool::Options o = test_options<E>();
+  o.scoring_teams = -3;
+  try {
+    KPool::score(s.space, s.q, s.w, s.batch(), KPool::paged(cache, table), scores, ws, o);
+    ADD_FAILURE() << "scoring_teams = -3 was taken";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.argument(), "options") << e.what();
+    EXPECT_EQ(e.value(), "-3") << e.what();
+    EXPECT_NE(std::string(e.what()).find("scoring_teams"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(raw_bytes(scores), before);
 }
 
 }  // namespace

@@ -145,6 +145,52 @@ using TeamPolicy =
     Kokkos::TeamPolicy<ExecutionSpace,
                        Kokkos::Experimental::WorkItemProperty::HintLightWeight_t>;
 
+// The same policy with a functor's launch bounds: a functor that declares
+// `using launch_bounds = Kokkos::LaunchBounds<MaxThreads, MinBlocks>;`
+// (CUDA then caps its registers so that MinBlocks teams of up to
+// MaxThreads threads fit an SM; other backends ignore it) launches with
+// them. The member type is the policy's without them.
+template <class F, class = void>
+struct launch_bounds_of {
+  using type = Kokkos::LaunchBounds<>;
+};
+template <class F>
+struct launch_bounds_of<F, std::void_t<typename F::launch_bounds>> {
+  using type = typename F::launch_bounds;
+};
+template <class ExecutionSpace, class Functor>
+using BoundedTeamPolicy =
+    Kokkos::TeamPolicy<ExecutionSpace, Kokkos::Experimental::WorkItemProperty::HintLightWeight_t,
+                       typename launch_bounds_of<Functor>::type>;
+
+// The device's multiprocessors (CUDA SMs, HIP compute units) of the
+// instance's device, by the runtime's attribute query (no
+// synchronization); 0 on other backends. The instance's device is the
+// host thread's current one, as Kokkos sets it at initialization.
+template <class ExecutionSpace>
+int device_multiprocessors(ExecutionSpace const&) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecutionSpace, Kokkos::Cuda>::value) {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return 0;
+    return count;
+  }
+#endif
+#if defined(KOKKOS_ENABLE_HIP)
+  if constexpr (std::is_same<ExecutionSpace, HIP>::value) {
+    int device = 0, count = 0;
+    if (hipGetDevice(&device) != hipSuccess ||
+        hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device) !=
+            hipSuccess)
+      return 0;
+    return count;
+  }
+#endif
+  return 0;
+}
+
 // A fence of one execution space instance, never a global one. Kokkos
 // reports instance fences to Kokkos Tools from 3.5 on; 3.4 reports none, so
 // KPool reports its own there, as later releases would.

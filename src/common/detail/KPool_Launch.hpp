@@ -203,8 +203,8 @@ void launch(ExecutionSpace const& space, std::string const& label,
                              std::to_string(device_scratch0<ExecutionSpace>()));
   }
   if (shape.league <= 0) return;
-  KokkosExt::TeamPolicy<ExecutionSpace> policy(space, shape.league,
-                                               shape.team_size, shape.lanes);
+  KokkosExt::BoundedTeamPolicy<ExecutionSpace, Functor> policy(space, shape.league,
+                                                               shape.team_size, shape.lanes);
   if (shape.scratch_bytes > 0)
     policy.set_scratch_size(shape.scratch_level,
                             Kokkos::PerTeam(shape.scratch_bytes));

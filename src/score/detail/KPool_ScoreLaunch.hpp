@@ -139,6 +139,30 @@ TileShape tile_shape(std::size_t total_rows, int num_requests, int heads,
   return s;
 }
 
+// The teams of a persistent launch of the tensor-core engine, for `work`
+// virtual teams (row groups x splits) of `warps` warps: `asked`
+// (Options::scoring_teams) where given; on CUDA as many as are resident,
+// the device's SMs times the teams an SM holds under the engine's register
+// cap (mma_register_cap, which its launch bounds guarantee: 3 teams of 4
+// warps, 4 of 3); with device shapes on a host, two a thread of the
+// instance; otherwise (a host) one a virtual team, as before. Never more
+// than the work.
+template <class ExecutionSpace>
+int persistent_teams(ExecutionSpace const& space, std::uint64_t work, int warps, int asked) {
+  std::uint64_t teams = work;
+  if (asked > 0) {
+    teams = static_cast<std::uint64_t>(asked);
+  } else if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value) {
+    int const sms = KokkosExt::device_multiprocessors(space);
+    int const an_sm = 65536 / (mma_register_cap * 32 * (warps > 0 ? warps : 1));
+    if (sms > 0 && an_sm > 0) teams = static_cast<std::uint64_t>(sms) * an_sm;
+  } else if constexpr (device_shapes<ExecutionSpace>::value) {
+    teams = 2 * static_cast<std::uint64_t>(space.concurrency() > 0 ? space.concurrency() : 1);
+  }
+  teams = teams < work ? teams : work;
+  return static_cast<int>(teams > 0 ? teams : 1);
+}
+
 // Teams a group of rows' tiles are split among: enough teams to fill the
 // machine when there are few groups (decode, one long row).
 template <class ExecutionSpace>
@@ -337,8 +361,11 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
     fail_team_scratch(chk, "tensor_cores", "use tiles", in.heads, D);
   std::size_t const groups = row_groups(in.batch, f.rows_per_team);
   f.splits = tile_splits(space, groups, in.batch.max_visible, mma_tile_pools * f.warps);
+  f.virtual_teams = static_cast<std::uint64_t>(groups) * static_cast<std::uint64_t>(f.splits);
   LaunchShape shape;
-  shape.league = static_cast<int>(groups * f.splits);
+  shape.league = static_cast<int>(f.virtual_teams);
+  if (run.persistent)
+    shape.league = persistent_teams(space, f.virtual_teams, f.warps, options.scoring_teams);
   shape.team_size = warp_lanes ? 32 * f.warps : f.warps;
   shape.scratch_bytes = bytes;
   shape.scratch_level = f.scratch_level;
@@ -442,11 +469,15 @@ void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
 // the top-k in the fused decode selection's kernel
 // (select/detail/KPool_TopkFused.hpp). run(label, shape, f) launches
 // functor f of the shape the engine planned; power_of_two_team asks the
-// engines whose layout is their team (tensor_cores) for a power-of-two one.
+// engines whose layout is their team (tensor_cores) for a power-of-two one;
+// persistent lets the tensor-core engine launch fewer teams than its work
+// (the fused kernel's tickets count one team a virtual team).
 template <class ExecutionSpace>
 struct LaunchScore {
   ExecutionSpace space;
   static constexpr bool power_of_two_team = false;
+  // The tensor-core engine launches persistent teams (persistent_teams).
+  static constexpr bool persistent = true;
   template <class F>
   void operator()(std::string const& label, LaunchShape const& shape, F const& f) const {
     launch(space, label, shape, f);

@@ -13,10 +13,15 @@
 //    w_h * relu(s_p * (q_h . k_p)), as the other engines;
 //  - serving profile (E4M3 MMA): the query's E4M3 codes and w_h * s_q,h;
 //    s_p * sum_h w_h s_q,h relu(q8_h . k8_p) (docs/indexer.md).
-// A team owns `rows_per_team` query rows of one request and every
-// `splits`-th tile of 16 pools; its `warps` warps take the team's tiles in
-// turn. The team stages its queries once (operands in team scratch, rows
-// padded by 16 bytes so that fragment loads hit 32 distinct banks); a warp
+// The work is row groups x splits "virtual teams": a group of
+// `rows_per_team` query rows of one request and every `splits`-th tile of
+// 16 pools. A launch of that many teams gives each one; a persistent
+// launch (as many teams as are resident, launch_score_mma) gives each team
+// a contiguous share of them, which may cross groups, and the team walks
+// each group's part of its share as one pipeline. Its `warps` warps take
+// the team's tiles in turn. The team stages a group's queries once
+// (operands in team scratch, rows padded by 16 bytes so that fragment
+// loads hit 32 distinct banks); a warp
 // stages a tile's keys as MMA operands in its own scratch, multiplies
 // 16 pools x 8 heads at a time (A = keys, row-major pools x channels; B =
 // query heads), and folds relu, weights and the head sum in registers: a
@@ -59,6 +64,14 @@ struct mma_lanes<Kokkos::Cuda> {
 constexpr int mma_team_warps = 4;
 // Pools of a warp's tile (the MMA's M).
 constexpr int mma_tile_pools = 16;
+// Teams of up to mma_team_warps warps an SM the engine's launch bounds
+// keep resident on CUDA: registers are capped at 65536 / (3 * 128),
+// 168 a thread (the kernels take 136-158 without the cap,
+// docs/performance.md), so that the persistent launch (launch_score_mma)
+// knows its teams are all resident at once.
+constexpr int mma_min_teams_an_sm = 3;
+// The register cap that implies, rounded down to the allocation's 8.
+constexpr int mma_register_cap = 65536 / (mma_min_teams_an_sm * 32 * mma_team_warps) / 8 * 8;
 
 // bf16 operand term `term` of x (0, 1, 2): the nearest bf16 of what the
 // earlier terms left (each rest exact in f32); three terms represent every
@@ -90,6 +103,12 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   static_assert(std::is_same<A, float>::value, "the tensor-core engine scores in f32");
   int terms;  // query operand terms, 1 to 3
   int warps;  // warps a team
+  // The call's work: `virtual_teams` = row groups x splits (group v /
+  // splits, split v % splits). A league of that size takes one each; a
+  // persistent one, fewer teams, gives team t the contiguous share
+  // [t V / P, (t + 1) V / P), which may cross groups.
+  std::uint64_t virtual_teams = 0;
+  using launch_bounds = Kokkos::LaunchBounds<32 * mma_team_warps, mma_min_teams_an_sm>;
   using S = MmaShape<Kind>;
   static constexpr int L = mma_lanes<ExecutionSpace>::value;
   static constexpr int TM = mma_tile_pools;
@@ -160,12 +179,26 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
                       reinterpret_cast<float*>(base + lay.meta),
                       reinterpret_cast<std::int64_t*>(base + lay.entry)};
 
-    std::uint64_t const group = member.league_rank() / splits;
-    int const split = member.league_rank() % splits;
-    batch.for_each_run(group, rows_per_team, [&](int r, SelectRequest const& req, std::uint64_t t0,
-                                          std::uint64_t t1) {
-      score_rows(member, tiles, r, req, t0, t1, split);
-    });
+    std::uint64_t const rank = static_cast<std::uint64_t>(member.league_rank());
+    std::uint64_t const teams = static_cast<std::uint64_t>(member.league_size());
+    std::uint64_t const V = virtual_teams;
+    std::uint64_t v = teams >= V ? rank : rank * V / teams;
+    std::uint64_t const v_end = teams >= V ? rank + 1 : (rank + 1) * V / teams;
+    // The share, a group at a time: its splits [s0, s1) walked as one
+    // pipeline, the group's queries staged once.
+    while (v < v_end) {
+      std::uint64_t const group = v / splits;
+      int const s0 = static_cast<int>(v % splits);
+      std::uint64_t const left = v_end - v;
+      int const s1 = left < static_cast<std::uint64_t>(splits - s0)
+                         ? s0 + static_cast<int>(left)
+                         : splits;
+      batch.for_each_run(group, rows_per_team,
+                         [&](int r, SelectRequest const& req, std::uint64_t t0, std::uint64_t t1) {
+                           score_rows(member, tiles, r, req, t0, t1, s0, s1);
+                         });
+      v += static_cast<std::uint64_t>(s1 - s0);
+    }
   }
 
   struct Tiles {
@@ -256,19 +289,26 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     return word;
   }
 
-  // Rows [t0, t1) of request r, every splits-th tile from `split`. A
-  // warp's tiles are a pipeline: while it scores one tile, the packets of
-  // its next tile are loaded into registers (prefetching: 16-byte rows, a
-  // tile of at most 32 * prefetch_packets packets), and written to the
-  // warp's scratch tile once the scoring has read it; the pools' places
-  // and scales are double-buffered in scratch. Otherwise each tile is
-  // staged, then scored.
+  // Rows [t0, t1) of request r, the tiles of splits [s0, s1): tile j's
+  // split is j % splits, so the k-th tile of the set, in order, is
+  // (k / n) * splits + s0 + k % n for n = s1 - s0, and warp w takes k = w,
+  // w + warps, ... (with one split, every splits-th tile from s0, warp w
+  // from s0 + w * splits). A warp's tiles are a pipeline: while it scores
+  // one tile, the packets of its next tile are loaded into registers
+  // (prefetching: 16-byte rows, a tile of at most 32 * prefetch_packets
+  // packets), and written to the warp's scratch tile once the scoring has
+  // read it; the pools' places and scales are double-buffered in scratch.
+  // Otherwise each tile is staged, then scored.
   KOKKOS_INLINE_FUNCTION void score_rows(member_type const& member, Tiles const& s, int r,
                                          SelectRequest const& req, std::uint64_t t0,
-                                         std::uint64_t t1, int split) const {
+                                         std::uint64_t t1, int s0, int s1) const {
     int const nrows = static_cast<int>(t1 - t0);
     std::uint64_t const vis_hi = batch.visible(req, t1 - 1);
-    if (vis_hi <= static_cast<std::uint64_t>(split) * TM) return;
+    if (vis_hi <= static_cast<std::uint64_t>(s0) * TM) return;
+    std::uint64_t const n = static_cast<std::uint64_t>(s1 - s0);
+    auto const tile_of = [&](std::uint64_t k) {
+      return (k / n) * static_cast<std::uint64_t>(splits) + static_cast<std::uint64_t>(s0) + k % n;
+    };
     stage_queries(member, s, t0, nrows);
     int const warp = warp_of(member);
     int const D = cache.head_dim();
@@ -276,17 +316,16 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     int const RW = row_words(D);
     bool const ahead = prefetching(D);
     std::uint32_t* const kt = s.k + static_cast<std::size_t>(warp) * TM * RW;
-    std::uint64_t const stride = static_cast<std::uint64_t>(splits) * warps;
-    std::uint64_t tile = static_cast<std::uint64_t>(split) +
-                         static_cast<std::uint64_t>(splits) * warp;
+    std::uint64_t k = static_cast<std::uint64_t>(warp);
     if (packets) zero_key_padding(member, kt, D, DP, RW);
     KeyPackets next;
     int buf = 0;
-    if (tile * TM < vis_hi) {
-      locate_tile(member, s, warp, buf, r, tile * TM, vis_hi);
+    if (tile_of(k) * TM < vis_hi) {
+      locate_tile(member, s, warp, buf, r, tile_of(k) * TM, vis_hi);
       if (ahead) load_key_packets(member, entries(s, warp, buf), D, next);
     }
-    for (; tile * TM < vis_hi; tile += stride, buf ^= 1) {
+    for (; tile_of(k) * TM < vis_hi; k += static_cast<std::uint64_t>(warps), buf ^= 1) {
+      std::uint64_t const tile = tile_of(k);
       std::int64_t const* const entry = entries(s, warp, buf);
       if (ahead)
         store_key_packets(member, kt, entry, D, RW, next);
@@ -294,7 +333,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         stage_key_packets(member, kt, entry, D, RW);
       else
         stage_key_words(member, kt, entry, D, DP, RW);
-      std::uint64_t const after = tile + stride;
+      std::uint64_t const after = tile_of(k + static_cast<std::uint64_t>(warps));
       if (after * TM < vis_hi) {
         locate_tile(member, s, warp, buf ^ 1, r, after * TM, vis_hi);
         if (ahead) load_key_packets(member, entries(s, warp, buf ^ 1), D, next);

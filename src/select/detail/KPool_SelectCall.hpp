@@ -285,6 +285,9 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
 #endif
     ScoreEngine const engine = resolve_engine<ExecutionSpace, T, C>(
         chk, asked, cache.rotated(), cache.profile() == CacheProfile::serving, H, D);
+    if (options.scoring_teams < 0)
+      chk.fail("options", "scoring_teams", -1, std::to_string(options.scoring_teams),
+               "is negative (0: as many teams as the device holds at once)");
     if (engine == ScoreEngine::blas && workspace.blas_queries() == nullptr)
       chk.fail("options", "score_engine", -1, "blas",
                "needs a workspace built for it: SelectWorkspace(space, max_tokens, "

@@ -48,6 +48,9 @@ template <class ExecutionSpace, class ScoreF, class Prepare, class Key, bool Exp
           bool Staged>
 struct FusedSelectFunctor : ScoreF {
   using member_type = typename ScoreF::member_type;
+  // Not the scoring engine's launch bounds: this kernel holds both codes
+  // (172-189 registers on CUDA), and a cap would spill them.
+  using launch_bounds = Kokkos::LaunchBounds<>;
   using Select = SelectFunctor<ExecutionSpace, Key, Expand, Staged>;
   using scratch_space = typename ExecutionSpace::scratch_memory_space;
 
@@ -179,6 +182,7 @@ struct FuseScoreSelect {
   Key* out_keys = nullptr;
   Prepare prepare{};
   static constexpr bool power_of_two_team = true;
+  static constexpr bool persistent = false;
 
   template <class F>
   void operator()(std::string const& label, LaunchShape const& shape, F const& f) const {
