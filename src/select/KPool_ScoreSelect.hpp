@@ -32,9 +32,7 @@ namespace KPool {
 template <class T, class MemorySpace =
                        Kokkos::DefaultExecutionSpace::memory_space>
 class SelectWorkspace {
-  static_assert(is_storage_type<T>::value,
-                "KPool::SelectWorkspace: T must be float, double, "
-                "KPool::bfloat16 or KPool::float16");
+  static_assert(Details::holds_storage_type<T, SelectWorkspace>());
 
  public:
   /// The queries' storage type.
