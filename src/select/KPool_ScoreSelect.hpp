@@ -289,9 +289,7 @@ void score_select(ExecutionSpace const& space, QView const& q, WeightsView const
                   PagedCache<C, MemorySpace> const& cache, PoolIdsView const& pool_ids,
                   SelectWorkspace<T, MemorySpace>& workspace,
                   Options const& options = Options()) {
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
-  if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
-                !Details::view_facts<PoolIdsView>::is_const) {
+  if constexpr (Details::selection_output_ok<false, ExecutionSpace, PoolIdsView>()) {
     Details::score_select_batch<false>(Details::Entry("KPool::score_select"), space, cache, q,
                                        weights, topk, batch, "pool_ids", pool_ids, workspace,
                                        options);
