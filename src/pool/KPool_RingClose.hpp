@@ -32,7 +32,8 @@ void ring_close_impl(ExecutionSpace const& space, TailView const& tail,
                                                    GateView, RowOffsetsView, CacheLengthsView,
                                                    SlotView, TailView>());
   static_cast<void>(
-      Details::pooled_views_ok<ExecutionSpace, T, false, ApeView, PooledView, ClosedView>());
+      Details::pooled_views_ok<ExecutionSpace, T, /*Decode=*/false, ApeView, PooledView,
+                               ClosedView>());
   using M = typename ExecutionSpace::memory_space;
 
   Details::Entry const chk("KPool::ring_close");

@@ -70,7 +70,8 @@ void tail_update_impl(ExecutionSpace const& space, TailView const& tail,
                                               PositionsView, SlotView>());
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
   static_cast<void>(
-      Details::pooled_views_ok<ExecutionSpace, T, true, ApeView, PooledView, ClosedView>());
+      Details::pooled_views_ok<ExecutionSpace, T, /*Decode=*/true, ApeView, PooledView,
+                               ClosedView>());
   using M = typename ExecutionSpace::memory_space;
 
   Details::Entry const chk("KPool::tail_update");
