@@ -63,9 +63,7 @@ namespace KPool {
 template <class T, class C = T,
           class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
 class Layer {
-  static_assert(is_storage_type<T>::value,
-                "KPool::Layer: T must be float, double, KPool::bfloat16 or "
-                "KPool::float16");
+  static_assert(Details::holds_storage_type<T, Layer>());
   static_assert(std::is_same<C, T>::value || std::is_same<C, float8_e4m3>::value,
                 "KPool::Layer: C must be T (a native cache) or "
                 "KPool::float8_e4m3");
@@ -350,16 +348,7 @@ class Layer {
   void select_tokens(ExecutionSpace const& space, QView const& q,
                      WeightsView const& weights, int topk, TokensView const& tokens,
                      Options const& options = Options()) {
-    auto const paged = last_paged("select_tokens", topk);
-    if (config_.shard.sharded()) {
-      if constexpr (std::is_same<ExecutionSpace, execution_space>::value)
-        KPool::select_tokens(space, q, weights, topk, batch_, paged, tokens, workspace_,
-                             exchange_, *communicator_, options);
-      else
-        refuse_space("select_tokens");
-    } else {
-      KPool::select_tokens(space, q, weights, topk, batch_, paged, tokens, workspace_, options);
-    }
+    select_last_batch<true>(space, q, weights, topk, tokens, options);
   }
 
   /// KPool::score_select over the layer's cache, with the batch of the
@@ -375,16 +364,7 @@ class Layer {
   void score_select(ExecutionSpace const& space, QView const& q,
                     WeightsView const& weights, int topk, PoolIdsView const& pool_ids,
                     Options const& options = Options()) {
-    auto const paged = last_paged("score_select", topk);
-    if (config_.shard.sharded()) {
-      if constexpr (std::is_same<ExecutionSpace, execution_space>::value)
-        KPool::score_select(space, q, weights, topk, batch_, paged, pool_ids, workspace_,
-                            exchange_, *communicator_, options);
-      else
-        refuse_space("score_select");
-    } else {
-      KPool::score_select(space, q, weights, topk, batch_, paged, pool_ids, workspace_, options);
-    }
+    select_last_batch<false>(space, q, weights, topk, pool_ids, options);
   }
 
   /// @return the batch of the last step(), over the layer's own copy of
@@ -508,6 +488,32 @@ class Layer {
                           std::to_string(config_.max_topk) +
                           " (the sharded layer's exchange is sized by it)");
     return PagedCache<C, MemorySpace>{cache_, block_table_};
+  }
+
+  // select_tokens() (Expand) and score_select(): KPool::select_tokens or
+  // KPool::score_select over the cache and batch of the last step, the
+  // sharded form on a sharded layer (on the layer's execution space only),
+  // else the one-rank form.
+  template <bool Expand, class ExecutionSpace, class QView, class WeightsView, class OutView>
+  void select_last_batch(ExecutionSpace const& space, QView const& q, WeightsView const& weights,
+                         int topk, OutView const& out, Options const& options) {
+    char const* const what = Expand ? "select_tokens" : "score_select";
+    auto const select = [](auto&... args) {
+      if constexpr (Expand)
+        KPool::select_tokens(args...);
+      else
+        KPool::score_select(args...);
+    };
+    auto const paged = last_paged(what, topk);
+    if (config_.shard.sharded()) {
+      if constexpr (std::is_same<ExecutionSpace, execution_space>::value)
+        select(space, q, weights, topk, batch_, paged, out, workspace_, exchange_,
+               *communicator_, options);
+      else
+        refuse_space(what);
+    } else {
+      select(space, q, weights, topk, batch_, paged, out, workspace_, options);
+    }
   }
 
   // A sharded layer's selections run on its communicator's space.

@@ -63,9 +63,7 @@ inline char const* cache_layout_name(CacheLayout l) {
 /// fused byte buffer (CacheLayout::fused).
 template <class C, class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
 class PoolCache {
-  static_assert(is_cache_element_type<C>::value,
-                "KPool::PoolCache: C must be float, double, KPool::bfloat16, "
-                "KPool::float16 or KPool::float8_e4m3");
+  static_assert(Details::holds_cache_element_type<C, PoolCache>());
 
  public:
   using value_type = C;

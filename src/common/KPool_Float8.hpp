@@ -125,6 +125,19 @@ struct is_cache_element_type
     : std::integral_constant<bool, is_storage_type<C>::value ||
                                        std::is_same<C, float8_e4m3>::value> {};
 
+namespace Details {
+
+// holds_storage_type's check for a pool cache's element type C (PoolCache).
+template <class C, class Holder>
+constexpr bool holds_cache_element_type() {
+  static_assert(is_cache_element_type<C>::value,
+                "KPool: C must be float, double, KPool::bfloat16, KPool::float16 or "
+                "KPool::float8_e4m3");
+  return true;
+}
+
+}  // namespace Details
+
 /// True when a cache of element type C can hold pools of storage type T
 /// (docs/indexer.md): native (C = T) for every storage type, fp8 for every
 /// storage type but f64.

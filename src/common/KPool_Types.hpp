@@ -170,6 +170,21 @@ struct is_storage_type
                                        std::is_same<T, bfloat16>::value ||
                                        std::is_same<T, float16>::value> {};
 
+namespace Details {
+
+// The element-type check of the class templates that hold a storage type
+// (Ring, SelectWorkspace, Layer): true, or one compile error that names
+// the types allowed. Holder is the class checked, which the error's
+// instantiation context names ("required from ... Holder = KPool::Ring<...>").
+template <class T, class Holder>
+constexpr bool holds_storage_type() {
+  static_assert(is_storage_type<T>::value,
+                "KPool: T must be float, double, KPool::bfloat16 or KPool::float16");
+  return true;
+}
+
+}  // namespace Details
+
 /// The arithmetic type of a storage type: double for double, float for the
 /// rest (docs/pools.md, "Numerics").
 /// @tparam T a storage type.

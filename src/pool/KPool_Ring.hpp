@@ -55,9 +55,7 @@ namespace KPool {
 template <class T, class MemorySpace =
                        Kokkos::DefaultExecutionSpace::memory_space>
 class Ring {
-  static_assert(is_storage_type<T>::value,
-                "KPool::Ring holds float, double, KPool::bfloat16 or "
-                "KPool::float16");
+  static_assert(Details::holds_storage_type<T, Ring>());
 
  public:
   /// The storage type T.

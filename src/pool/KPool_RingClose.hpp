@@ -28,15 +28,12 @@ void ring_close_impl(ExecutionSpace const& space, TailView const& tail,
                      Options const& options,
                      RingSlots<typename ExecutionSpace::memory_space> const& slots) {
   using T = typename KeyView::non_const_value_type;
-  static_cast<void>(Details::ragged_views_ok<ExecutionSpace, T, KeyView, GateView,
-                                              RowOffsetsView, CacheLengthsView>());
-  KPOOL_IMPL_CHECK_VIEW(TailView, T, 4, ExecutionSpace, "tail");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 2, ExecutionSpace, "pooled");
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 1, ExecutionSpace,
-                               "closed_pool");
+  static_cast<void>(Details::ragged_ring_views_ok<ExecutionSpace, T, /*TailRead=*/true, KeyView,
+                                                   GateView, RowOffsetsView, CacheLengthsView,
+                                                   SlotView, TailView>());
+  static_cast<void>(
+      Details::pooled_views_ok<ExecutionSpace, T, /*Decode=*/false, ApeView, PooledView,
+                               ClosedView>());
   using M = typename ExecutionSpace::memory_space;
 
   Details::Entry const chk("KPool::ring_close");

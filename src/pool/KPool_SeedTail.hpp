@@ -25,11 +25,9 @@ void seed_tail_impl(ExecutionSpace const& space, TailView const& tail, KeyView c
                     int num_requests, Options const& options,
                     RingSlots<typename ExecutionSpace::memory_space> const& slots) {
   using T = typename KeyView::non_const_value_type;
-  static_cast<void>(Details::ragged_views_ok<ExecutionSpace, T, KeyView, GateView,
-                                              RowOffsetsView, CacheLengthsView>());
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
-  KPOOL_IMPL_CHECK_VIEW(SlotView, std::uint32_t, 1, ExecutionSpace,
-                        "slot_idx");
+  static_cast<void>(Details::ragged_ring_views_ok<ExecutionSpace, T, /*TailRead=*/false, KeyView,
+                                                   GateView, RowOffsetsView, CacheLengthsView,
+                                                   SlotView, TailView>());
   using M = typename ExecutionSpace::memory_space;
 
   Details::Entry const chk("KPool::seed_tail");

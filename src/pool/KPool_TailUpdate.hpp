@@ -69,10 +69,9 @@ void tail_update_impl(ExecutionSpace const& space, TailView const& tail,
   static_cast<void>(Details::decode_views_ok<ExecutionSpace, T, KeyView, GateView,
                                               PositionsView, SlotView>());
   KPOOL_IMPL_CHECK_OUTPUT_VIEW(TailView, T, 4, ExecutionSpace, "tail");
-  KPOOL_IMPL_CHECK_VIEW(ApeView, float, 2, ExecutionSpace, "ape");
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PooledView, T, 3, ExecutionSpace, "pooled");
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(ClosedView, std::int32_t, 2, ExecutionSpace,
-                               "closed_pool");
+  static_cast<void>(
+      Details::pooled_views_ok<ExecutionSpace, T, /*Decode=*/true, ApeView, PooledView,
+                               ClosedView>());
   using M = typename ExecutionSpace::memory_space;
 
   Details::Entry const chk("KPool::tail_update");

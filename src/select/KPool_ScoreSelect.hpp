@@ -32,9 +32,7 @@ namespace KPool {
 template <class T, class MemorySpace =
                        Kokkos::DefaultExecutionSpace::memory_space>
 class SelectWorkspace {
-  static_assert(is_storage_type<T>::value,
-                "KPool::SelectWorkspace: T must be float, double, "
-                "KPool::bfloat16 or KPool::float16");
+  static_assert(Details::holds_storage_type<T, SelectWorkspace>());
 
  public:
   /// The queries' storage type.
@@ -291,9 +289,7 @@ void score_select(ExecutionSpace const& space, QView const& q, WeightsView const
                   PagedCache<C, MemorySpace> const& cache, PoolIdsView const& pool_ids,
                   SelectWorkspace<T, MemorySpace>& workspace,
                   Options const& options = Options()) {
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
-  if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
-                !Details::view_facts<PoolIdsView>::is_const) {
+  if constexpr (Details::selection_output_ok<false, ExecutionSpace, PoolIdsView>()) {
     Details::score_select_batch<false>(Details::Entry("KPool::score_select"), space, cache, q,
                                        weights, topk, batch, "pool_ids", pool_ids, workspace,
                                        options);

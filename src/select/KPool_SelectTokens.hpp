@@ -35,9 +35,7 @@ void select_tokens(ExecutionSpace const& space, QView const& q, WeightsView cons
                    PagedCache<C, MemorySpace> const& cache, TokensView const& tokens,
                    SelectWorkspace<T, MemorySpace>& workspace,
                    Options const& options = Options()) {
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TokensView, std::int32_t, 2, ExecutionSpace, "tokens");
-  if constexpr (Details::view_ok<TokensView, std::int32_t, 2, ExecutionSpace>() &&
-                !Details::view_facts<TokensView>::is_const) {
+  if constexpr (Details::selection_output_ok<true, ExecutionSpace, TokensView>()) {
     Details::score_select_batch<true>(Details::Entry("KPool::select_tokens"), space, cache,
                                       q, weights, topk, batch, "tokens", tokens, workspace,
                                       options);

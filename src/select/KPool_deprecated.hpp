@@ -34,9 +34,7 @@ score_select(ExecutionSpace const& space, RowOffsetsView const& row_offsets,
              int num_requests, int kpool, QView const& q, WeightsView const& weights,
              PoolCache<C, MemorySpace> const& cache, int topk, PoolIdsView const& pool_ids,
              SelectWorkspace<T, MemorySpace>& workspace, Options const& options = Options()) {
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(PoolIdsView, std::int32_t, 2, ExecutionSpace, "pool_ids");
-  if constexpr (Details::view_ok<PoolIdsView, std::int32_t, 2, ExecutionSpace>() &&
-                !Details::view_facts<PoolIdsView>::is_const)
+  if constexpr (Details::selection_output_ok<false, ExecutionSpace, PoolIdsView>())
     Details::score_select_call<false>(Details::Entry("KPool::score_select"), space,
                                       row_offsets, cache_lengths, block_table, num_requests,
                                       kpool, q, weights, cache, topk, "pool_ids", pool_ids,
@@ -65,9 +63,7 @@ select_tokens(ExecutionSpace const& space, RowOffsetsView const& row_offsets,
               int num_requests, int kpool, QView const& q, WeightsView const& weights,
               PoolCache<C, MemorySpace> const& cache, int topk, TokensView const& tokens,
               SelectWorkspace<T, MemorySpace>& workspace, Options const& options = Options()) {
-  KPOOL_IMPL_CHECK_OUTPUT_VIEW(TokensView, std::int32_t, 2, ExecutionSpace, "tokens");
-  if constexpr (Details::view_ok<TokensView, std::int32_t, 2, ExecutionSpace>() &&
-                !Details::view_facts<TokensView>::is_const)
+  if constexpr (Details::selection_output_ok<true, ExecutionSpace, TokensView>())
     Details::score_select_call<true>(Details::Entry("KPool::select_tokens"), space,
                                      row_offsets, cache_lengths, block_table, num_requests,
                                      kpool, q, weights, cache, topk, "tokens", tokens,

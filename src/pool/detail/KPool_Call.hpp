@@ -53,6 +53,40 @@ constexpr bool decode_views_ok() {
   return ragged_views_ok<ExecutionSpace, T, KeyView, GateView, PositionsView, SlotView, true>();
 }
 
+// The views of a ring writer with a ragged batch (seed_tail, ring_close):
+// those of ragged_views_ok, slot_idx [B] of uint32 and the tail
+// [max_slots, 2, R, D] of T, written unless TailRead (ring_close only
+// reads the ring).
+template <class ExecutionSpace, class T, bool TailRead, class KeyView, class GateView,
+          class RowOffsetsView, class CacheLengthsView, class SlotView, class TailView>
+constexpr bool ragged_ring_views_ok() {
+  bool const views_ok =
+      ragged_views_ok<ExecutionSpace, T, KeyView, GateView, RowOffsetsView, CacheLengthsView>() &&
+      KPOOL_IMPL_VIEW_OK(SlotView, std::uint32_t, 1, ExecutionSpace, "slot_idx");
+  if constexpr (TailRead)
+    return views_ok && KPOOL_IMPL_VIEW_OK(TailView, T, 4, ExecutionSpace, "tail");
+  else
+    return views_ok && KPOOL_IMPL_OUTPUT_VIEW_OK(TailView, T, 4, ExecutionSpace, "tail");
+}
+
+// The views the ring writers (ring_close, tail_update) take besides the
+// batch's and the ring's: ape [K, D] of float, then pooled and
+// closed_pool, written: [B, D] of T and [B] of int32 for a ragged batch,
+// [B, max_closed, D] and [B, max_closed] for a decode batch (Decode).
+template <class ExecutionSpace, class T, bool Decode, class ApeView, class PooledView,
+          class ClosedView>
+constexpr bool pooled_views_ok() {
+  bool const ape_ok = KPOOL_IMPL_VIEW_OK(ApeView, float, 2, ExecutionSpace, "ape");
+  if constexpr (Decode)
+    return ape_ok && KPOOL_IMPL_OUTPUT_VIEW_OK(PooledView, T, 3, ExecutionSpace, "pooled") &&
+           KPOOL_IMPL_OUTPUT_VIEW_OK(ClosedView, std::int32_t, 2, ExecutionSpace,
+                                     "closed_pool");
+  else
+    return ape_ok && KPOOL_IMPL_OUTPUT_VIEW_OK(PooledView, T, 2, ExecutionSpace, "pooled") &&
+           KPOOL_IMPL_OUTPUT_VIEW_OK(ClosedView, std::int32_t, 1, ExecutionSpace,
+                                     "closed_pool");
+}
+
 template <class ExecutionSpace, class T>
 struct RaggedCall {
   using memory_space = typename ExecutionSpace::memory_space;

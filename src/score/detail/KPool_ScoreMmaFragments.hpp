@@ -40,59 +40,55 @@ enum class MmaKind { bf16, f16, e4m3 };
 template <MmaKind Kind>
 struct MmaShape;
 
-// m16n8k16 with 16-bit inputs: 8 A elements (4 registers), 4 B elements
-// (2 registers), 4 C/D elements a lane.
-struct MmaShape16 {
+// The A and B fragments of m16n8k(8 * per_reg), per_reg = 1 << Shift
+// inputs to a 32-bit register: 4 * per_reg A elements (4 registers),
+// 2 * per_reg B elements (2 registers), 4 C/D elements a lane. In the
+// PTX ISA's tables, with P = per_reg:
+//   A element i: row groupID (+8 where bit Shift of i is set), column
+//     P * threadID_in_group + (i % P) (+4 * P for i >= 2 * P);
+//   B element i: row (k) P * threadID_in_group + (i % P) (+4 * P for
+//     i >= P), column (n) groupID.
+template <int Shift>
+struct MmaFragmentShape {
   static constexpr int m = 16;
   static constexpr int n = 8;
-  static constexpr int k = 16;
-  static constexpr int per_reg = 2;
+  static constexpr int per_reg = 1 << Shift;
+  static constexpr int k = 8 * per_reg;
   static constexpr int a_regs = 4;
   static constexpr int b_regs = 2;
   static constexpr int a_elems = a_regs * per_reg;
   static constexpr int b_elems = b_regs * per_reg;
-  // A element i: row groupID (+8 for i in {2, 3, 6, 7}), column
-  // 2 * threadID_in_group + (i & 1) (+8 for i >= 4).
   KOKKOS_FORCEINLINE_FUNCTION static int a_row(int lane, int i) {
-    return (lane >> 2) + ((i >> 1) & 1) * 8;
+    return (lane >> 2) + ((i >> Shift) & 1) * 8;
   }
   KOKKOS_FORCEINLINE_FUNCTION static int a_col(int lane, int i) {
-    return (lane & 3) * 2 + (i & 1) + (i >> 2) * 8;
+    return k_index(lane, i, Shift + 1);
   }
-  // B element i: row (k) 2 * threadID_in_group + (i & 1) (+8 for i >= 2),
-  // column (n) groupID.
   KOKKOS_FORCEINLINE_FUNCTION static int b_row(int lane, int i) {
-    return (lane & 3) * 2 + (i & 1) + (i >> 1) * 8;
+    return k_index(lane, i, Shift);
   }
   KOKKOS_FORCEINLINE_FUNCTION static int b_col(int lane, int) { return lane >> 2; }
+
+ private:
+  // The k index of an A or B element: P * threadID_in_group + (i % P),
+  // +4 * P for each step of i >> high (high: the bit of i that selects
+  // the upper half of k).
+  KOKKOS_FORCEINLINE_FUNCTION static int k_index(int lane, int i, int high) {
+    return (lane & 3) * per_reg + (i & (per_reg - 1)) + (i >> high) * (4 * per_reg);
+  }
 };
 
-// m16n8k32 with 8-bit inputs: 16 A elements (4 registers), 8 B elements
-// (2 registers), 4 C/D elements a lane.
-struct MmaShape8 {
-  static constexpr int m = 16;
-  static constexpr int n = 8;
-  static constexpr int k = 32;
-  static constexpr int per_reg = 4;
-  static constexpr int a_regs = 4;
-  static constexpr int b_regs = 2;
-  static constexpr int a_elems = a_regs * per_reg;
-  static constexpr int b_elems = b_regs * per_reg;
-  // A element i: row groupID (+8 for i in [4, 8) and [12, 16)), column
-  // 4 * threadID_in_group + (i & 3) (+16 for i >= 8).
-  KOKKOS_FORCEINLINE_FUNCTION static int a_row(int lane, int i) {
-    return (lane >> 2) + ((i >> 2) & 1) * 8;
-  }
-  KOKKOS_FORCEINLINE_FUNCTION static int a_col(int lane, int i) {
-    return (lane & 3) * 4 + (i & 3) + (i >> 3) * 16;
-  }
-  // B element i: row (k) 4 * threadID_in_group + (i & 3) (+16 for i >= 4),
-  // column (n) groupID.
-  KOKKOS_FORCEINLINE_FUNCTION static int b_row(int lane, int i) {
-    return (lane & 3) * 4 + (i & 3) + (i >> 2) * 16;
-  }
-  KOKKOS_FORCEINLINE_FUNCTION static int b_col(int lane, int) { return lane >> 2; }
-};
+// m16n8k16 with 16-bit inputs: 8 A elements, 4 B elements. A element i:
+// row groupID (+8 for i in {2, 3, 6, 7}), column 2 * threadID_in_group +
+// (i & 1) (+8 for i >= 4); B element i: row (k) 2 * threadID_in_group +
+// (i & 1) (+8 for i >= 2), column (n) groupID.
+using MmaShape16 = MmaFragmentShape<1>;
+
+// m16n8k32 with 8-bit inputs: 16 A elements, 8 B elements. A element i:
+// row groupID (+8 for i in [4, 8) and [12, 16)), column 4 *
+// threadID_in_group + (i & 3) (+16 for i >= 8); B element i: row (k) 4 *
+// threadID_in_group + (i & 3) (+16 for i >= 4), column (n) groupID.
+using MmaShape8 = MmaFragmentShape<2>;
 
 // C and D (f32) of both shapes: element i at row groupID (+8 for i >= 2),
 // column 2 * threadID_in_group + (i & 1).

@@ -261,21 +261,27 @@ struct ScoreTilesFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     return device ? g + e * NG : g * RP + e;
   }
 
+  // Row i's products with the pools of group g for head block hb: the
+  // row's queries qi ([D][HP] from head hb * RH), its head weights w and its
+  // partials part (the [TP] of head block hb), then the layout's loops.
   KPOOL_IMPL_NOINLINE KOKKOS_FUNCTION void block_product(Layout const& L, int i, int hb,
                                                          int g) const {
+    int const HP = padded_heads(heads);
+    int const D = cache.head_dim();
+    A const* qi = L.qt + static_cast<std::size_t>(i) * D * HP + hb * RH;
+    A const* w = L.w + i * HP + hb * RH;
+    A* part = L.part + (static_cast<std::size_t>(hb) * rows_per_team + i) * TP;
     if constexpr (device)
-      block_product_pool_lanes(L, i, hb, g);
+      block_product_pool_lanes(L, g, D, HP, qi, w, part);
     else
-      block_product_head_lanes(L, i, hb, g);
+      block_product_head_lanes(L, g, D, HP, qi, w, part + g * RP);
   }
 
   // Devices: acc[head][pool], the pools TP / RP apart in the [D][TP] tile.
-  KOKKOS_INLINE_FUNCTION void block_product_pool_lanes(Layout const& L, int i, int hb,
-                                                       int g) const {
-    int const HP = padded_heads(heads);
-    int const D = cache.head_dim();
+  KOKKOS_INLINE_FUNCTION void block_product_pool_lanes(Layout const& L, int g, int D, int HP,
+                                                       A const* qi, A const* w,
+                                                       A* part) const {
     A acc[RH][RP] = {};
-    A const* qi = L.qt + static_cast<std::size_t>(i) * D * HP + hb * RH;
     A const* kg = L.kt + pool_of(g, 0);
     for (int c = 0; c < D; ++c) {
       A const* qc = qi + static_cast<std::size_t>(c) * HP;
@@ -290,8 +296,6 @@ struct ScoreTilesFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         for (int e = 0; e < RP; ++e) acc[h][e] = KokkosExt::fmadd(qv, kv[e], acc[h][e]);
       }
     }
-    A const* w = L.w + i * HP + hb * RH;
-    A* part = L.part + (static_cast<std::size_t>(hb) * rows_per_team + i) * TP;
     A s[RP];
     KPOOL_IMPL_UNROLL
     for (int e = 0; e < RP; ++e) s[e] = A(0);
@@ -306,13 +310,11 @@ struct ScoreTilesFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
 
   // Hosts: acc[pool][head], the heads the vector lanes, the RP pools
-  // adjacent rows of the [TP][D] tile.
-  KOKKOS_INLINE_FUNCTION void block_product_head_lanes(Layout const& L, int i, int hb,
-                                                       int g) const {
-    int const HP = padded_heads(heads);
-    int const D = cache.head_dim();
+  // adjacent rows of the [TP][D] tile; part starts at group g's first pool.
+  KOKKOS_INLINE_FUNCTION void block_product_head_lanes(Layout const& L, int g, int D, int HP,
+                                                       A const* qi, A const* w,
+                                                       A* part) const {
     A acc[RP][RH] = {};
-    A const* qi = L.qt + static_cast<std::size_t>(i) * D * HP + hb * RH;
     A const* kg = L.kt + static_cast<std::size_t>(g) * RP * D;
     for (int c = 0; c < D; ++c) {
       A const* qc = qi + static_cast<std::size_t>(c) * HP;
@@ -323,8 +325,6 @@ struct ScoreTilesFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         for (int h = 0; h < RH; ++h) acc[e][h] = KokkosExt::fmadd(kv, qc[h], acc[e][h]);
       }
     }
-    A const* w = L.w + i * HP + hb * RH;
-    A* part = L.part + (static_cast<std::size_t>(hb) * rows_per_team + i) * TP + g * RP;
     KPOOL_IMPL_UNROLL
     for (int e = 0; e < RP; ++e) {
       A const se = L.sc[g * RP + e];

@@ -35,6 +35,19 @@
 namespace KPool {
 namespace Details {
 
+// The output view of a selection entry point, score_select's pool_ids or
+// (Expand) select_tokens' tokens, [rows, width] of int32, written: its
+// checks, each naming the argument, then whether it is right, so that the
+// entry point skips its body otherwise and the failed check is the one
+// error.
+template <bool Expand, class ExecutionSpace, class OutView>
+constexpr bool selection_output_ok() {
+  if constexpr (Expand)
+    return KPOOL_IMPL_OUTPUT_VIEW_OK(OutView, std::int32_t, 2, ExecutionSpace, "tokens");
+  else
+    return KPOOL_IMPL_OUTPUT_VIEW_OK(OutView, std::int32_t, 2, ExecutionSpace, "pool_ids");
+}
+
 // The long-row split of a workspace: per-segment counts of rows of more
 // than `from` visible pools (segs 0: none), and their plans.
 struct SplitArgs {
