@@ -242,6 +242,26 @@ KOKKOS_FORCEINLINE_FUNCTION void mma_warp(float (&acc)[Lanes][4],
   }
 }
 
+// bf16 operand term `term` of x (0, 1, 2): the nearest bf16 of what the
+// earlier terms left (each rest exact in f32); three terms represent every
+// f32 of magnitude 2^-110 or more exactly. A non-finite first term leaves
+// nothing for the others (x itself carries inf or NaN).
+KOKKOS_INLINE_FUNCTION std::uint32_t bf16_term(float x, int term) {
+  float r = x;
+  std::uint16_t b = 0;
+  for (int j = 0; j <= term; ++j) {
+    b = float_to_bf16_bits(r);
+    float const v = bf16_bits_to_float(b);
+    r = (v - v == 0.0f) ? r - v : 0.0f;  // v finite
+  }
+  return b;
+}
+
+// The first `terms` bf16 terms of x, zeros after.
+KOKKOS_INLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[3]) {
+  for (int j = 0; j < 3; ++j) out[j] = j < terms ? bf16_term(x, j) : 0u;
+}
+
 }  // namespace Details
 }  // namespace KPool
 

@@ -64,34 +64,11 @@ struct mma_lanes<Kokkos::Cuda> {
 constexpr int mma_team_warps = 4;
 // Pools of a warp's tile (the MMA's M).
 constexpr int mma_tile_pools = 16;
-// Teams of up to mma_team_warps warps an SM the engine's launch bounds
-// keep resident on CUDA: registers are capped at 65536 / (3 * 128),
-// 168 a thread (the kernels take 136-158 without the cap,
-// docs/performance.md), so that the persistent launch (launch_score_mma)
-// knows its teams are all resident at once.
+// Teams an SM the launch bounds keep resident on CUDA, and the register cap
+// that implies (168 a thread; the kernels take 136-158 without it), so that
+// the persistent launch (persistent_teams) knows its teams are resident.
 constexpr int mma_min_teams_an_sm = 3;
-// The register cap that implies, rounded down to the allocation's 8.
 constexpr int mma_register_cap = 65536 / (mma_min_teams_an_sm * 32 * mma_team_warps) / 8 * 8;
-
-// bf16 operand term `term` of x (0, 1, 2): the nearest bf16 of what the
-// earlier terms left (each rest exact in f32); three terms represent every
-// f32 of magnitude 2^-110 or more exactly. A non-finite first term leaves
-// nothing for the others (x itself carries inf or NaN).
-KOKKOS_INLINE_FUNCTION std::uint32_t bf16_term(float x, int term) {
-  float r = x;
-  std::uint16_t b = 0;
-  for (int j = 0; j <= term; ++j) {
-    b = float_to_bf16_bits(r);
-    float const v = bf16_bits_to_float(b);
-    r = (v - v == 0.0f) ? r - v : 0.0f;  // v finite
-  }
-  return b;
-}
-
-// The first `terms` bf16 terms of x, zeros after.
-KOKKOS_INLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[3]) {
-  for (int j = 0; j < 3; ++j) out[j] = j < terms ? bf16_term(x, j) : 0u;
-}
 
 // Serving: the serving profile's scores (prepared E4M3 codes, the pool's
 // scale after the head sum), on the E4M3 MMA or, with

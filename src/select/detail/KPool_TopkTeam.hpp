@@ -365,11 +365,10 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
     });
     member.team_barrier();
     // In runs: run q holds the bins j in [q * len, (q + 1) * len) from the
-    // top (d = nb - 1 - j), one run a thread, so the team scans its runs'
-    // sums in one chunk (a Kokkos team scan goes in chunks of the team
-    // size: 16 chunks, each with its barriers, for 2048 bins and 128
-    // threads) and each run then walks its bins from its prefix. The same
-    // sums in the same order of bins: the same digit as a scan of the bins.
+    // top (d = nb - 1 - j), one a thread, so the team scans the runs' sums
+    // in one chunk (a team scan of the bins takes one a team size: 16, with
+    // their barriers, for 2048 bins and 128 threads), then each run walks
+    // its bins from its prefix: the same sums, the same digit.
     int const len = (nb + member.team_size() - 1) / member.team_size();
     int const runs = (nb + len - 1) / len;
     Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, runs),
