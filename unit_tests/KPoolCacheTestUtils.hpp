@@ -32,23 +32,26 @@ std::vector<std::uint8_t> fused_part(KPool::PoolCache<C, M> const& cache, bool s
   return b;
 }
 
+// A split cache's values or scales, copied to the host, as bytes.
+template <class V>
+std::vector<std::uint8_t> split_part(V const& v) {
+  auto const h = on_host(v);
+  std::vector<std::uint8_t> b(h.size() * sizeof(typename V::value_type));
+  std::memcpy(b.data(), h.data(), b.size());
+  return b;
+}
+
 // Host view of a whole cache, as bytes.
 template <class C, class M>
 std::vector<std::uint8_t> value_bytes(KPool::PoolCache<C, M> const& cache) {
   if (cache.layout() == KPool::CacheLayout::fused) return fused_part(cache, false);
-  auto const h = on_host(cache.values());
-  std::vector<std::uint8_t> b(h.size() * sizeof(C));
-  std::memcpy(b.data(), h.data(), b.size());
-  return b;
+  return split_part(cache.values());
 }
 
 template <class C, class M>
 std::vector<std::uint8_t> scale_bytes(KPool::PoolCache<C, M> const& cache) {
   if (cache.layout() == KPool::CacheLayout::fused) return fused_part(cache, true);
-  auto const h = on_host(cache.scales());
-  std::vector<std::uint8_t> b(h.size() * sizeof(float));
-  std::memcpy(b.data(), h.data(), b.size());
-  return b;
+  return split_part(cache.scales());
 }
 
 // A block table [B, max_blocks]: every (row, column) its own block, in a

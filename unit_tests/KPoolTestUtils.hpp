@@ -168,17 +168,25 @@ Kokkos::View<T***, Kokkos::LayoutRight, MemorySpace> to_view3(
   return v;
 }
 
+// The first rows * cols entries of v (row-major; v.at, so a v too short
+// throws) as a [rows, cols] view labelled `label`.
+template <class MemorySpace>
+Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> int_matrix_view(
+    std::vector<std::int32_t> const& v, int rows, int cols, std::string const& label) {
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> m(label, rows, cols);
+  auto h = Kokkos::create_mirror_view(m);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) h(r, c) = v.at(static_cast<std::size_t>(r) * cols + c);
+  Kokkos::deep_copy(m, h);
+  return m;
+}
+
 // Decode positions [B * next_n] as [B, next_n].
 template <class MemorySpace>
 Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> positions_view(
     std::vector<std::int32_t> const& positions, int next_n) {
-  int const B = static_cast<int>(positions.size()) / next_n;
-  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, MemorySpace> v("positions", B, next_n);
-  auto h = Kokkos::create_mirror_view(v);
-  for (int r = 0; r < B; ++r)
-    for (int i = 0; i < next_n; ++i) h(r, i) = positions[r * next_n + i];
-  Kokkos::deep_copy(v, h);
-  return v;
+  return int_matrix_view<MemorySpace>(positions, static_cast<int>(positions.size()) / next_n,
+                                      next_n, "positions");
 }
 
 template <class MemorySpace>
@@ -383,6 +391,30 @@ void load_ring(KPool::Ring<T, M> const& ring, KPoolRef::Ring const& ref) {
           h(s, w, m, c) = to_storage<T>(ref.at(s, w, m, c));
   Kokkos::deep_copy(ring.tail(), h);
   hold_positions(ring, 0x7FFFFFFFu, 1);
+}
+
+// A KPool::Ring of ref's shape (slots, K, D, R) holding ref's contents,
+// as load_ring leaves it.
+template <class T, class M, class E>
+KPool::Ring<T, M> loaded_ring(E const& space, KPoolRef::Ring const& ref) {
+  KPool::Ring<T, M> ring(space, ref.max_slots, ref.K, ref.D, ref.R);
+  load_ring(ring, ref);
+  return ring;
+}
+
+// A decode call's random inputs: key (in [-2, 2)) and gate (in [-4, 4)) of
+// `rows` rows, ape, and a random ring of `slots` slots standing for
+// earlier calls, drawn in that order:
+//   auto [key, gate, ape, ref_ring] = decode_inputs(rng, t, B * next_n, slots, K, D);
+struct DecodeInputs {
+  Matrix key, gate, ape;
+  KPoolRef::Ring ring;
+};
+
+inline DecodeInputs decode_inputs(Rng& rng, DType t, int rows, int slots, int K, int D) {
+  // A braced list is evaluated left to right: the draws keep their order.
+  return DecodeInputs{random_matrix(rng, t, rows, D, -2, 2), random_matrix(rng, t, rows, D, -4, 4),
+                      random_ape(rng, K, D), random_ring(rng, t, slots, K, D)};
 }
 
 template <class T, class M>

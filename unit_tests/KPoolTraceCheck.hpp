@@ -142,6 +142,31 @@ inline bool to_float(std::string const& s, float& v) {
   return *end == '\0';
 }
 
+// A 'pool' or 'cache' line's seq and pool id (fields 1 and 2), and its
+// line number.
+template <class Entry>
+void read_seq_and_pool(std::vector<std::string> const& f, std::string const& at, int ln,
+                       Entry& e) {
+  std::int64_t a = 0, b = 0;
+  if (!to_int(f[1], a) || a < 0 || a > 0xFFFFFFFFll)
+    mismatch(at + "malformed seq '" + f[1] + "'");
+  if (!to_int(f[2], b)) mismatch(at + "malformed pool id '" + f[2] + "'");
+  e.seq = static_cast<std::uint32_t>(a);
+  e.pool = b;
+  e.line = ln;
+}
+
+// Its D values, fields first .. first + D - 1, each read by `read`
+// (to_value for a pool line, to_float for a cache line).
+template <class Entry, class Read>
+void read_values(std::vector<std::string> const& f, std::string const& at, std::size_t first,
+                 int D, Read const& read, Entry& e) {
+  e.values.resize(D);
+  for (int i = 0; i < D; ++i)
+    if (!read(f[first + i], e.values[i]))
+      mismatch(at + "malformed value '" + f[first + i] + "'");
+}
+
 // Reads kpool_replay's output: pool lines then 'pools N', nothing else in
 // version 1; in version 2 then 'emitted E', 'cache' lines when the trace
 // has an fp8 pool cache (`cache_lines`), 'select' lines, and 'selects M'.
@@ -187,18 +212,10 @@ inline std::vector<Printed> read_output(std::istream& in, int D, int version,
         mismatch(at + "a cache line has " + std::to_string(3 + D) +
                  " fields (seq, pool, scale, " + std::to_string(D) +
                  " values), got " + std::to_string(f.size() - 1));
-      if (!to_int(f[1], a) || a < 0 || a > 0xFFFFFFFFll)
-        mismatch(at + "malformed seq '" + f[1] + "'");
-      if (!to_int(f[2], b)) mismatch(at + "malformed pool id '" + f[2] + "'");
       PrintedCache c;
-      c.seq = static_cast<std::uint32_t>(a);
-      c.pool = b;
-      c.line = ln;
+      read_seq_and_pool(f, at, ln, c);
       if (!to_float(f[3], c.scale)) mismatch(at + "malformed scale '" + f[3] + "'");
-      c.values.resize(D);
-      for (int i = 0; i < D; ++i)
-        if (!to_float(f[4 + i], c.values[i]))
-          mismatch(at + "malformed value '" + f[4 + i] + "'");
+      read_values(f, at, 4, D, [](std::string const& s, float& v) { return to_float(s, v); }, c);
       tail.cache.push_back(std::move(c));
       continue;
     }
@@ -226,17 +243,9 @@ inline std::vector<Printed> read_output(std::istream& in, int D, int version,
       mismatch(at + "a pool line has " + std::to_string(2 + D) +
                " fields (seq, pool, " + std::to_string(D) + " values), got " +
                std::to_string(f.size() - 1));
-    if (!to_int(f[1], a) || a < 0 || a > 0xFFFFFFFFll)
-      mismatch(at + "malformed seq '" + f[1] + "'");
-    if (!to_int(f[2], b)) mismatch(at + "malformed pool id '" + f[2] + "'");
     Printed p;
-    p.seq = static_cast<std::uint32_t>(a);
-    p.pool = b;
-    p.line = ln;
-    p.values.resize(D);
-    for (int c = 0; c < D; ++c)
-      if (!to_value(f[3 + c], p.values[c]))
-        mismatch(at + "malformed value '" + f[3 + c] + "'");
+    read_seq_and_pool(f, at, ln, p);
+    read_values(f, at, 3, D, [](std::string const& s, double& v) { return to_value(s, v); }, p);
     out.push_back(std::move(p));
   }
   if (stage == 0) mismatch("the output has no 'pools N' line");

@@ -42,6 +42,18 @@
 #include <iostream>
 #include <string>
 
+namespace {
+
+// Whether `in` opened `path`; if not, says why on stderr.
+bool opened(std::ifstream const& in, char const* path) {
+  if (in) return true;
+  std::cerr << "kpool_trace_check: cannot read '" << path << "': " << std::strerror(errno)
+            << '\n';
+  return false;
+}
+
+}  // namespace
+
 int main(int argc, char* argv[]) {
   if (!KPoolTraceCheck::inputs_match_trace_md()) {
     std::cerr << "kpool_trace_check: KPoolTrace::value disagrees with "
@@ -55,11 +67,7 @@ int main(int argc, char* argv[]) {
   KPoolTrace::Trace trace;
   {
     std::ifstream in(argv[1]);
-    if (!in) {
-      std::cerr << "kpool_trace_check: cannot read '" << argv[1]
-                << "': " << std::strerror(errno) << '\n';
-      return 2;
-    }
+    if (!opened(in, argv[1])) return 2;
     try {
       trace = KPoolTrace::parse(in);
     } catch (KPoolTrace::TraceError const& e) {
@@ -68,11 +76,7 @@ int main(int argc, char* argv[]) {
     }
   }
   std::ifstream in(argv[2]);
-  if (!in) {
-    std::cerr << "kpool_trace_check: cannot read '" << argv[2]
-              << "': " << std::strerror(errno) << '\n';
-    return 2;
-  }
+  if (!opened(in, argv[2])) return 2;
   try {
     std::cout << "kpool_trace_check: " << KPoolTraceCheck::check(trace, in) << '\n';
   } catch (KPoolTraceCheck::Mismatch const& e) {

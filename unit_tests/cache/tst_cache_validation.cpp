@@ -116,6 +116,20 @@ KPool::Options validated() {
   return o;
 }
 
+// store_pools of `out` for n live rows into the cache through `table`,
+// validated: throws (argument, row, value), the cache byte for byte as it
+// was.
+template <class C, class U>
+void expect_store_throws(KPool::PoolCache<C, M> const& cache, KPool::StepOutput<U, M> const& out,
+                         int n, Table const& table, std::string const& argument,
+                         std::int64_t row, std::string const& value) {
+  Snapshot<C> const before(cache);
+  EXPECT_TRUE(throws(
+      [&] { KPool::store_pools(E(), out, live(n), KPool::paged(cache, table), validated()); },
+      "KPool::store_pools", argument, row, value));
+  EXPECT_TRUE(before.unchanged(cache));
+}
+
 // --- KPool::PoolCache ------------------------------------------------------
 
 TEST(CacheValidation, PoolCacheSizesMustBePositive) {
@@ -231,32 +245,23 @@ TEST(CacheValidation, FusedLayoutNeedsWholeAlignedBlocks) {
 TEST(CacheValidation, StoreCacheHeadDimMustBeThePools) {
   Rng rng(1);
   auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, false, 2 * D);
-  Snapshot<F8> const before(cache);
-  auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(2), paged(cache), validated()); },
-                     "KPool::store_pools", "cache", -1, std::to_string(2 * D)));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, two_row_output<T>(rng), 2, good_table(), "cache", -1,
+                      std::to_string(2 * D));
 }
 
 TEST(CacheValidation, StoreFp8CacheNeedsPoolsThatAreNotF64) {
   Rng rng(2);
   auto cache = random_cache<F8>(rng, KPool::CacheScale::pow2);
-  Snapshot<F8> const before(cache);
-  auto const out = two_row_output<double>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(2), paged(cache), validated()); },
-                     "KPool::store_pools", "cache", -1, "fp8_e4m3"));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, two_row_output<double>(rng), 2, good_table(), "cache", -1,
+                      "fp8_e4m3");
 }
 
 TEST(CacheValidation, StoreServingCacheNeedsPoolsThatAreNotF64) {
   Rng rng(2);
   KPool::PoolCache<F8, M> cache(E(), kBlocks, kBlockPools, D, 4, KPool::CacheScale::pow2, true,
                                 KPool::CacheProfile::serving);
-  Snapshot<F8> const before(cache);
-  auto const out = two_row_output<double>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(2), paged(cache), validated()); },
-                     "KPool::store_pools", "cache", -1, "fp8_e4m3"));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, two_row_output<double>(rng), 2, good_table(), "cache", -1,
+                      "fp8_e4m3");
 }
 
 // A fused cache (the engines' layout) is left byte for byte as it was too.
@@ -269,13 +274,7 @@ TEST(CacheValidation, StoreFusedBlocksMustBeAssigned) {
   KPool::PoolCache<F8, M> cache(bytes, kBlockPools, D, 4);
   Snapshot<F8> const before(cache);
   auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws(
-      [&] {
-        KPool::store_pools(E(), out, live(2),
-                           KPool::paged(cache, table_of({{0, 1, 2}, {3, -1, 5}})), validated());
-      },
-      "KPool::store_pools", "block_table", 1, "-1"));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, out, 2, table_of({{0, 1, 2}, {3, -1, 5}}), "block_table", 1, "-1");
   KPool::store_pools(E(), out, live(2), paged(cache), validated());
   EXPECT_FALSE(before.unchanged(cache));
 }
@@ -291,83 +290,47 @@ TEST(CacheValidation, StoreCacheMustHaveStorage) {
 TEST(CacheValidation, StoreBlockTableNeedsARowPerRequest) {
   Rng rng(4);
   auto cache = random_cache<T>(rng, KPool::CacheScale::none);
-  Snapshot<T> const before(cache);
-  auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws(
-      [&] {
-        KPool::store_pools(E(), out, live(2), KPool::paged(cache, table_of({{0, 1, 2}})),
-                           validated());
-      },
-      "KPool::store_pools", "block_table", -1, "1"));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, two_row_output<T>(rng), 2, table_of({{0, 1, 2}}), "block_table", -1,
+                      "1");
 }
 
 TEST(CacheValidation, StoreNumRequestsWithinTheOutput) {
   Rng rng(5);
   auto cache = random_cache<T>(rng, KPool::CacheScale::none);
-  Snapshot<T> const before(cache);
   auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(-1), paged(cache), validated()); },
-                     "KPool::store_pools", "num_requests", -1, "-1"));
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(3), paged(cache), validated()); },
-                     "KPool::store_pools", "num_requests", -1, "3"));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, out, -1, good_table(), "num_requests", -1, "-1");
+  expect_store_throws(cache, out, 3, good_table(), "num_requests", -1, "3");
 }
 
 // A pool of batch row 1 (its output row 5) while only row 0 is live.
 TEST(CacheValidation, StoreOutputRowsBelongToLiveRequests) {
   Rng rng(6);
   auto cache = random_cache<F8>(rng, KPool::CacheScale::amax);
-  Snapshot<F8> const before(cache);
-  auto const out = two_row_output<T>(rng, {0, 0, 0, 0, 0, 1}, {0, 1, 2, 3, 4, 5});
-  EXPECT_TRUE(throws([&] { KPool::store_pools(E(), out, live(1), paged(cache), validated()); },
-                     "KPool::store_pools", "out", 5, "1"));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, two_row_output<T>(rng, {0, 0, 0, 0, 0, 1}, {0, 1, 2, 3, 4, 5}), 1,
+                      good_table(), "out", 5, "1");
 }
 
 TEST(CacheValidation, StoreBlocksMustBeAssigned) {
   Rng rng(7);
   auto cache = random_cache<F8>(rng, KPool::CacheScale::amax, true);
-  Snapshot<F8> const before(cache);
-  auto const out = two_row_output<T>(rng);
   // Row 1's pool 9 lives in column 2.
-  EXPECT_TRUE(throws(
-      [&] {
-        KPool::store_pools(E(), out, live(2),
-                           KPool::paged(cache, table_of({{0, 1, 2}, {3, 4, -1}})), validated());
-      },
-      "KPool::store_pools", "block_table", 1, "-1"));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, two_row_output<T>(rng), 2, table_of({{0, 1, 2}, {3, 4, -1}}),
+                      "block_table", 1, "-1");
 }
 
 TEST(CacheValidation, StoreBlocksMustBeBelowNumBlocks) {
   Rng rng(8);
   auto cache = random_cache<T>(rng, KPool::CacheScale::none);
-  Snapshot<T> const before(cache);
-  auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws(
-      [&] {
-        KPool::store_pools(E(), out, live(2),
-                           KPool::paged(cache, table_of({{kBlocks, 1, 2}, {3, 4, 5}})),
-                           validated());
-      },
-      "KPool::store_pools", "block_table", 0, std::to_string(kBlocks)));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, two_row_output<T>(rng), 2, table_of({{kBlocks, 1, 2}, {3, 4, 5}}),
+                      "block_table", 0, std::to_string(kBlocks));
 }
 
 // Pool 9 needs column 9 / 4 = 2; the table has 2 columns.
 TEST(CacheValidation, StoreBlockTableWideEnoughForEveryPool) {
   Rng rng(9);
   auto cache = random_cache<F8>(rng, KPool::CacheScale::pow2);
-  Snapshot<F8> const before(cache);
-  auto const out = two_row_output<T>(rng);
-  EXPECT_TRUE(throws(
-      [&] {
-        KPool::store_pools(E(), out, live(2), KPool::paged(cache, table_of({{0, 1}, {3, 4}})),
-                           validated());
-      },
-      "KPool::store_pools", "block_table", 1, "2"));
-  EXPECT_TRUE(before.unchanged(cache));
+  expect_store_throws(cache, two_row_output<T>(rng), 2, table_of({{0, 1}, {3, 4}}),
+                      "block_table", 1, "2");
 }
 
 // Unused columns may hold anything: only the blocks a write needs count.

@@ -276,6 +276,76 @@ TYPED_TEST(PoolCacheTest, StoringAPoolAgainOverwritesItsEntry) {
   EXPECT_TRUE(same_bytes(scale_bytes(cache), want.scales, 4, "scales"));
 }
 
+// The value sent for (sequence, position, channel, key or gate), the same
+// whichever call sends it. Keys spread over magnitudes so fp8 scales
+// differ between pools.
+template <class Cfg>
+double cache_input(int seq, int pos, int c, int which) {
+  Rng r((seq * 0x9E3779B97F4A7C15ull) ^ (pos * 0xC2B2AE3D27D4EB4Full) ^
+        (static_cast<std::uint64_t>(c) * 0x165667B19E3779F9ull + which));
+  double const mag = which ? 4.0 : std::ldexp(1.0, static_cast<int>(r.next() % 9) - 4);
+  return KPoolRef::round_to(Cfg::dtype, r.uniform(-mag, mag));
+}
+
+// A call in which sequence seqs[i] sends take[i] positions from
+// fed[seqs[i]], as a ragged batch: its row offsets and cache lengths, and
+// key and gate of max(rows, 1) rows.
+template <class Cfg>
+struct RaggedCall {
+  std::vector<std::uint32_t> offsets{0}, cache_lengths;
+  Matrix key, gate;
+  RaggedCall(std::vector<int> const& seqs, std::vector<int> const& fed,
+             std::vector<int> const& take, int D) {
+    int const n = static_cast<int>(seqs.size());
+    for (int i = 0; i < n; ++i) {
+      offsets.push_back(offsets.back() + take[i]);
+      cache_lengths.push_back(fed[seqs[i]]);
+    }
+    key = gate = Matrix(std::max<int>(offsets.back(), 1), D);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < take[i]; ++j)
+        for (int c = 0; c < D; ++c) {
+          key.at(offsets[i] + j, c) = cache_input<Cfg>(seqs[i], fed[seqs[i]] + j, c, 0);
+          gate.at(offsets[i] + j, c) = cache_input<Cfg>(seqs[i], fed[seqs[i]] + j, c, 1);
+        }
+  }
+  int rows() const { return key.rows; }
+};
+
+// The same as a decode batch of next_n entries a row: key and gate
+// [n, next_n, D] and positions [n, next_n], entries past take[i] padding
+// (position -1, zeros).
+template <class Cfg>
+struct DecodeCall {
+  using T = typename Cfg::value_type;
+  using M = typename Cfg::memory_space;
+  Kokkos::View<T***, Kokkos::LayoutRight, M> key, gate;
+  Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> pos;
+  DecodeCall(std::vector<int> const& seqs, std::vector<int> const& fed,
+             std::vector<int> const& take, int next_n, int D) {
+    int const n = static_cast<int>(seqs.size());
+    key = decltype(key)("key", n, next_n, D);
+    gate = decltype(gate)("gate", n, next_n, D);
+    pos = decltype(pos)("positions", n, next_n);
+    auto hk = Kokkos::create_mirror_view(key);
+    auto hg = Kokkos::create_mirror_view(gate);
+    auto hp = Kokkos::create_mirror_view(pos);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < next_n; ++j) {
+        bool const real = j < take[i];
+        int const p = fed[seqs[i]] + j;
+        hp(i, j) = real ? p : -1;
+        for (int c = 0; c < D; ++c) {
+          hk(i, j, c) = to_storage<T>(real ? cache_input<Cfg>(seqs[i], p, c, 0) : 0.0);
+          hg(i, j, c) = to_storage<T>(real ? cache_input<Cfg>(seqs[i], p, c, 1) : 0.0);
+        }
+      }
+    Kokkos::deep_copy(key, hk);
+    Kokkos::deep_copy(gate, hg);
+    Kokkos::deep_copy(pos, hp);
+  }
+};
+
 // Streaming invariance of the cache (docs/indexer.md): sequences fed in random
 // chunks through KPool::step (ragged and decode batches), each call followed by
 // store_pools, leave caches byte-identical to those of one KPool::step
@@ -359,14 +429,6 @@ class CacheStreaming {
   }
 
  private:
-  double input(int seq, int pos, int c, int which) const {
-    Rng r((seq * 0x9E3779B97F4A7C15ull) ^ (pos * 0xC2B2AE3D27D4EB4Full) ^
-          (static_cast<std::uint64_t>(c) * 0x165667B19E3779F9ull + which));
-    // Keys spread over magnitudes so fp8 scales differ between pools.
-    double const mag = which ? 4.0 : std::ldexp(1.0, static_cast<int>(r.next() % 9) - 4);
-    return KPoolRef::round_to(Cfg::dtype, r.uniform(-mag, mag));
-  }
-
   // The block table of a call: row i is sequence seqs[i]'s blocks; one
   // extra row of unassigned blocks past num_requests.
   Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> table_for(std::vector<int> const& seqs) {
@@ -398,29 +460,17 @@ class CacheStreaming {
   void step(KPool::Ring<T, M>& ring, std::vector<int> const& seqs, std::vector<int> const& from,
             std::vector<int> const& take, Caches& c) {
     int const n = static_cast<int>(seqs.size());
-    std::vector<std::uint32_t> offsets{0}, cache, slot;
-    for (int i = 0; i < n; ++i) {
-      offsets.push_back(offsets.back() + take[i]);
-      cache.push_back(from[seqs[i]]);
-      slot.push_back(seqs[i]);
-    }
-    int const rows = std::max<int>(offsets.back(), 1);
-    Matrix key(rows, D_), gate(rows, D_);
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < take[i]; ++j)
-        for (int ch = 0; ch < D_; ++ch) {
-          key.at(offsets[i] + j, ch) = input(seqs[i], from[seqs[i]] + j, ch, 0);
-          gate.at(offsets[i] + j, ch) = input(seqs[i], from[seqs[i]] + j, ch, 1);
-        }
+    RaggedCall<Cfg> const call(seqs, from, take, D_);
+    std::vector<std::uint32_t> const slot(seqs.begin(), seqs.end());
     using U32 = Kokkos::View<std::uint32_t*, M>;
     KPool::StepOutput<T, M> out(
-        E(), KPool::StepOutput<T, M>::capacity_for(rows, n, K_), n, D_);
+        E(), KPool::StepOutput<T, M>::capacity_for(call.rows(), n, K_), n, D_);
     KPool::Options o = test_options<E>();
     o.fused = rng_.below(2) == 0;
-    KPool::step(E(), ring, to_view<T, M>(key, "key"), to_view<T, M>(gate, "gate"),
+    KPool::step(E(), ring, to_view<T, M>(call.key, "key"), to_view<T, M>(call.gate, "gate"),
                 ape_view<M>(ape_),
-                KPool::ragged_batch(to_index_view<U32>(offsets, "row_offsets"),
-                                    to_index_view<U32>(cache, "cache_lengths"),
+                KPool::ragged_batch(to_index_view<U32>(call.offsets, "row_offsets"),
+                                    to_index_view<U32>(call.cache_lengths, "cache_lengths"),
                                     to_index_view<U32>(slot, "slot_idx"), n),
                 out, o);
     store(out, seqs, c);
@@ -430,31 +480,13 @@ class CacheStreaming {
               std::vector<int> const& take, Caches& c) {
     int const n = static_cast<int>(seqs.size());
     int const next_n = std::max(1, *std::max_element(take.begin(), take.end()));
-    Kokkos::View<T***, Kokkos::LayoutRight, M> key("key", n, next_n, D_), gate("gate", n, next_n, D_);
-    Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> pos("positions", n, next_n);
-    auto hk = Kokkos::create_mirror_view(key);
-    auto hg = Kokkos::create_mirror_view(gate);
-    auto hp = Kokkos::create_mirror_view(pos);
-    std::vector<std::uint32_t> slot;
-    for (int i = 0; i < n; ++i) {
-      slot.push_back(seqs[i]);
-      for (int j = 0; j < next_n; ++j) {
-        bool const real = j < take[i];
-        int const p = from[seqs[i]] + j;
-        hp(i, j) = real ? p : -1;
-        for (int ch = 0; ch < D_; ++ch) {
-          hk(i, j, ch) = to_storage<T>(real ? input(seqs[i], p, ch, 0) : 0.0);
-          hg(i, j, ch) = to_storage<T>(real ? input(seqs[i], p, ch, 1) : 0.0);
-        }
-      }
-    }
-    Kokkos::deep_copy(key, hk);
-    Kokkos::deep_copy(gate, hg);
-    Kokkos::deep_copy(pos, hp);
+    DecodeCall<Cfg> const call(seqs, from, take, next_n, D_);
+    std::vector<std::uint32_t> const slot(seqs.begin(), seqs.end());
     KPool::StepOutput<T, M> out(E(), n * ((next_n + K_ - 1) / K_), n, D_);
-    KPool::step(E(), ring, key, gate, ape_view<M>(ape_),
+    KPool::step(E(), ring, call.key, call.gate, ape_view<M>(ape_),
                 KPool::decode_batch(
-                    pos, to_index_view<Kokkos::View<std::uint32_t*, M>>(slot, "slot_idx"), n),
+                    call.pos, to_index_view<Kokkos::View<std::uint32_t*, M>>(slot, "slot_idx"),
+                    n),
                 out, test_options<E>());
     store(out, seqs, c);
   }
@@ -539,12 +571,6 @@ void check_cache_paths(int K, int D, std::uint64_t seed) {
   PathRun<Cfg, CacheWritePath::second_pass> b(S, K, D, blocks.num_blocks, block_pools);
   Matrix const ape = random_ape(rng, K, D);
   auto const ape_v = ape_view<M>(ape);
-  auto const input = [&](int seq, int pos, int c, int which) {
-    Rng r((seq * 0x9E3779B97F4A7C15ull) ^ (pos * 0xC2B2AE3D27D4EB4Full) ^
-          (static_cast<std::uint64_t>(c) * 0x165667B19E3779F9ull + which));
-    double const mag = which ? 4.0 : std::ldexp(1.0, static_cast<int>(r.next() % 9) - 4);
-    return KPoolRef::round_to(Cfg::dtype, r.uniform(-mag, mag));
-  };
   KPool::Options o = test_options<E>();
   o.validate = false;  // sequence 0 has no blocks: its pools are skipped
 
@@ -580,51 +606,21 @@ void check_cache_paths(int K, int D, std::uint64_t seed) {
     auto const slot_v = to_index_view<U32>(slot, "slot_idx");
     if (decode) {
       int const next_n = *std::max_element(take.begin(), take.end());
-      Kokkos::View<T***, Kokkos::LayoutRight, M> key("key", n, next_n, D),
-          gate("gate", n, next_n, D);
-      Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> pos("positions", n, next_n);
-      auto hk = Kokkos::create_mirror_view(key);
-      auto hg = Kokkos::create_mirror_view(gate);
-      auto hp = Kokkos::create_mirror_view(pos);
-      for (int i = 0; i < n; ++i)
-        for (int j = 0; j < next_n; ++j) {
-          bool const real = j < take[i];
-          int const p = fed[seqs[i]] + j;
-          hp(i, j) = real ? p : -1;
-          for (int c = 0; c < D; ++c) {
-            hk(i, j, c) = to_storage<T>(real ? input(seqs[i], p, c, 0) : 0.0);
-            hg(i, j, c) = to_storage<T>(real ? input(seqs[i], p, c, 1) : 0.0);
-          }
-        }
-      Kokkos::deep_copy(key, hk);
-      Kokkos::deep_copy(gate, hg);
-      Kokkos::deep_copy(pos, hp);
+      DecodeCall<Cfg> const d(seqs, fed, take, next_n, D);
       KPool::StepOutput<T, M> out_a(E(), n * ((next_n + K - 1) / K), n, D),
           out_b(E(), n * ((next_n + K - 1) / K), n, D);
-      KPool::Details::decode_step_impl(E(), a.ring, key, gate, ape_v, pos, slot_v, n,
+      KPool::Details::decode_step_impl(E(), a.ring, d.key, d.gate, ape_v, d.pos, slot_v, n,
                                        out_a, a.arg(table), o);
-      KPool::Details::decode_step_impl(E(), b.ring, key, gate, ape_v, pos, slot_v, n,
+      KPool::Details::decode_step_impl(E(), b.ring, d.key, d.gate, ape_v, d.pos, slot_v, n,
                                        out_b, b.arg(table), o);
       ++decodes;
     } else {
-      std::vector<std::uint32_t> offsets{0}, cache_lengths;
-      for (int i = 0; i < n; ++i) {
-        offsets.push_back(offsets.back() + take[i]);
-        cache_lengths.push_back(fed[seqs[i]]);
-      }
-      int const rows = std::max<int>(offsets.back(), 1);
-      Matrix key(rows, D), gate(rows, D);
-      for (int i = 0; i < n; ++i)
-        for (int j = 0; j < take[i]; ++j)
-          for (int c = 0; c < D; ++c) {
-            key.at(offsets[i] + j, c) = input(seqs[i], fed[seqs[i]] + j, c, 0);
-            gate.at(offsets[i] + j, c) = input(seqs[i], fed[seqs[i]] + j, c, 1);
-          }
-      auto const key_v = to_view<T, M>(key, "key");
-      auto const gate_v = to_view<T, M>(gate, "gate");
-      auto const off_v = to_index_view<U32>(offsets, "row_offsets");
-      auto const len_v = to_index_view<U32>(cache_lengths, "cache_lengths");
-      std::size_t const cap = KPool::StepOutput<T, M>::capacity_for(rows, n, K);
+      RaggedCall<Cfg> const r(seqs, fed, take, D);
+      auto const key_v = to_view<T, M>(r.key, "key");
+      auto const gate_v = to_view<T, M>(r.gate, "gate");
+      auto const off_v = to_index_view<U32>(r.offsets, "row_offsets");
+      auto const len_v = to_index_view<U32>(r.cache_lengths, "cache_lengths");
+      std::size_t const cap = KPool::StepOutput<T, M>::capacity_for(r.rows(), n, K);
       KPool::StepOutput<T, M> out_a(E(), cap, n, D), out_b(E(), cap, n, D);
       o.fused = rng.below(2) == 0;
       KPool::Details::step_impl(E(), a.ring, key_v, gate_v, ape_v, off_v, len_v, slot_v, n,

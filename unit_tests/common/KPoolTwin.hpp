@@ -56,6 +56,20 @@ inline F2 twin_ape(Rng& rng) {
   return ape;
 }
 
+// A selection's queries [rows, H, D] in [-1, 1) and head weights
+// [rows, H] in [0, 1), drawn in that order.
+struct TwinQueries {
+  F3 q;
+  F2 w;
+};
+
+inline TwinQueries twin_queries(Rng& rng, std::size_t rows) {
+  TwinQueries x{F3("q", rows, H, D), F2("w", rows, H)};
+  fill_uniform(rng, x.q, -1, 1);
+  fill_uniform(rng, x.w, 0, 1);
+  return x;
+}
+
 // Row r's blocks: 4r .. 4r + 3.
 inline I2 block_table() {
   std::vector<std::int32_t> v;

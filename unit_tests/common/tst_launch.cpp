@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include <utility>
 
@@ -481,6 +482,16 @@ TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunchesOrOneMore) {
   Steps s;
   KPool::Options o;
   o.validate = false;
+  // The step with its cache write forced onto the path P of a tag
+  // std::integral_constant<CacheWritePath, P>.
+  auto const forced = [&](auto path) {
+    using Arg = KPool::Details::CacheArg<KPool::float8_e4m3, M, Table, decltype(path)::value>;
+    return record([&] {
+      KPool::Details::step_impl(s.space, s.ring, s.key, s.gate, s.ape, s.row_offsets,
+                                s.cache_lengths, s.slot_idx, 2, s.out,
+                                Arg{&s.cache, &s.block_table}, o);
+    });
+  };
   for (bool fused : {true, false}) {
     SCOPED_TRACE(fused ? "fused step" : "three-launch step");
     o.fused = fused;
@@ -489,23 +500,11 @@ TEST_F(HostSync, StepsWriteTheCacheInTheirOwnLaunchesOrOneMore) {
     Recorder const cached = record([&] { s.step(fused, false, true); });
     EXPECT_EQ(cached.launches,
               expected_launches<step_path>(plain.launches, "KPool::step::cache"));
-    Recorder const in_step = record([&] {
-      KPool::Details::step_impl(
-          s.space, s.ring, s.key, s.gate, s.ape, s.row_offsets, s.cache_lengths, s.slot_idx, 2,
-          s.out,
-          KPool::Details::CacheArg<KPool::float8_e4m3, M, Table, CacheWritePath::in_step>{
-              &s.cache, &s.block_table},
-          o);
-    });
+    Recorder const in_step =
+        forced(std::integral_constant<CacheWritePath, CacheWritePath::in_step>());
     EXPECT_EQ(in_step.launches, plain.launches);
-    Recorder const pass = record([&] {
-      KPool::Details::step_impl(
-          s.space, s.ring, s.key, s.gate, s.ape, s.row_offsets, s.cache_lengths, s.slot_idx, 2,
-          s.out,
-          KPool::Details::CacheArg<KPool::float8_e4m3, M, Table, CacheWritePath::second_pass>{
-              &s.cache, &s.block_table},
-          o);
-    });
+    Recorder const pass =
+        forced(std::integral_constant<CacheWritePath, CacheWritePath::second_pass>());
     EXPECT_EQ(pass.launches, expected_launches<CacheWritePath::second_pass>(
                                  plain.launches, "KPool::step::cache"));
     // The pass reads the count on the device: nothing waits for the host.

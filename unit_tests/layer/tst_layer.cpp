@@ -403,15 +403,21 @@ TEST(Layer, ConfigIsChecked) {
                  {"KPool::Layer", "config", "0"});
 }
 
+// A layer of cfg's sizes with at most 4 visible pools a row and an ape of
+// zeros, for the tests of its refusals.
+KPool::Layer<float, float, M> refusing_layer(E const& space, KPool::LayerConfig cfg) {
+  cfg.max_visible = 4;
+  return KPool::Layer<float, float, M>(
+      space, cfg, Kokkos::View<float**, M>("ape", cfg.kpool, cfg.head_dim));
+}
+
 // A call past the sizes the layer was built for is refused in the config's
 // words (the field and its value), naming the caller's argument, before
 // anything is written; not as an error about the layer's private output.
 TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
   E space;
-  KPool::LayerConfig cfg = layer_config(2, 8, 2, 4, 2, 6, 8, 2);
-  cfg.max_visible = 4;
-  Kokkos::View<float**, M> ape("ape", 2, 8);
-  KPool::Layer<float, float, M> layer(space, cfg, ape);
+  KPool::Layer<float, float, M> layer =
+      refusing_layer(space, layer_config(2, 8, 2, 4, 2, 6, 8, 2));
   I2 const table = positions_view<M>({0, 1, 2, 3, 4, 5}, 2);
   U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{0, 1, 2}, "slot_idx");
   U32 const lengths = to_index_view<U32>(std::vector<std::uint32_t>{0, 0, 0}, "cache_lengths");
@@ -469,10 +475,8 @@ TEST(Layer, CallsPastTheLayersSizesNameTheConfigField) {
 
 TEST(Layer, SelectionNeedsAStepFirst) {
   E space;
-  KPool::LayerConfig cfg = layer_config(2, 8, 2, 2, 2, 4, 2, 2);
-  cfg.max_visible = 4;
-  Kokkos::View<float**, M> ape("ape", 2, 8);
-  KPool::Layer<float, float, M> layer(space, cfg, ape);
+  KPool::Layer<float, float, M> layer =
+      refusing_layer(space, layer_config(2, 8, 2, 2, 2, 4, 2, 2));
   Kokkos::View<float***, M> q("q", 4, 2, 8);
   Kokkos::View<float**, M> w("w", 4, 2);
   I2 tokens("tokens", 4, KPool::select_tokens_width(1, 2));
@@ -489,9 +493,7 @@ TEST(Layer, DecodeSelectionRefusesANegativeBase) {
   E space;
   KPool::LayerConfig cfg = layer_config(2, 8, 2, 2, 2, 6, 4, 2);
   cfg.drafts = 2;
-  cfg.max_visible = 4;
-  Kokkos::View<float**, M> ape("ape", 2, 8);
-  KPool::Layer<float, float, M> layer(space, cfg, ape);
+  KPool::Layer<float, float, M> layer = refusing_layer(space, cfg);
   Kokkos::View<float***, M> key("key", 2, 3, 8), gate("gate", 2, 3, 8);
   U32 const slots = to_index_view<U32>(std::vector<std::uint32_t>{0, 1}, "slot_idx");
   I2 const table = positions_view<M>({0, 1, 2, 3}, 2);  // row r: blocks 2r, 2r + 1

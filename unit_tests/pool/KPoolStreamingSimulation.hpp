@@ -27,6 +27,22 @@ KPool::Batch<Mem> one_request(std::uint32_t c, std::uint32_t n, U32 const& slot 
                              to_index_view<U32>(std::vector<std::uint32_t>{c}, "cl"), slot, 1);
 }
 
+// One request's key and gate rows [length, D] compressed in one call (the
+// one-shot reference a streamed sequence must match bit for bit): its
+// length / K pools [pools, D], K = ape.rows, on the host.
+template <class C>
+auto one_shot_pools(Matrix const& key, Matrix const& gate, Matrix const& ape) {
+  using T = typename C::value_type;
+  using Mem = typename C::memory_space;
+  int const length = key.rows;
+  Kokkos::View<std::uint32_t*, Mem> offsets("offsets", 2);
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> once("once", length / ape.rows, ape.cols);
+  KPool::compress(typename C::execution_space(), to_view<T, Mem>(key, "key"),
+                  to_view<T, Mem>(gate, "gate"), ape_view<Mem>(ape),
+                  one_request<Mem>(0, length), offsets, once);
+  return on_host(once);
+}
+
 // The cache a simulation's steps write (on = false: none).
 struct CacheKind {
   bool on = false;
@@ -115,7 +131,6 @@ class Simulation {
   // a one-shot compress of the whole sequence and within tolerance of the
   // f64 reference.
   void verify() {
-    E space;
     for (auto const& [id, fed] : fed_) {
       SCOPED_TRACE("sequence " + std::to_string(id) + " of " + std::to_string(fed) + " tokens");
       Matrix key(fed, D_), gate(fed, D_);
@@ -140,11 +155,7 @@ class Simulation {
       if (pools == 0) continue;
       Matrix const ref = KPoolRef::one_shot(key, gate, ape_);
       Matrix const scale = KPoolRef::one_shot_scale(key, gate, ape_);
-      U32 offsets("offsets", 2);
-      Kokkos::View<T**, Kokkos::LayoutRight, Mem> once("once", pools, D_);
-      KPool::compress(space, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
-                      ape_view<Mem>(ape_), one_request<Mem>(0, fed), offsets, once);
-      auto const h = on_host(once);
+      auto const h = one_shot_pools<C>(key, gate, ape_);
       for (int p = 0; p < pools; ++p) {
         auto const it = produced_.find({id, p});
         ASSERT_NE(it, produced_.end()) << "pool " << p << " never produced";

@@ -54,6 +54,22 @@ void check_compress(int K, int D, TestBatch const& batch, Matrix const& key,
           << "row " << o << " past the last pool was written";
 }
 
+// check_compress on key and gate as strided views: the halves of one
+// [T, 2D] buffer, and LayoutLeft copies (channel stride is the row count,
+// the generic path). what: a prefix for both traces.
+template <class C>
+void check_compress_strided(int K, int D, TestBatch const& batch, int rows, Matrix const& key,
+                            Matrix const& gate, Matrix const& ape, std::string const& what) {
+  using T = typename C::value_type;
+  using M = typename C::memory_space;
+  auto const in = interleaved<T, M>(key, gate);
+  check_compress<C>(K, D, batch, key, gate, ape, in.key, in.gate, what + "halves of [T, 2D]");
+  Kokkos::View<T**, Kokkos::LayoutLeft, M> kl("key_left", rows, D), gl("gate_left", rows, D);
+  Kokkos::deep_copy(kl, to_view<T, M>(key, "k"));
+  Kokkos::deep_copy(gl, to_view<T, M>(gate, "g"));
+  check_compress<C>(K, D, batch, key, gate, ape, kl, gl, what + "LayoutLeft");
+}
+
 // A batch with every request kind the spec names: a fresh prefill, a
 // continuation whose cache length is not a multiple of K, an empty
 // request, one too short to complete a pool, one that ends exactly on a
@@ -86,23 +102,12 @@ TYPED_TEST(Compress, MatchesReferenceForEveryShape) {
 
 TYPED_TEST(Compress, StridedKeyAndGateFromOneBuffer) {
   using C = TypeParam;
-  using T = typename C::value_type;
-  using M = typename C::memory_space;
   for (int K : {1, 3, 4})
     for (int D : {1, 7, 128}) {
       Rng rng(7 + K * D);
       TestBatch const batch = make_batch(mixed_requests(K), 8, rng);
       auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
-      auto const in = interleaved<T, M>(key, gate);
-      check_compress<C>(K, D, batch, key, gate, ape, in.key, in.gate,
-                        "halves of [T, 2D]");
-      // LayoutLeft: channel stride is the row count, the generic path.
-      Kokkos::View<T**, Kokkos::LayoutLeft, M> kl("key_left", rows, D),
-          gl("gate_left", rows, D);
-      Kokkos::deep_copy(kl, to_view<T, M>(key, "k"));
-      Kokkos::deep_copy(gl, to_view<T, M>(gate, "g"));
-      check_compress<C>(K, D, batch, key, gate, ape, kl, gl,
-                        "LayoutLeft");
+      check_compress_strided<C>(K, D, batch, rows, key, gate, ape, "");
     }
 }
 
@@ -150,15 +155,7 @@ TYPED_TEST(Compress, NonFiniteInputsPropagateLikeTheReference) {
       }
     check_compress<C>(K, D, batch, key, gate, ape, to_view<T, M>(key, "key"),
                       to_view<T, M>(gate, "gate"), "non-finite, contiguous");
-    auto const in = interleaved<T, M>(key, gate);
-    check_compress<C>(K, D, batch, key, gate, ape, in.key, in.gate,
-                      "non-finite, halves of [T, 2D]");
-    Kokkos::View<T**, Kokkos::LayoutLeft, M> kl("key_left", rows, D),
-        gl("gate_left", rows, D);
-    Kokkos::deep_copy(kl, to_view<T, M>(key, "k"));
-    Kokkos::deep_copy(gl, to_view<T, M>(gate, "g"));
-    check_compress<C>(K, D, batch, key, gate, ape, kl, gl,
-                      "non-finite, LayoutLeft");
+    check_compress_strided<C>(K, D, batch, rows, key, gate, ape, "non-finite, ");
   }
 }
 

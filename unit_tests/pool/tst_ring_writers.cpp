@@ -27,22 +27,78 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> ring_requests(int K) {
   return v;
 }
 
+// ring_requests(K) in a batch of B rows over `slots` slots, its inputs,
+// and a random ring standing for earlier calls, drawn in that order.
+struct RingCase {
+  TestBatch batch;
+  RaggedInputs in;
+  KPoolRef::Ring ring;
+  RingCase(Rng& rng, DType t, int K, int D, int B, int slots)
+      : batch(make_batch(ring_requests(K), B, rng, slots)),
+        in(ragged_inputs(rng, t, batch, K, D)),
+        ring(random_ring(rng, t, slots, K, D)) {}
+  RingCase(Rng&& rng, DType t, int K, int D, int B, int slots)
+      : RingCase(rng, t, K, D, B, slots) {}
+};
+
+// A writer's closed_pool and pooled for rows [0, live) as the reference's
+// (a pool wherever one closed). ring_close writes one column per row
+// (closed_pool [B], pooled [B, D]); tail_update Mcols (closed_pool
+// [B, Mcols], pooled [B, Mcols, D]), its reference M = ceil(next_n / K):
+// columns past M close nothing (-1).
+inline int ref_columns(KPoolRef::RingCloseOut const&) { return 1; }
+inline int ref_columns(KPoolRef::TailUpdateOut const& ref) { return ref.M; }
+inline double const* ref_data(Matrix const& m) { return m.v.data(); }
+inline double const* ref_data(std::vector<double> const& v) { return v.data(); }
+template <class V>
+auto closed_at(V const& h, int r, int j) {
+  (void)j;
+  if constexpr (V::rank == 1) return h(r);
+  else return h(r, j);
+}
+template <class V>
+auto const* pooled_at(V const& h, int r, int j) {
+  (void)j;
+  if constexpr (V::rank == 2) return &h(r, 0);
+  else return &h(r, j, 0);
+}
+
+template <class C, class Closed, class Pooled, class Ref>
+::testing::AssertionResult writer_matches(Closed const& closed, Pooled const& pooled,
+                                          Ref const& ref, int live, int D) {
+  auto const hc = on_host(closed);
+  auto const hp = on_host(pooled);
+  int const cols = Closed::rank == 1 ? 1 : static_cast<int>(hc.extent(1));
+  int const M = ref_columns(ref);
+  for (int r = 0; r < live; ++r)
+    for (int j = 0; j < cols; ++j) {
+      std::int32_t const got = closed_at(hc, r, j);
+      std::int32_t const want = j < M ? ref.closed_pool[r * M + j] : -1;
+      if (got != want)
+        return ::testing::AssertionFailure() << "closed_pool(" << r << ", " << j << "): " << got
+                                             << " != " << want;
+      std::size_t const o = static_cast<std::size_t>(r) * M + j;
+      if (want >= 0 && !pool_matches(C::dtype, pooled_at(hp, r, j), 1,
+                                     ref_data(ref.pooled) + o * D, ref_data(ref.scale) + o * D, D))
+        return ::testing::AssertionFailure() << "pool (" << r << ", " << j << ")";
+    }
+  return ::testing::AssertionSuccess();
+}
+
 TYPED_TEST(RingWriters, RingCloseMatchesReferenceAndOnlyReadsTheRing) {
   KPOOL_TEST_CONFIG_NAMES;
   for (int K : k_grid())
     for (int D : d_grid()) {
       SCOPED_TRACE(shape(K, D));
-      Rng rng(31 * K + D);
-      int const slots = 12;
-      TestBatch const batch = make_batch(ring_requests(K), 10, rng, slots);
       int const B = 10;
-      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
-      KPoolRef::Ring const ref_ring = random_ring(rng, C::dtype, slots, K, D);
+      RingCase const rc(Rng(31 * K + D), C::dtype, K, D, B, 12);
+      auto const& [rows, key, gate, ape] = rc.in;
+      TestBatch const& batch = rc.batch;
+      KPoolRef::Ring const& ref_ring = rc.ring;
       auto const ref = KPoolRef::ring_close(key, gate, ape, batch.reference, ref_ring);
 
       E space;
-      KPool::Ring<T, M> ring(space, slots, K, D);
-      load_ring(ring, ref_ring);
+      auto ring = loaded_ring<T, M>(space, ref_ring);
       BatchViews<M> const bv(batch.device);
       Kokkos::View<T**, Kokkos::LayoutRight, M> pooled("pooled", B, D);
       T const sentinel = to_storage<T>(777.0);
@@ -79,15 +135,13 @@ TYPED_TEST(RingWriters, SeedTailKeepsTheCallsLastRingLengthPositions) {
   for (int K : k_grid())
     for (int D : d_grid()) {
       SCOPED_TRACE(shape(K, D));
-      Rng rng(17 * K + D);
-      int const slots = 12;
-      TestBatch const batch = make_batch(ring_requests(K), 9, rng, slots);
-      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
-      KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+      RingCase rc(Rng(17 * K + D), C::dtype, K, D, 9, 12);
+      auto const& [rows, key, gate, ape] = rc.in;
+      TestBatch const& batch = rc.batch;
 
       E space;
-      KPool::Ring<T, M> ring(space, slots, K, D);
-      load_ring(ring, ref_ring);
+      auto ring = loaded_ring<T, M>(space, rc.ring);
+      KPoolRef::Ring& ref_ring = rc.ring;
       KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
       BatchViews<M> const bv(batch.device);
       auto const in = interleaved<T, M>(key, gate);  // strided rows too
@@ -122,14 +176,10 @@ TYPED_TEST(RingWriters, TailUpdateMatchesReferenceForEveryNextN) {
           for (int i = 0; i < next_n; ++i)
             positions[r * next_n + i] = rng.below(4) == 0 ? -1 : pos++;
         }
-        Matrix const key = random_matrix(rng, C::dtype, B * next_n, D, -2, 2);
-        Matrix const gate = random_matrix(rng, C::dtype, B * next_n, D, -4, 4);
-        Matrix const ape = random_ape(rng, K, D);
-        KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+        auto [key, gate, ape, ref_ring] = decode_inputs(rng, C::dtype, B * next_n, slots, K, D);
 
         E space;
-        KPool::Ring<T, M> ring(space, slots, K, D);
-        load_ring(ring, ref_ring);
+        auto ring = loaded_ring<T, M>(space, ref_ring);
         auto const ref = KPoolRef::tail_update(next_n, key, gate, ape, positions,
                                                slot_idx, live, ref_ring);
         auto const k3 = to_view3<T, M>(key, next_n, "key");
@@ -143,26 +193,11 @@ TYPED_TEST(RingWriters, TailUpdateMatchesReferenceForEveryNextN) {
             KPool::decode_batch(
                 pos_v, to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"), live),
             pooled, closed, test_options<E>());
+        ASSERT_TRUE(writer_matches<C>(closed, pooled, ref, live, D));
         auto const hc = on_host(closed);
-        auto const hp = on_host(pooled);
-        for (int r = 0; r < B; ++r)
-          for (int j = 0; j < Mcols; ++j) {
-            std::int32_t want;
-            if (r >= live)
-              want = -99;
-            else if (j < ref.M)
-              want = ref.closed_pool[r * ref.M + j];
-            else
-              want = -1;
-            ASSERT_EQ(hc(r, j), want) << "closed_pool(" << r << ", " << j << ")";
-            if (want >= 0) {
-              std::size_t const o = static_cast<std::size_t>(r) * ref.M + j;
-              ASSERT_TRUE(pool_matches(C::dtype, &hp(r, j, 0), 1,
-                                       ref.pooled.data() + o * D,
-                                       ref.scale.data() + o * D, D))
-                  << "pool (" << r << ", " << j << ")";
-            }
-          }
+        for (int r = live; r < B; ++r)
+          for (int j = 0; j < Mcols; ++j)
+            ASSERT_EQ(hc(r, j), -99) << "closed_pool(" << r << ", " << j << ") of a dead row";
         ASSERT_TRUE(ring_equals(ring, ref_ring));
       }
     }
@@ -201,31 +236,21 @@ TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
         // ring_close
         {
           auto const ref = KPoolRef::ring_close(key, gate, ape, batch.reference, start);
-          KPool::Ring<T, M> ring(space, slots, K, D, R);
+          auto ring = loaded_ring<T, M>(space, start);
           ASSERT_EQ(ring.ring_length(), R);
-          load_ring(ring, start);
           Kokkos::View<T**, Kokkos::LayoutRight, M> pooled("pooled", B, D);
           Kokkos::View<std::int32_t*, M> closed("closed_pool", B);
           KPool::ring_close(space, ring, kv, gv, ape_view<M>(ape), ragged, pooled, closed,
                             test_options<E>());
-          auto const hc = on_host(closed);
-          auto const hp = on_host(pooled);
-          for (int r = 0; r < batch.device.num_requests; ++r) {
-            ASSERT_EQ(hc(r), ref.closed_pool[r]) << "closed_pool row " << r;
-            if (hc(r) >= 0) {
-              ASSERT_TRUE(pool_matches(C::dtype, &hp(r, 0), 1, ref.pooled.row(r),
-                                       ref.scale.row(r), D))
-                  << "row " << r;
-            }
-          }
+          ASSERT_TRUE(
+              writer_matches<C>(closed, pooled, ref, batch.device.num_requests, D));
           ASSERT_TRUE(ring_equals(ring, start)) << "ring_close wrote the ring";
         }
         // seed_tail
         {
           KPoolRef::Ring ref_ring = start;
           KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
-          KPool::Ring<T, M> ring(space, slots, K, D, R);
-          load_ring(ring, start);
+          auto ring = loaded_ring<T, M>(space, start);
           KPool::seed_tail(space, ring, kv, gv, ragged, test_options<E>());
           ASSERT_TRUE(ring_equals(ring, ref_ring));
         }
@@ -248,8 +273,7 @@ TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
           int const live_rows = B - 1;
           auto const ref = KPoolRef::tail_update(next_n, k, g, ape, positions, slot_idx,
                                                  live_rows, ref_ring);
-          KPool::Ring<T, M> ring(space, slots, K, D, R);
-          load_ring(ring, start);
+          auto ring = loaded_ring<T, M>(space, start);
           Kokkos::View<T***, Kokkos::LayoutRight, M> pooled("pooled", B, Mcols, D);
           Kokkos::View<std::int32_t**, Kokkos::LayoutRight, M> closed("closed", B, Mcols);
           KPool::tail_update(
@@ -259,18 +283,7 @@ TYPED_TEST(RingWriters, EveryWriterAddressesTheRingByPositionModR) {
                   positions_view<M>(positions, next_n),
                   to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"), live_rows),
               pooled, closed, test_options<E>());
-          auto const hc = on_host(closed);
-          auto const hp = on_host(pooled);
-          for (int r = 0; r < live_rows; ++r)
-            for (int j = 0; j < Mcols; ++j) {
-              std::size_t const o = static_cast<std::size_t>(r) * ref.M + j;
-              ASSERT_EQ(hc(r, j), ref.closed_pool[o]) << "closed_pool(" << r << ", " << j << ")";
-              if (hc(r, j) >= 0) {
-                ASSERT_TRUE(pool_matches(C::dtype, &hp(r, j, 0), 1, ref.pooled.data() + o * D,
-                                         ref.scale.data() + o * D, D))
-                    << "pool (" << r << ", " << j << ")";
-              }
-            }
+          ASSERT_TRUE(writer_matches<C>(closed, pooled, ref, live_rows, D));
           ASSERT_TRUE(ring_equals(ring, ref_ring));
         }
       }
@@ -356,9 +369,10 @@ TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
     {
       OddRing<T, M> odd(slots, K, D);
       ASSERT_FALSE(KPool::Details::ring_aligned(odd.tail));
-      TestBatch const batch = make_batch(ring_requests(K), B, rng, slots);
-      auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
-      KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+      RingCase rc(rng, C::dtype, K, D, B, slots);
+      auto const& [rows, key, gate, ape] = rc.in;
+      TestBatch const& batch = rc.batch;
+      KPoolRef::Ring& ref_ring = rc.ring;
       odd.load(ref_ring);
       BatchViews<M> const bv(batch.device);
       auto const kv = to_view<T, M>(key, "key");
@@ -370,16 +384,8 @@ TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
                                       bv.cache_lengths, bv.slot_idx, batch.device.num_requests,
                                       pooled, closed, test_options<E>(),
                                       KPool::Details::RingSlots<M>());
-      auto const hc = on_host(closed);
-      auto const hp = on_host(pooled);
-      for (int r = 0; r < batch.device.num_requests; ++r) {
-        ASSERT_EQ(hc(r), ref.closed_pool[r]) << "closed_pool row " << r;
-        if (hc(r) >= 0) {
-          ASSERT_TRUE(pool_matches(C::dtype, &hp(r, 0), 1, ref.pooled.row(r),
-                                   ref.scale.row(r), D))
-              << "ring_close row " << r;
-        }
-      }
+      ASSERT_TRUE(writer_matches<C>(closed, pooled, ref, batch.device.num_requests, D))
+          << "ring_close";
       KPoolRef::seed_tail(key, gate, batch.reference, ref_ring);
       KPool::Details::seed_tail_impl(space, odd.tail, kv, gv, bv.row_offsets, bv.cache_lengths,
                                      bv.slot_idx, batch.device.num_requests, test_options<E>(),
@@ -396,10 +402,7 @@ TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
         std::int32_t pos = rng.below(5 * K);
         for (int i = 0; i < next_n; ++i) positions[r * next_n + i] = pos++;
       }
-      Matrix const key = random_matrix(rng, C::dtype, B * next_n, D, -2, 2);
-      Matrix const gate = random_matrix(rng, C::dtype, B * next_n, D, -4, 4);
-      Matrix const ape = random_ape(rng, K, D);
-      KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+      auto [key, gate, ape, ref_ring] = decode_inputs(rng, C::dtype, B * next_n, slots, K, D);
       odd.load(ref_ring);
       auto const ref = KPoolRef::tail_update(next_n, key, gate, ape, positions,
                                              slot_idx, live, ref_ring);
@@ -411,20 +414,7 @@ TYPED_TEST(RingWriters, OddlyStridedRingTakesTheUnalignedPath) {
           ape_view<M>(ape), positions_view<M>(positions, next_n),
           to_index_view<Kokkos::View<std::uint32_t*, M>>(slot_idx, "slot_idx"), live, pooled,
           closed, test_options<E>(), KPool::Details::RingSlots<M>());
-      auto const hc = on_host(closed);
-      auto const hp = on_host(pooled);
-      for (int r = 0; r < live; ++r)
-        for (int j = 0; j < Mcols; ++j) {
-          std::int32_t const want = j < ref.M ? ref.closed_pool[r * ref.M + j] : -1;
-          ASSERT_EQ(hc(r, j), want) << "closed_pool(" << r << ", " << j << ")";
-          if (want >= 0) {
-            std::size_t const o = static_cast<std::size_t>(r) * ref.M + j;
-            ASSERT_TRUE(pool_matches(C::dtype, &hp(r, j, 0), 1,
-                                     ref.pooled.data() + o * D,
-                                     ref.scale.data() + o * D, D))
-                << "tail_update pool (" << r << ", " << j << ")";
-          }
-        }
+      ASSERT_TRUE(writer_matches<C>(closed, pooled, ref, live, D)) << "tail_update";
       ASSERT_TRUE(odd.equals(ref_ring)) << "tail_update";
     }
   }

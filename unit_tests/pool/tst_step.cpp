@@ -126,8 +126,7 @@ TYPED_TEST(Step, GeneralStepMatchesTheWritersInOrder) {
         auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
         KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
         E space;
-        KPool::Ring<T, M> ring(space, slots, K, D);
-        load_ring(ring, ref_ring);
+        auto ring = loaded_ring<T, M>(space, ref_ring);
         Expected const e = reference_step(key, gate, ape, batch.reference, ref_ring);
 
         KPool::StepOutput<T, M> out(
@@ -168,9 +167,8 @@ TYPED_TEST(Step, FusedAndThreeLaunchPathsAgreeBitForBit) {
       auto const ragged = KPool::ragged_batch(bv.row_offsets, bv.cache_lengths, bv.slot_idx,
                                               batch.device.num_requests);
       std::size_t const cap = KPool::StepOutput<T, M>::capacity_for(rows, B, K);
-      KPool::Ring<T, M> ring_f(space, slots, K, D), ring_u(space, slots, K, D);
-      load_ring(ring_f, start);
-      load_ring(ring_u, start);
+      auto ring_f = loaded_ring<T, M>(space, start);
+      auto ring_u = loaded_ring<T, M>(space, start);
       KPool::StepOutput<T, M> out_f(space, cap, B, D), out_u(space, cap, B, D);
       KPool::Options o = test_options<E>();
       o.fused = true;
@@ -209,8 +207,7 @@ TYPED_TEST(Step, CapacityBoundIsEnoughForTheFullestBatch) {
   Matrix const ape = random_ape(rng, K, D);
   KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, B, K, D);
   E space;
-  KPool::Ring<T, M> ring(space, B, K, D);
-  load_ring(ring, ref_ring);
+  auto ring = loaded_ring<T, M>(space, ref_ring);
   Expected const e = reference_step(key, key, ape, batch.reference, ref_ring);
   std::size_t const cap = KPool::StepOutput<T, M>::capacity_for(rows, B, K);
   // Request r closes its ring pool and builds r whole pools.
@@ -241,13 +238,9 @@ TYPED_TEST(Step, DecodeStepCompactsTailUpdatePools) {
         int const real = 1 + rng.below(next_n);
         for (int i = 0; i < real; ++i) positions[r * next_n + i] = pos++;
       }
-      Matrix const key = random_matrix(rng, C::dtype, B * next_n, D, -2, 2);
-      Matrix const gate = random_matrix(rng, C::dtype, B * next_n, D, -4, 4);
-      Matrix const ape = random_ape(rng, K, D);
-      KPoolRef::Ring ref_ring = random_ring(rng, C::dtype, slots, K, D);
+      auto [key, gate, ape, ref_ring] = decode_inputs(rng, C::dtype, B * next_n, slots, K, D);
       E space;
-      KPool::Ring<T, M> ring(space, slots, K, D);
-      load_ring(ring, ref_ring);
+      auto ring = loaded_ring<T, M>(space, ref_ring);
       auto const ref = KPoolRef::tail_update(next_n, key, gate, ape, positions,
                                              slot_idx, live, ref_ring);
       Expected e;

@@ -193,12 +193,7 @@ class DraftScenario {
         gate.at(p, ch) = input(5, p, ch, 1, C::dtype, sends_.at(p) - 1);
       }
     int const pools = length_ / K;
-    E space;
-    U32 offsets("offsets", 2);
-    Kokkos::View<T**, Kokkos::LayoutRight, Mem> once("once", pools, D_);
-    KPool::compress(space, to_view<T, Mem>(key, "key"), to_view<T, Mem>(gate, "gate"),
-                    ape_view<Mem>(ape_), one_request<Mem>(0, length_), offsets, once);
-    auto const h = on_host(once);
+    auto const h = one_shot_pools<C>(key, gate, ape_);
     for (int p = 0; p < pools; ++p) {
       auto const it = last_.find(p);
       if (it == last_.end()) return ::testing::AssertionFailure() << "pool " << p << " never emitted";

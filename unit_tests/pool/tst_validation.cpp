@@ -582,6 +582,12 @@ TEST(DefenceInDepth, ShapeErrorsThrowWithValidationOff) {
   }
 }
 
+// Every entry point with validation off on w: the ring slots of `ragged`
+// and those of the first 3 decode rows are the only ones valid rows own.
+void run_all_unvalidated(World& w, std::set<std::uint32_t> const& ragged) {
+  Allowed const a{ragged, {w.dslots.begin(), w.dslots.begin() + 3}, token_rows(w)};
+  for (Entry e : all_entries()) run_unvalidated(w, e, a);
+}
 
 TEST(DefenceInDepth, SlotOutOfRangeWritesNoRingSlot) {
   for (int D : defence_dims())
@@ -602,10 +608,7 @@ TEST(DefenceInDepth, DuplicateSlotsStayWithinTheirSlot) {
     World w(D);
     w.slot_idx[3] = w.slot_idx[1];
     w.dslots[1] = w.dslots[0];
-    Allowed a{{w.slot_idx.begin(), w.slot_idx.begin() + 4},
-              {w.dslots.begin(), w.dslots.begin() + 3},
-              token_rows(w)};
-    for (Entry e : all_entries()) run_unvalidated(w, e, a);
+    run_all_unvalidated(w, {w.slot_idx[0], w.slot_idx[1], w.slot_idx[2], w.slot_idx[3]});
   }
 }
 
@@ -615,10 +618,7 @@ TEST(DefenceInDepth, DecreasingRowOffsetsStayInBounds) {
     // Request 1 runs backwards from 13 to 2; requests 2 and 3 then cover
     // rows 2..14 (valid on their own).
     w.row_offsets = {0, 13, 2, 12, 14, 3};
-    Allowed a{{w.slot_idx[0], w.slot_idx[2], w.slot_idx[3]},
-              {w.dslots.begin(), w.dslots.begin() + 3},
-              token_rows(w)};
-    for (Entry e : all_entries()) run_unvalidated(w, e, a);
+    run_all_unvalidated(w, {w.slot_idx[0], w.slot_idx[2], w.slot_idx[3]});
   }
 }
 
@@ -628,10 +628,7 @@ TEST(DefenceInDepth, RowOffsetsPastKeyRowsReadNothingPastThem) {
       World w(D);
       // Requests 2 and 3 end past the 14 key rows (and the 16 id rows).
       w.row_offsets = {0, 9, 12, past, past, 3};
-      Allowed a{{w.slot_idx[0], w.slot_idx[1]},
-                {w.dslots.begin(), w.dslots.begin() + 3},
-                token_rows(w)};
-      for (Entry e : all_entries()) run_unvalidated(w, e, a);
+      run_all_unvalidated(w, {w.slot_idx[0], w.slot_idx[1]});
     }
 }
 
@@ -641,10 +638,7 @@ TEST(DefenceInDepth, CacheLengthOverflowStaysInBounds) {
       World w(D);
       w.cache_lengths[1] = c;  // 3 rows past INT32_MAX
       w.cache_lengths[3] = 0xFFFFFFFFu;
-      Allowed a{{w.slot_idx[0], w.slot_idx[2]},
-                {w.dslots.begin(), w.dslots.begin() + 3},
-                token_rows(w)};
-      for (Entry e : all_entries()) run_unvalidated(w, e, a);
+      run_all_unvalidated(w, {w.slot_idx[0], w.slot_idx[2]});
     }
 }
 

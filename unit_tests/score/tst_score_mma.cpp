@@ -30,26 +30,26 @@ using KPoolTest::Rng;
 // The fragment tables as the PTX ISA prints them ("Matrix Fragments for
 // mma.m16n8k16 with floating point type" and "... mma.m16n8k32"), written
 // out here independently of src/: (row, col) of element i of lane `lane`.
-std::pair<int, int> ptx_a16(int lane, int i) {
+// A and B of m16n8k16 (16-bit types) and m16n8k32 (8-bit) are one table
+// in P, the elements a 32-bit register holds (2 or 4): element i is entry
+// i % P of register i / P; A's registers 1 and 3 hold rows g + 8, its
+// registers 2 and 3 columns 4 P on; B's register 1 holds rows 4 P on.
+template <int P>
+std::pair<int, int> ptx_a(int lane, int i) {
   int const g = lane / 4, t = lane % 4;
-  int const row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
-  int const col = i < 4 ? t * 2 + (i & 1) : t * 2 + (i & 1) + 8;
+  int const row = (i < P || (i >= 2 * P && i < 3 * P)) ? g : g + 8;
+  int const col = i < 2 * P ? t * P + i % P : t * P + i % P + 4 * P;
   return {row, col};
 }
-std::pair<int, int> ptx_b16(int lane, int i) {
+template <int P>
+std::pair<int, int> ptx_b(int lane, int i) {
   int const g = lane / 4, t = lane % 4;
-  return {i < 2 ? t * 2 + (i & 1) : t * 2 + (i & 1) + 8, g};
+  return {i < P ? t * P + i % P : t * P + i % P + 4 * P, g};
 }
-std::pair<int, int> ptx_a8(int lane, int i) {
-  int const g = lane / 4, t = lane % 4;
-  int const row = (i < 4 || (i >= 8 && i < 12)) ? g : g + 8;
-  int const col = i < 8 ? t * 4 + (i & 3) : t * 4 + (i & 3) + 16;
-  return {row, col};
-}
-std::pair<int, int> ptx_b8(int lane, int i) {
-  int const g = lane / 4, t = lane % 4;
-  return {i < 4 ? t * 4 + (i & 3) : t * 4 + (i & 3) + 16, g};
-}
+constexpr auto ptx_a16 = &ptx_a<2>;
+constexpr auto ptx_b16 = &ptx_b<2>;
+constexpr auto ptx_a8 = &ptx_a<4>;
+constexpr auto ptx_b8 = &ptx_b<4>;
 std::pair<int, int> ptx_c(int lane, int i) {
   int const g = lane / 4, t = lane % 4;
   return {i < 2 ? g : g + 8, t * 2 + (i & 1)};

@@ -106,6 +106,17 @@ std::vector<std::int32_t> run_decode(Scenario const& sc, DecodeRows const& d,
   return run_decode_with<E, T, T>(sc, d, o, tokens, ws_rows, died);
 }
 
+// The engine's options (team_size as options_for's) with the decode
+// selection `how`: the fused call's and the separate one's differ in
+// nothing else.
+template <class E>
+EngineOptions decode_options(KPool::DecodeSelection how, KPool::ScoreEngine engine,
+                             int team_size = -1) {
+  EngineOptions o = options_for<E>(engine, team_size);
+  o.decode_selection = how;
+  return o;
+}
+
 // The engines a fused decode selection takes on E (every team engine the
 // call takes: tensor_cores only where its plan takes the cache).
 template <class E, class T>
@@ -178,10 +189,8 @@ TYPED_TEST(SelectDecode, DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit) {
                      " next_n " + std::to_string(next_n) + " B " + std::to_string(B) +
                      (tokens ? " tokens" : " pool ids") + " workspace rows " +
                      std::to_string(ws_rows));
-        EngineOptions fused = options_for<E>(engine);
-        fused.decode_selection = KPool::DecodeSelection::fused;
-        EngineOptions separate = fused;
-        separate.decode_selection = KPool::DecodeSelection::separate;
+        EngineOptions const fused = decode_options<E>(KPool::DecodeSelection::fused, engine);
+        EngineOptions const separate = decode_options<E>(KPool::DecodeSelection::separate, engine);
         std::vector<std::int32_t> const x = run_decode<E, T>(sc, d, fused, tokens, ws_rows);
         std::vector<std::int32_t> const y = run_decode<E, T>(sc, d, separate, tokens, ws_rows);
         EXPECT_EQ(x, y);
@@ -215,10 +224,8 @@ TYPED_TEST(SelectDecode, DecodeSelectionInOneLaunchOnTiesNanAndInfinities) {
   DecodeRows const d = decode_rows(sc, 2, rng);
   for (KPool::ScoreEngine engine : fused_engines<E, T>(s)) {
     SCOPED_TRACE(KPool::Details::engine_name(engine));
-    EngineOptions fused = options_for<E>(engine);
-    fused.decode_selection = KPool::DecodeSelection::fused;
-    EngineOptions separate = fused;
-    separate.decode_selection = KPool::DecodeSelection::separate;
+    EngineOptions const fused = decode_options<E>(KPool::DecodeSelection::fused, engine);
+    EngineOptions const separate = decode_options<E>(KPool::DecodeSelection::separate, engine);
     std::vector<std::int32_t> const a = run_decode<E, T>(sc, d, fused, false, 12);
     std::vector<std::int32_t> const b = run_decode<E, T>(sc, d, separate, false, 12);
     EXPECT_EQ(a, b);
@@ -258,10 +265,9 @@ TEST(SelectDecodeFusion, TeamsRunningTogetherPrepareTheQueriesOnce) {
       for (KPool::ScoreEngine engine : fused_engines<E, float>(s)) {
         SCOPED_TRACE(std::string(KPool::Details::engine_name(engine)) + " team " +
                      std::to_string(team) + " B " + std::to_string(B));
-        EngineOptions fused = options_for<E>(engine, team);
-        fused.decode_selection = KPool::DecodeSelection::fused;
-        EngineOptions separate = fused;
-        separate.decode_selection = KPool::DecodeSelection::separate;
+        EngineOptions const fused = decode_options<E>(KPool::DecodeSelection::fused, engine, team);
+        EngineOptions const separate =
+            decode_options<E>(KPool::DecodeSelection::separate, engine, team);
         std::vector<std::int32_t> const want = run_decode<E, float>(sc, d, separate, false, 12);
         EXPECT_TRUE(conforms(sc, want));
         for (int round = 0; round < 4; ++round) {
@@ -288,10 +294,8 @@ TEST(SelectDecodeFusion, ResetCountersRecoversFromALaunchThatDied) {
   int compared = 0;
   for (KPool::ScoreEngine engine : fused_engines<E, float>(s)) {
     SCOPED_TRACE(KPool::Details::engine_name(engine));
-    EngineOptions fused = options_for<E>(engine);
-    fused.decode_selection = KPool::DecodeSelection::fused;
-    EngineOptions separate = fused;
-    separate.decode_selection = KPool::DecodeSelection::separate;
+    EngineOptions const fused = decode_options<E>(KPool::DecodeSelection::fused, engine);
+    EngineOptions const separate = decode_options<E>(KPool::DecodeSelection::separate, engine);
     std::vector<std::int32_t> const want = run_decode<E, float>(sc, d, separate, false, 12);
     std::vector<std::int32_t> const got =
         run_decode<E, float>(sc, d, fused, false, 12, /*died=*/true);

@@ -92,13 +92,8 @@ struct World {
   }
 
   I2 table_view() const {
-    int const B = static_cast<int>(cache_lengths.size());
-    I2 t("block_table", B, max_blocks);
-    auto h = Kokkos::create_mirror_view(t);
-    for (int r = 0; r < B; ++r)
-      for (int j = 0; j < max_blocks; ++j) h(r, j) = table.at(r * max_blocks + j);
-    Kokkos::deep_copy(t, h);
-    return t;
+    return int_matrix_view<M>(table, static_cast<int>(cache_lengths.size()), max_blocks,
+                              "block_table");
   }
 
   void run(Entry e) { run_with(e, q, weights, cache); }
@@ -205,6 +200,14 @@ void expect_rejected(World& w, Expect const& x) {
   for (Entry e : kBoth) EXPECT_TRUE(rejects(w, e, x, [&] { w.run(e); }));
 }
 
+// The valid setup with one scalar argument set to `bad`: refused, naming
+// the argument and the value.
+void expect_scalar_rejected(int World::*field, char const* argument, int bad) {
+  World w;
+  w.*field = bad;
+  expect_rejected(w, scalar(argument, bad));
+}
+
 // ---------------------------------------------------------------------------
 // The valid setup passes, so each rejection below is that rule's alone.
 // ---------------------------------------------------------------------------
@@ -222,9 +225,7 @@ TEST(SelectValidation, ValidSetupPasses) {
 }
 
 TEST(SelectValidation, TopkMustBeAtLeastOne) {
-  World w;
-  w.topk = 0;
-  expect_rejected(w, scalar("topk", 0));
+  expect_scalar_rejected(&World::topk, "topk", 0);
 }
 
 // K is the cache's: a cache is never built with K < 1 (the one cache
@@ -332,9 +333,7 @@ TEST(SelectValidation, RowOffsetsMustNotDecrease) {
 }
 
 TEST(SelectValidation, NumRequestsMustNotExceedBatchSize) {
-  World w;
-  w.num_requests = 5;
-  expect_rejected(w, scalar("num_requests", 5));
+  expect_scalar_rejected(&World::num_requests, "num_requests", 5);
 }
 
 TEST(SelectValidation, VisiblePoolsNeedAssignedBlocks) {
