@@ -6,6 +6,7 @@
     cost_model.py --markdown            # docs/performance.md's table ("The cost model")
     cost_model.py --resources TSV       # a fresh cuda_kernel_resources.py report
     cost_model.py --measured REPORT     # the model against a device run's kpool_perf report
+    cost_model.py --describe LINES      # limits from kpool_perf --describe --lines output
 
 The two methods:
 
@@ -288,7 +289,7 @@ def mma_time(flops, tensor):
     return flops / (h200_limits.PEAK[tensor] * MMA_RATE) if flops else 0.0
 
 
-def model(name, c, res, limits):
+def model(c, res, limits):
     """A case's figures: both methods, the larger kept."""
     desc = limits[c["perf"]]
     nbytes, flops, tensor = desc["bytes"], desc.get("flops", 0.0), desc.get("tensor", "")
@@ -381,9 +382,9 @@ def model(name, c, res, limits):
 
 
 def describe_cases():
-    """The bytes and FLOPs kpool_perf counts for each case: its --describe
-    lines where given (ctest cost_model), else the table below, which that
-    test checks against them."""
+    """The bytes and FLOPs kpool_perf counts for each case, as the table
+    below holds them (ctest cost_model checks it against kpool_perf
+    --describe; --describe LINES takes them from such output instead)."""
     return {c["perf"]: dict(name=c["perf"], **DESCRIBED[c["perf"]]) for c in CASES.values()}
 
 
@@ -409,7 +410,7 @@ DESCRIBED = {
 
 
 def run(res, limits):
-    return {n: model(n, c, res, limits) for n, c in CASES.items()}
+    return {n: model(c, res, limits) for n, c in CASES.items()}
 
 
 def decode_choice(cases):
@@ -424,7 +425,7 @@ def decode_choice(cases):
     return out
 
 
-def markdown(cases, res):
+def markdown(cases):
     lines = ["| case | model (us) | method | latency (us) | bandwidth (us) | H200 limit (us) "
              "| model / limit |", "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     for n, o in cases.items():
@@ -473,9 +474,9 @@ def main(argv):
                                           for k, (v, u, s) in ASSUMED.items()}}, indent=1))
         return
     if "--markdown" in flags:
-        print(markdown(cases, res))
+        print(markdown(cases))
         return
-    print(markdown(cases, res))
+    print(markdown(cases))
     print()
     for n, o in cases.items():
         print("%s (%s): %.1f us by %s, limit %.2f us (%s)"
