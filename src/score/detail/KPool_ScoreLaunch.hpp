@@ -149,6 +149,7 @@ TileShape tile_shape(std::size_t total_rows, int num_requests, int heads,
 // than the work.
 template <class ExecutionSpace>
 int persistent_teams(ExecutionSpace const& space, std::uint64_t work, int warps, int asked) {
+  if (work == 0) return 0;  // no launch, as without persistence
   std::uint64_t teams = work;
   if (asked > 0) {
     teams = static_cast<std::uint64_t>(asked);
@@ -159,8 +160,7 @@ int persistent_teams(ExecutionSpace const& space, std::uint64_t work, int warps,
   } else if constexpr (device_shapes<ExecutionSpace>::value) {
     teams = 2 * static_cast<std::uint64_t>(space.concurrency() > 0 ? space.concurrency() : 1);
   }
-  teams = teams < work ? teams : work;
-  return static_cast<int>(teams > 0 ? teams : 1);
+  return static_cast<int>(teams < work ? teams : work);
 }
 
 // Teams a group of rows' tiles are split among: enough teams to fill the
