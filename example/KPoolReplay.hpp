@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -312,10 +313,141 @@ class Cache {
   std::int32_t next_ = 0;
 };
 
+// Kokkos Tools events of the selections (kpool_replay --launch-log): for
+// each select block, the kernels begun, fences, deep copies and
+// allocations while its KPool::score_select call runs. The fences Kokkos
+// 4.x adds before each callback of a tool set after initialization exist
+// only because the log listens, and are not counted.
+class LaunchLog {
+ public:
+  struct Call {
+    std::size_t block = 0;
+    bool decode = false;
+    std::vector<std::string> kernels;
+    int fences = 0;
+    int copies = 0;
+    std::vector<std::string> allocations;
+  };
+
+  static LaunchLog& get() {
+    static LaunchLog log;
+    return log;
+  }
+  // Listens from now on (kpool_replay, before the replay).
+  void start() {
+    on_ = true;
+    namespace X = Kokkos::Tools::Experimental;
+    X::set_begin_parallel_for_callback(&LaunchLog::on_kernel);
+    X::set_begin_parallel_reduce_callback(&LaunchLog::on_kernel);
+    X::set_begin_parallel_scan_callback(&LaunchLog::on_kernel);
+    X::set_begin_fence_callback(&LaunchLog::on_fence);
+    X::set_begin_deep_copy_callback(&LaunchLog::on_copy);
+    X::set_allocate_data_callback(&LaunchLog::on_allocation);
+  }
+  void stop() {
+    namespace X = Kokkos::Tools::Experimental;
+    X::set_begin_parallel_for_callback(nullptr);
+    X::set_begin_parallel_reduce_callback(nullptr);
+    X::set_begin_parallel_scan_callback(nullptr);
+    X::set_begin_fence_callback(nullptr);
+    X::set_begin_deep_copy_callback(nullptr);
+    X::set_allocate_data_callback(nullptr);
+    on_ = false;
+  }
+  bool listening() const { return on_; }
+  // Records what f does as select block `block`'s call; whatever was
+  // queued before has finished, and f's work finishes before the record
+  // closes (neither fence is recorded).
+  template <class F>
+  void record(ExecSpace const& space, std::size_t block, bool decode, F&& f) {
+    if (!on_) {
+      f();
+      return;
+    }
+    space.fence();
+    {
+      std::lock_guard<std::mutex> const hold(lock_);
+      calls_.emplace_back();
+      calls_.back().block = block;
+      calls_.back().decode = decode;
+      armed_ = true;
+    }
+    f();
+    {
+      std::lock_guard<std::mutex> const hold(lock_);
+      armed_ = false;
+    }
+    space.fence();
+  }
+  // One line a call: "select BLOCK decode|ragged kernels N fences F copies
+  // C allocations A", then the kernels' and allocations' names, one a line.
+  std::string text() const {
+    std::string s;
+    for (Call const& c : calls_) {
+      s += "select " + std::to_string(c.block) + (c.decode ? " decode" : " ragged") +
+           " kernels " + std::to_string(c.kernels.size()) + " fences " +
+           std::to_string(c.fences) + " copies " + std::to_string(c.copies) +
+           " allocations " + std::to_string(c.allocations.size()) + "\n";
+      for (std::string const& k : c.kernels) s += "  kernel " + k + "\n";
+      for (std::string const& a : c.allocations) s += "  allocation " + a + "\n";
+    }
+    return s;
+  }
+
+ private:
+  // A host backend's threads call back at once (Kokkos::OpenMP grows its
+  // team-scratch pool inside a parallel region): the callbacks lock.
+  static void on_kernel(char const* name, std::uint32_t, std::uint64_t*) {
+    LaunchLog& l = get();
+    std::lock_guard<std::mutex> const hold(l.lock_);
+    if (l.armed_) l.calls_.back().kernels.emplace_back(name ? name : "(no name)");
+  }
+  static void on_fence(char const* name, std::uint32_t, std::uint64_t*) {
+    LaunchLog& l = get();
+    std::lock_guard<std::mutex> const hold(l.lock_);
+    if (l.armed_ && !(name && std::strstr(name, "Kokkos Profile Tool Fence")))
+      ++l.calls_.back().fences;
+  }
+  static void on_copy(Kokkos::Tools::SpaceHandle, char const*, void const*,
+                      Kokkos::Tools::SpaceHandle, char const*, void const*, std::uint64_t) {
+    LaunchLog& l = get();
+    std::lock_guard<std::mutex> const hold(l.lock_);
+    if (l.armed_) ++l.calls_.back().copies;
+  }
+  static void on_allocation(Kokkos::Tools::SpaceHandle, char const* label, void const*,
+                            std::uint64_t) {
+    LaunchLog& l = get();
+    std::lock_guard<std::mutex> const hold(l.lock_);
+    if (l.armed_) l.calls_.back().allocations.emplace_back(label ? label : "(no label)");
+  }
+
+  bool on_ = false;
+  bool armed_ = false;
+  std::mutex lock_;
+  std::vector<Call> calls_;
+};
+
+// A select block in the decode form (KPool::decode_batch), as a serving
+// engine's decode step sends it: every row queries the latest next_n >= 1
+// tokens of its sequence (KPoolTrace::Row::at_length), the same next_n
+// for every row. Returns next_n, or 0 when the block is not so (it then
+// runs as a ragged batch). Rows of fewer tokens would need padding, and a
+// decode row spans next_n positions from its first (the pools it sees
+// are counted so: docs/indexer.md), past a shorter row's length.
+inline int decode_width(KPoolTrace::Block const& block) {
+  if (block.rows.empty()) return 0;
+  std::uint64_t const width = block.rows.front().n_new;
+  for (auto const& r : block.rows)
+    if (r.n_new != width || !r.at_length) return 0;
+  return width == 0 || width > 0x7FFFFFFF ? 0 : static_cast<int>(width);
+}
+
 // The select blocks (docs/trace.md, "Blocks"): each runs one
 // KPool::score_select over the cache the steps wrote so far, with the
 // trace's queries and head weights, and records every query token's
-// selection. One workspace and output for the largest block.
+// selection: a block of decode rows (decode_width) through the decode
+// batch form, the path a serving engine's decode step takes, any other
+// through the ragged form. One workspace and output for the largest block.
 template <class T>
 class Selector {
  public:
@@ -349,72 +481,86 @@ class Selector {
     int const D = t.head_dim;
     int const H = t.index_heads;
     std::size_t const B = block.rows.size();
-    std::size_t const rows = block.tokens;
+    int const next_n = decode_width(block);
+    // Row r's first query row: row_offsets(r) (ragged), r * next_n (decode).
+    std::vector<std::size_t> first(B + 1, 0);
+    for (std::size_t r = 0; r < B; ++r)
+      first[r + 1] = next_n > 0 ? (r + 1) * static_cast<std::size_t>(next_n)
+                                : first[r] + block.rows[r].n_new;
+    std::size_t const rows = first[B];
     // q[t][h][c] and weights[t][h] of the values last sent for each query
     // position (the row's revisions), docs/trace.md.
     ViewT<T, 3> q(Kokkos::view_alloc(Kokkos::WithoutInitializing, "q"), rows, H, D);
     ViewT<float, 2> weights(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weights"),
                             rows, H);
-    ViewT<std::uint32_t, 1> row_offsets("row_offsets", B + 1);
-    ViewT<std::uint32_t, 1> cache_lengths("cache_lengths", B);
     auto hq = Kokkos::create_mirror_view(q);
     auto hw = Kokkos::create_mirror_view(weights);
-    auto ho = Kokkos::create_mirror_view(row_offsets);
-    auto hc = Kokkos::create_mirror_view(cache_lengths);
-    std::size_t t0 = 0;
-    ho(0) = 0;
     for (std::size_t r = 0; r < B; ++r) {
       KPoolTrace::Row const& row = block.rows[r];
       for (std::uint64_t i = 0; i < row.n_new; ++i) {
         std::uint64_t const pos = row.cache_len + i;
         std::uint64_t const rev = row.revision(pos);
         for (int h = 0; h < H; ++h) {
-          hw(t0 + i, h) = KPoolTrace::weight_value(t.seed, row.seq, pos, h, rev);
+          hw(first[r] + i, h) = KPoolTrace::weight_value(t.seed, row.seq, pos, h, rev);
           for (int c = 0; c < D; ++c)
-            hq(t0 + i, h, c) =
+            hq(first[r] + i, h, c) =
                 storage<T>(KPoolTrace::query_value(t.seed, row.seq, pos, h, c, D, rev));
         }
       }
-      t0 += row.n_new;
-      ho(r + 1) = static_cast<std::uint32_t>(t0);
-      hc(r) = static_cast<std::uint32_t>(row.cache_len);
     }
     Kokkos::deep_copy(space, q, hq);
     Kokkos::deep_copy(space, weights, hw);
-    Kokkos::deep_copy(space, row_offsets, ho);
-    Kokkos::deep_copy(space, cache_lengths, hc);
     auto const ids = Kokkos::subview(pool_ids_, std::make_pair(std::size_t(0), rows),
                                      Kokkos::ALL);
-    cache.with(space, block, [&](auto&... pool_cache) {
-      // A version 1 trace, whose replay has no cache, has no select blocks.
-      if constexpr (sizeof...(pool_cache) == 2)
-        select(space, row_offsets, cache_lengths, static_cast<int>(B), t, q, weights,
-               pool_cache..., ids, options);
-    });
+    auto const run_select = [&](auto const& batch) {
+      cache.with(space, block, [&](auto&... pool_cache) {
+        // A version 1 trace, whose replay has no cache, has no select blocks.
+        if constexpr (sizeof...(pool_cache) == 2)
+          LaunchLog::get().record(space, index, next_n > 0, [&]() {
+            select(space, batch, t, q, weights, pool_cache..., ids, options);
+          });
+      });
+    };
+    if (next_n > 0) {
+      ViewT<std::int32_t, 2> positions("positions", B, next_n);
+      auto hp = Kokkos::create_mirror_view(positions);
+      for (std::size_t r = 0; r < B; ++r)
+        for (int i = 0; i < next_n; ++i)
+          hp(r, i) = static_cast<std::int32_t>(block.rows[r].cache_len + i);
+      Kokkos::deep_copy(space, positions, hp);
+      run_select(KPool::decode_batch(positions, static_cast<int>(B)));
+    } else {
+      ViewT<std::uint32_t, 1> row_offsets("row_offsets", B + 1);
+      ViewT<std::uint32_t, 1> cache_lengths("cache_lengths", B);
+      auto ho = Kokkos::create_mirror_view(row_offsets);
+      auto hc = Kokkos::create_mirror_view(cache_lengths);
+      for (std::size_t r = 0; r <= B; ++r) ho(r) = static_cast<std::uint32_t>(first[r]);
+      for (std::size_t r = 0; r < B; ++r)
+        hc(r) = static_cast<std::uint32_t>(block.rows[r].cache_len);
+      Kokkos::deep_copy(space, row_offsets, ho);
+      Kokkos::deep_copy(space, cache_lengths, hc);
+      run_select(KPool::ragged_batch(row_offsets, cache_lengths, static_cast<int>(B)));
+    }
     auto const h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids);
-    t0 = 0;
-    for (auto const& row : block.rows) {
+    for (std::size_t r = 0; r < B; ++r) {
+      KPoolTrace::Row const& row = block.rows[r];
       for (std::uint64_t i = 0; i < row.n_new; ++i) {
         Selection sel;
         sel.seq = row.seq;
         sel.pos = row.cache_len + i;
         sel.block = index;
         for (int j = 0; j < t.index_topk; ++j)
-          if (h(t0 + i, j) >= 0) sel.ids.push_back(h(t0 + i, j));
+          if (h(first[r] + i, j) >= 0) sel.ids.push_back(h(first[r] + i, j));
         result.selections.push_back(std::move(sel));
       }
-      t0 += row.n_new;
     }
   }
 
  private:
-  template <class Offsets, class Lengths, class Q, class W, class PoolCache, class Table,
-            class Ids>
-  void select(ExecSpace const& space, Offsets const& row_offsets, Lengths const& cache_lengths,
-              int B, KPoolTrace::Trace const& t, Q const& q, W const& weights,
-              PoolCache const& pool_cache, Table const& table, Ids const& ids,
-              KPool::Options const& options) {
-    auto const batch = KPool::ragged_batch(row_offsets, cache_lengths, B);
+  template <class Batch, class Q, class W, class PoolCache, class Table, class Ids>
+  void select(ExecSpace const& space, Batch const& batch, KPoolTrace::Trace const& t,
+              Q const& q, W const& weights, PoolCache const& pool_cache, Table const& table,
+              Ids const& ids, KPool::Options const& options) {
     if (ranks_.comm != nullptr) {
       // The cache's shard, through the ranks' exchange: the same ids.
       KPool::score_select(space, q, weights, t.index_topk, batch,

@@ -132,6 +132,10 @@ struct Row {
   std::vector<std::uint32_t> revisions;
   /// The row starts below the sequence's length (a step or decode rewind).
   bool rewinds = false;
+  /// select: the row queries the sequence's latest tokens (first + n is
+  /// its length when the block is read), as a serving engine's decode
+  /// step does.
+  bool at_length = false;
   int line = 0;
 
   std::uint32_t revision(std::uint64_t pos) const {
@@ -788,6 +792,7 @@ class Parser {
                                " values per array, at most " +
                                std::to_string(limits_.max_elements) + ")");
     r.slot = s.slot;
+    r.at_length = r.cache_len + r.n_new == s.fed;
     r.revisions.reserve(r.n_new);
     for (std::uint64_t pos = r.cache_len; pos < r.cache_len + r.n_new; ++pos)
       r.revisions.push_back(s.last_revision(pos));

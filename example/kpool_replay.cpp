@@ -41,6 +41,7 @@ namespace {
 char const usage_text[] =
     "usage: kpool_replay [--fused | --unfused] [--engine E] [--block-pools N]\n"
     "                    [--cache-layout split|fused] [--ranks [--interleave N]]\n"
+    "                    [--decode-selection S] [--no-validate] [--launch-log FILE]\n"
     "                    [TRACE | -]\n"
     "\n"
     "Replays a KPool serving trace (format: docs/trace.md) through KPool::step\n"
@@ -51,7 +52,10 @@ char const usage_text[] =
     "each sequence's final length as last emitted, then 'emitted E', the\n"
     "fp8 pool cache's entries ('cache' lines), the pools each select block's\n"
     "query tokens selected ('select' lines, through KPool::score_select over\n"
-    "the cache the steps wrote) and 'selects M'.\n"
+    "the cache the steps wrote) and 'selects M'. A select block whose rows all\n"
+    "query their sequences' latest tokens goes through the decode batch form\n"
+    "(KPool::decode_batch), the path of a serving engine's decode step; any\n"
+    "other through the ragged form.\n"
     "Reads standard input when TRACE is '-' or absent.\n"
     "\n"
     "  --fused     one launch per step for ring_close, compress, seed_tail\n"
@@ -73,6 +77,17 @@ char const usage_text[] =
     "  --interleave N\n"
     "              with --ranks: pools a rank holds before the next rank's\n"
     "              (default 1; the output does not depend on it)\n"
+    "  --decode-selection S\n"
+    "              the decode form's selection (Options::decode_selection):\n"
+    "              automatic (the default), fused (one launch), separate\n"
+    "  --no-validate\n"
+    "              Options::validate = false: no data check, so no host\n"
+    "              synchronization, in every call\n"
+    "  --launch-log FILE\n"
+    "              writes what each select block's KPool::score_select call\n"
+    "              launched, fenced, copied and allocated (Kokkos Tools) to\n"
+    "              FILE: 'select BLOCK decode|ragged kernels N fences F copies\n"
+    "              C allocations A', then each kernel's and allocation's name\n"
     "  --help      print this and exit\n"
     "\n"
     "Exit status: 0 on success; 2 for a bad command line, an unreadable file\n"
@@ -124,7 +139,8 @@ int fail(int line, std::string const& what) {
 // Kokkos' whole life, and every view's, is inside this function.
 int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
                KPool::Options const& options, KPool::ScoreEngine engine, int block_pools,
-               bool fused_layout, bool ranks, int interleave, std::string& output) {
+               bool fused_layout, bool ranks, int interleave, std::string const& log_path,
+               std::string& output) {
   int line = 0;
   try {
     Kokkos::ScopeGuard guard(argc, argv);
@@ -140,8 +156,16 @@ int replay_all(int argc, char* argv[], KPoolTrace::Trace const& trace,
 #else
       if (ranks) return fail(0, "--ranks needs a kpool_replay built with MPI (KPool_ENABLE_MPI)");
 #endif
+      KPoolReplay::LaunchLog& log = KPoolReplay::LaunchLog::get();
+      if (!log_path.empty()) log.start();
       output = KPoolReplay::replay_trace(trace, options, block_pools, fused_layout, line, group,
                                          engine);
+      if (log.listening()) {
+        log.stop();
+        std::ofstream out(log_path);
+        out << log.text();
+        if (!out.flush()) return fail(0, "cannot write the launch log '" + log_path + "'");
+      }
     } catch (std::bad_alloc const&) {
       return fail(line, "out of memory replaying the trace");
     } catch (std::exception const& e) {
@@ -165,6 +189,7 @@ int main(int argc, char* argv[]) {
   bool ranks = false;
   bool fused_layout = false;
   std::string path = "-";
+  std::string log_path;
   bool have_path = false;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
@@ -185,6 +210,24 @@ int main(int argc, char* argv[]) {
       fused_layout = v == "fused";
     } else if (a == "--ranks") {
       ranks = true;
+    } else if (a == "--no-validate") {
+      options.validate = false;
+    } else if (a == "--decode-selection") {
+      std::string const v = i + 1 < argc ? argv[++i] : "";
+      if (v == "automatic") options.decode_selection = KPool::DecodeSelection::automatic;
+      else if (v == "fused") options.decode_selection = KPool::DecodeSelection::fused;
+      else if (v == "separate") options.decode_selection = KPool::DecodeSelection::separate;
+      else {
+        std::cerr << "kpool_replay: bad value '" << v << "' for " << a << "\n\n"
+                  << usage_text;
+        return 2;
+      }
+    } else if (a == "--launch-log") {
+      log_path = i + 1 < argc ? argv[++i] : "";
+      if (log_path.empty()) {
+        std::cerr << "kpool_replay: --launch-log needs a file\n\n" << usage_text;
+        return 2;
+      }
     } else if (a == "--engine" || a == "--block-pools" || a == "--interleave") {
       std::string const v = i + 1 < argc ? argv[++i] : "";
       bool ok = true;
@@ -262,7 +305,7 @@ int main(int argc, char* argv[]) {
   {
     StdoutToStderr const redirect;
     status = replay_all(argc, argv, trace, options, engine, block_pools, fused_layout, ranks,
-                        interleave, output);
+                        interleave, log_path, output);
   }
 #if KPOOL_REPLAY_MPI
   if (ranks) MPI_Finalize();

@@ -14,6 +14,17 @@
 #                               REPLAY --ranks --interleave U` for each W in
 #                               RANKS and U in 1, 3, 16: rank 0's output must
 #                               be the one rank's bytes (docs/ranks.md)
+#   -DMODE=launches -DTRACE= -DDECODE_BLOCKS= -DWARM_BLOCK=
+#                               replay with --no-validate and
+#                               --decode-selection fused, then separate, each
+#                               with --launch-log: the fused output checked
+#                               against the reference, both the same bytes as
+#                               a default replay's; the blocks in DECODE_BLOCKS (a
+#                               list) took the decode form and the others the
+#                               ragged one; a decode block is one kernel
+#                               fused ('+select'), three separate; no select
+#                               call fenced or copied, none allocated a KPool
+#                               buffer, and block WARM_BLOCK allocated nothing
 #   -DMODE=tamper               the checker must reject altered output
 #   -DMODE=bad -DTRACE=         exit status 2, 'trace:LINE:' on stderr with
 #                               LINE from the file's '# expect trace:LINE:',
@@ -128,6 +139,78 @@ elseif(MODE STREQUAL "identical")
   endif()
   file(STRINGS "${WORK}/fused.out" last REGEX "^(pools|selects) ")
   message(STATUS "identical: ${last}")
+
+elseif(MODE STREQUAL "launches")
+  generate()
+  replay_ok(plain ${replay_args} "${WORK}/trace.txt")
+  file(SHA256 "${WORK}/plain.out" h_plain)
+  foreach(how fused separate)
+    replay_ok(${how} --no-validate --decode-selection ${how}
+      --launch-log "${WORK}/${how}.log" ${replay_args} "${WORK}/trace.txt")
+    if(how STREQUAL "fused")
+      check_ok(${how})  # the others are the same bytes
+    endif()
+    file(SHA256 "${WORK}/${how}.out" h)
+    if(NOT h STREQUAL h_plain)
+      message(FATAL_ERROR "--decode-selection ${how} --no-validate gave other output "
+        "than the default replay: ${WORK}/${how}.out ${WORK}/plain.out")
+    endif()
+    file(STRINGS "${WORK}/${how}.log" calls REGEX "^select ")
+    file(STRINGS "${WORK}/${how}.log" kernels REGEX "^select |^  kernel ")
+    file(STRINGS "${WORK}/${how}.log" kpool_allocations REGEX "^  allocation KPool")
+    if(kpool_allocations)
+      message(FATAL_ERROR "a selection allocated a KPool buffer (${how}): ${kpool_allocations}")
+    endif()
+    set(decode_seen "")
+    foreach(call IN LISTS calls)
+      if(NOT call MATCHES "^select ([0-9]+) (decode|ragged) kernels ([0-9]+) fences ([0-9]+) copies ([0-9]+) allocations ([0-9]+)$")
+        message(FATAL_ERROR "a launch log line kpool_replay should not write: '${call}'")
+      endif()
+      set(block ${CMAKE_MATCH_1})
+      set(form ${CMAKE_MATCH_2})
+      set(n ${CMAKE_MATCH_3})
+      if(NOT CMAKE_MATCH_4 EQUAL 0 OR NOT CMAKE_MATCH_5 EQUAL 0)
+        message(FATAL_ERROR "select block ${block} (${how}) fenced or copied: '${call}'")
+      endif()
+      if(block EQUAL WARM_BLOCK AND NOT CMAKE_MATCH_6 EQUAL 0)
+        message(FATAL_ERROR "select block ${block} (${how}), warm, allocated: '${call}'")
+      endif()
+      if(block IN_LIST DECODE_BLOCKS)
+        if(NOT form STREQUAL "decode")
+          message(FATAL_ERROR "select block ${block}'s rows are decode rows, yet: '${call}'")
+        endif()
+        list(APPEND decode_seen ${block})
+        # The call's kernels: the lines after its own, up to the next call.
+        set(mine OFF)
+        set(fused_kernels 0)
+        foreach(k IN LISTS kernels)
+          if(k MATCHES "^select ([0-9]+) ")
+            if(CMAKE_MATCH_1 EQUAL block)
+              set(mine ON)
+            else()
+              set(mine OFF)
+            endif()
+          elseif(mine AND k MATCHES "[+]select$")
+            math(EXPR fused_kernels "${fused_kernels} + 1")
+          endif()
+        endforeach()
+        if(how STREQUAL "fused" AND NOT (n EQUAL 1 AND fused_kernels EQUAL 1))
+          message(FATAL_ERROR "the fused decode selection of block ${block} is not one "
+            "kernel: '${call}' (${WORK}/${how}.log)")
+        elseif(how STREQUAL "separate" AND NOT (n EQUAL 3 AND fused_kernels EQUAL 0))
+          message(FATAL_ERROR "the separate decode selection of block ${block} is not "
+            "three kernels: '${call}' (${WORK}/${how}.log)")
+        endif()
+      elseif(NOT form STREQUAL "ragged")
+        message(FATAL_ERROR "select block ${block} has rows that are not decode rows, yet: '${call}'")
+      endif()
+    endforeach()
+    if(NOT decode_seen STREQUAL DECODE_BLOCKS)
+      message(FATAL_ERROR "decode blocks logged (${how}): '${decode_seen}', expected '${DECODE_BLOCKS}'")
+    endif()
+    list(LENGTH calls ncalls)
+    message(STATUS "launches (${how}): ${ncalls} select calls, decode blocks ${decode_seen}")
+  endforeach()
 
 elseif(MODE STREQUAL "ranks")
   generate()
