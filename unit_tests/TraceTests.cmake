@@ -27,6 +27,26 @@ set(_kpool_trace_tools
   -DREPLAY=$<TARGET_FILE:kpool_replay>
   -DCHECK=$<TARGET_FILE:kpool_trace_check>)
 
+# (a5) #45 item 7: a decode-shaped trace (8 requests of 8192 tokens, one
+# query row each, the fp8 serving cache rotated; trace/decode_8x8192.trace)
+# takes the decode batch form, the path of a serving engine's decode step:
+# through the Kokkos Tools log of kpool_replay --launch-log, each such
+# select block is one kernel fused and three separate, with no fence, copy
+# or KPool allocation, and the output is the reference's either way. A
+# build without the examples but with KPool_TEST_DECODE_REPLAY (the
+# devshapes preset: the device launch shapes) registers this test alone.
+add_test(NAME trace_decode_launches
+  COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=launches
+    -DWORK=${_kpool_trace_work}/trace_decode_launches
+    -DTRACE=${CMAKE_CURRENT_SOURCE_DIR}/trace/decode_8x8192.trace
+    "-DDECODE_BLOCKS=0;1;2" -DWARM_BLOCK=1 -P ${_kpool_trace_script})
+set_tests_properties(trace_decode_launches PROPERTIES LABELS unit
+  ENVIRONMENT "OMP_NUM_THREADS=2;OMP_PROC_BIND=false;OMP_WAIT_POLICY=passive" TIMEOUT 120)
+
+if(NOT KPool_ENABLE_EXAMPLES)
+  return()
+endif()
+
 # kpool_trace_replay(NAME MODE [GEN_ARGS...] [REPLAY_ARGS args...]): one
 # generated trace; REPLAY_ARGS go to every kpool_replay run (--engine E).
 # The engines that need Kokkos Kernels (team_gemm, blas) are not
@@ -92,20 +112,6 @@ kpool_trace_replay(trace_spec_bf16_k4_d16_headers_selects check
   --index-heads 4 --index-topk 8 --pool-cache fp8_pow2 --rotate 1 --calls 40)
 kpool_trace_replay(trace_v2_no_rewinds_f32_k4_d7 check
   --dtype f32 --seed 38 --kpool 4 --head-dim 7 --version 2 --sequences 16 --calls 60)
-
-# (a5) #45 item 7: a decode-shaped trace (8 requests of 8192 tokens, one
-# query row each, the fp8 serving cache rotated; trace/decode_8x8192.trace)
-# takes the decode batch form, the path of a serving engine's decode step:
-# through the Kokkos Tools log of kpool_replay --launch-log, each such
-# select block is one kernel fused and three separate, with no fence, copy
-# or KPool allocation, and the output is the reference's either way.
-add_test(NAME trace_decode_launches
-  COMMAND ${CMAKE_COMMAND} ${_kpool_trace_tools} -DMODE=launches
-    -DWORK=${_kpool_trace_work}/trace_decode_launches
-    -DTRACE=${CMAKE_CURRENT_SOURCE_DIR}/trace/decode_8x8192.trace
-    "-DDECODE_BLOCKS=0;1;2" -DWARM_BLOCK=1 -P ${_kpool_trace_script})
-set_tests_properties(trace_decode_launches PROPERTIES LABELS unit
-  ENVIRONMENT "OMP_NUM_THREADS=2;OMP_PROC_BIND=false;OMP_WAIT_POLICY=passive" TIMEOUT 120)
 
 # (a3) version 2 with a pool cache: every step and decode step writes it,
 # and an fp8 cache's 'cache' lines must be bit for bit the reference's
