@@ -461,6 +461,52 @@ KOKKOS_FORCEINLINE_FUNCTION void single_per_thread(Member const& member,
   Kokkos::single(Kokkos::PerThread(member), f);
 }
 
+// Release and acquire at device scope, for the fused selection's counters
+// (select/detail/KPool_TopkFused.hpp). One thread of a team calls these
+// after a team barrier: the barrier orders the team's earlier writes
+// before the call, and a release is cumulative, so one thread publishes
+// the whole team's writes (the pattern of a grid-wide barrier); what a
+// team reads after an acquire and a barrier sees what the releases before
+// it published. One instruction where the backend has it (CUDA sm_70+:
+// atom / ld with .acq_rel / .acquire at .gpu scope; HIP: the agent-scope
+// builtins; GCC and clang host code: the __atomic builtins); elsewhere a
+// sequentially consistent fence beside Kokkos' own atomic.
+KOKKOS_INLINE_FUNCTION std::uint32_t fetch_add_acq_rel(std::uint32_t* p, std::uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  std::uint32_t old;
+  asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+#elif defined(__HIP_DEVICE_COMPILE__) && defined(__HIP_MEMORY_SCOPE_AGENT)
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
+#elif (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && \
+    !defined(__HIP_DEVICE_COMPILE__)
+  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+#else
+  Kokkos::memory_fence();
+  std::uint32_t const old = Kokkos::atomic_fetch_add(p, v);
+  Kokkos::memory_fence();
+  return old;
+#endif
+}
+
+// *p with acquire ordering at device scope (as fetch_add_acq_rel).
+KOKKOS_INLINE_FUNCTION std::uint32_t load_acquire(std::uint32_t* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  std::uint32_t v;
+  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#elif defined(__HIP_DEVICE_COMPILE__) && defined(__HIP_MEMORY_SCOPE_AGENT)
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+#elif (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && \
+    !defined(__HIP_DEVICE_COMPILE__)
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#else
+  std::uint32_t const v = Kokkos::atomic_fetch_add(p, 0u);
+  Kokkos::memory_fence();
+  return v;
+#endif
+}
+
 }  // namespace KokkosExt
 }  // namespace Details
 }  // namespace KPool

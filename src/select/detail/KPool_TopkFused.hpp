@@ -16,9 +16,13 @@
 // queries, the keys and the selection are those of the separate launches
 // (prepare, score, select), bit for bit.
 //
-// Memory order: every thread of a team fences after writing its keys
-// (release), then one thread takes the ticket (an atomic add); the last
-// team fences again before it reads (acquire). No team waits at its
+// Memory order: a team barrier after the team's writes (its keys, its
+// prepared queries), then one thread adds to the group's word with release
+// and acquire ordering (KokkosExt::fetch_add_acq_rel: one instruction on
+// CUDA, HIP and host compilers; a release by one thread after a barrier
+// publishes the whole team's writes); a team that reads what others wrote
+// does so after such an add or an acquire load, and a barrier (Kokkos'
+// broadcast). No sequentially consistent fence is taken. No team waits at its
 // ticket; the queries' wait (prepare_group) needs no forward-progress
 // guarantee between teams either. The last team puts the group's words
 // back to zero for the next launch.
@@ -96,7 +100,8 @@ struct FusedSelectFunctor : ScoreF {
   // The group's queries, every (row, head) prepared exactly once by the
   // group's own teams: a team claims the next unprepared one (an atomic
   // add on the group's claims word), prepares it with the whole team,
-  // releases it (a fence, then an add to the group's prepared word), and
+  // releases it (a barrier, then a release add to the group's prepared
+  // word), and
   // claims again until none is left; then it waits until every claimed
   // one is prepared. A team waits only once all are claimed, and only for
   // teams that claimed them, which are running and wait for nothing
@@ -119,23 +124,22 @@ struct FusedSelectFunctor : ScoreF {
       if (item >= items) break;
       scratch_space const scratch = base;
       prepare.prepare(member, scratch, first + item);
-      Kokkos::memory_fence();
       member.team_barrier();
-      Kokkos::single(Kokkos::PerTeam(member),
-                     [&]() { Kokkos::atomic_fetch_add(&prepared_count[group], 1u); });
+      Kokkos::single(Kokkos::PerTeam(member), [&]() {
+        KokkosExt::fetch_add_acq_rel(&prepared_count[group], 1u);
+      });
     }
-    // One thread waits; the broadcast of its result holds the team until
-    // it has seen the count.
+    // One thread waits (acquire loads); the broadcast of its result holds
+    // the team until it has seen the count.
     int ready = 0;
     Kokkos::single(
         Kokkos::PerTeam(member),
         [&](int& r) {
-          while (Kokkos::atomic_fetch_add(&prepared_count[group], 0u) < items) {
+          while (KokkosExt::load_acquire(&prepared_count[group]) < items) {
           }
           r = 1;
         },
         ready);
-    Kokkos::memory_fence();
     (void)ready;
   }
 
@@ -143,13 +147,12 @@ struct FusedSelectFunctor : ScoreF {
   // group's keys are then all written and visible to it).
   KOKKOS_INLINE_FUNCTION bool last_of_group(member_type const& member,
                                             std::uint64_t group) const {
-    Kokkos::memory_fence();
     member.team_barrier();
     int last = 0;
     Kokkos::single(
         Kokkos::PerTeam(member),
         [&](int& l) {
-          std::uint32_t const drawn = Kokkos::atomic_fetch_add(&tickets[group], 1u);
+          std::uint32_t const drawn = KokkosExt::fetch_add_acq_rel(&tickets[group], 1u);
           l = drawn + 1 == static_cast<std::uint32_t>(this->splits) ? 1 : 0;
           // Every split has drawn: no team of this launch touches the
           // group's words again.
@@ -160,7 +163,6 @@ struct FusedSelectFunctor : ScoreF {
           }
         },
         last);
-    if (last) Kokkos::memory_fence();
     return last != 0;
   }
 };
