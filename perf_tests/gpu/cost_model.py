@@ -77,7 +77,11 @@ GAP = assume("launch_gap", 1.5e-6, "s", "between two kernels of a CUDA graph "
 BARRIER = assume("barrier", 0.02e-6, "s", "a team barrier of 128 threads arriving "
                  "together (about 40 cycles); assumption")
 SCAN = assume("team_scan", 0.1e-6, "s", "one chunk of a Kokkos team scan of 128 "
-              "values in shared memory (warp shuffles, two barriers); assumption")
+              "values in shared memory (warp shuffles, two barriers); a team of 512's "
+              "taken at the same cost (one more level of shuffles); assumption")
+L2_SM = assume("l2_sm_bytes", 64, "bytes a cycle", "what one SM reads from L2 at most "
+               "(the SM's L2 path, as on Ampere); binds the split plan's merge, one team "
+               "reading 64 x 8 KiB; assumption")
 INFLIGHT = assume("loads_in_flight", 8, "loads a thread", "independent loads a thread "
                   "keeps in flight in a strided loop (nvcc's unrolling); read the SASS "
                   "when a device is lent")
@@ -100,7 +104,8 @@ PREP = assume("prepare_row_head", 1.0e-6, "s", "one (row, head)'s preparation by
               "threads: rotation, amax, codes (docs/performance.md, the fused prologue)")
 
 # The launch code's constants (src/).
-TEAM_THREADS = 128          # select_shape: max_select_team
+TEAM_THREADS = 128          # select_shape: a CUDA team of the recommended size
+SPLIT_THREADS = 512         # split_shape: split_team_threads (KPool_SelectCall.hpp)
 MMA_TILE = 16               # KPool_ScoreMmaFunctor.hpp: mma_tile_pools, a warp's tile
 HEADS, DIM = 32, 128
 ENTRY = DIM + 4             # an fp8 pool entry with its scale (docs/indexer.md)
@@ -118,7 +123,9 @@ SHAPES = {
     "select": "src/select/detail/KPool_SelectCall.hpp: select_shape (a team of 128 "
               "a row)",
     "split": "src/select/detail/KPool_TopkCore.hpp: SelectSplit (rows past 2^16 "
-             "pools, segments of 2^14, three launches before the selection)",
+             "pools, segments of 2^14, three launches before the selection); "
+             "src/select/detail/KPool_SelectCall.hpp: split_shape (their teams: the "
+             "largest power of two up to 512 the kernel allows)",
     "prepare": "src/score/detail/KPool_ScorePrepare.hpp: a team of 64 a (row, head)",
     "persistent": "src/score/detail/KPool_ScoreLaunch.hpp: persistent_teams, the "
                   "tensor-core engine's scoring launch but the fused kernel's",
@@ -246,10 +253,11 @@ def scoring_team(profile, rows, pools, warps, fused, groups=1):
 def digit_search(threads=TEAM_THREADS):
     """The threshold digit (find_digit, KPool_TopkTeam.hpp): a thread a run
     of BINS / threads bins, one team scan of the runs' sums, each run walked
-    twice (its sum, then from its prefix), the runs 16 words apart in
-    shared memory (16-way bank conflicts)."""
+    twice (its sum, then from its prefix), the runs `run` words apart in
+    shared memory (run-way bank conflicts: 16-way for a team of 128, 4-way
+    for one of 512)."""
     run = BINS // threads
-    return SCAN + 2 * run * BANK_CYC / CLOCK
+    return SCAN + 2 * run * (BANK_CYC * min(run, 32) / 16) / CLOCK
 
 
 def topk_row(n, threads=TEAM_THREADS):
@@ -266,17 +274,32 @@ def topk_row(n, threads=TEAM_THREADS):
 
 
 def split_topk(n):
-    """A long row's top-k: SegmentHist, SplitPlan, SegmentPartition and the
-    selection, four launches (KPool_TopkSplit.hpp)."""
+    """A long row's top-k: SegmentHist, SplitPlan and SegmentPartition in
+    teams of SPLIT_THREADS (split_shape), then the selection in a team of
+    TEAM_THREADS, four launches (KPool_TopkSplit.hpp). (seconds, segments,
+    {part: seconds})."""
+    t = SPLIT_THREADS
     segs = math.ceil(n / SEGMENT)
-    per = math.ceil(SEGMENT / TEAM_THREADS)
-    # The segment's suffix counts: a team scan over the bins in chunks.
-    seg_hist = math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK + (BINS // TEAM_THREADS) * SCAN
-    merge = math.ceil((BINS // TEAM_THREADS) * segs / INFLIGHT) * LAT_L2
-    plan = merge + digit_search() + math.ceil(segs / TEAM_THREADS) * SCAN
+    per = math.ceil(SEGMENT / t)
+    # A segment's keys into the histogram, then its suffix counts: a run of
+    # bins a thread (odd length), one team scan over the runs
+    # (team_ordered_scan), each run walked twice.
+    run = math.ceil(BINS / t) | 1
+    seg_hist = (math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK + SCAN
+                + 2 * run * 4 / CLOCK + 4 * BARRIER)
+    # The plan's merge (merge_suffix_counts): a 16-byte load of 4 bins a
+    # segment, independent, INFLIGHT of them in flight a thread; or the
+    # row's segments x 8 KiB over what one SM reads from L2, whichever is
+    # slower. Then the bins' differences (three barriers).
+    loads = math.ceil(BINS / 4 / t) * segs
+    merge = max(math.ceil(loads / INFLIGHT) * LAT_L2,
+                segs * BINS * 4 / (L2_SM * CLOCK)) + 3 * BARRIER
+    plan = merge + digit_search(t) + math.ceil(segs / t) * SCAN
     partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN
     finish = digit_search() + LAT_L2
-    return seg_hist + plan + partition + finish + 3 * GAP, segs
+    parts = {"segment counts": seg_hist, "plan": plan, "partition": partition,
+             "finish": finish, "gaps": 3 * GAP}
+    return sum(parts.values()), segs, parts
 
 
 def in_flight_rate(teams, warps, depth=1):
@@ -297,8 +320,10 @@ def model(c, res, limits):
     notes = []
     if c["kind"] == "topk":
         if c["pools"] > SPLIT_FROM:
-            lat, segs = split_topk(c["pools"])
-            notes.append("%d segments of 2^14, four launches (%s)" % (segs, SHAPES["split"]))
+            lat, segs, parts = split_topk(c["pools"])
+            notes.append("%d segments of 2^14, teams of %d, four launches (%s): %s"
+                         % (segs, SPLIT_THREADS, SHAPES["split"],
+                            ", ".join("%s %.2f" % (k, v * 1e6) for k, v in parts.items())))
         else:
             lat = topk_row(c["pools"])
             notes.append("one team of 128 a row, %d rows at once (%s)" % (c["rows"], SHAPES["select"]))
@@ -349,7 +374,7 @@ def model(c, res, limits):
                          "the last row's top-k after the scoring (%.1f us)"
                          % (PREP * 1e6, topk_row(c["pools"]) * 1e6))
         elif c["kind"] == "long":
-            top, segs = split_topk(c["pools"])
+            top, segs, _ = split_topk(c["pools"])
             around = prepare + GAP + GAP + top
             notes.append("prepare %.1f us, the split top-k %.1f us (%d segments), launch gaps"
                          % (prepare * 1e6, top * 1e6, segs))

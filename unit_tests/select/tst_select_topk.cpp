@@ -239,6 +239,9 @@ TEST(SelectTopk, OrderedScansOnTeamsOfManyThreads) {
     split.from = 1500;
     split.segment = 512;
     check<Key>({{4000, 3333, 5000, 2048, 1400}, 200}, team, 5, split, 44);
+    // Split over one segment and over two.
+    split.from = 300;
+    check<Key>({{400, 513, 900, 1000, 200}, 64}, team, 5, split, 45);
   }
   if (tried == 0)
     GTEST_SKIP() << "the host backend has " << E().concurrency()
@@ -351,6 +354,48 @@ void check_score_kinds(std::uint64_t seed) {
 }
 
 TEST(SelectTopk, ScoreDistributionsWith32BitKeys) { check_score_kinds<float>(31); }
+
+// Rows split over one segment (past `from` but not past a segment), two
+// (one of them a single pool) and many, beside a row read whole, on the
+// teams Options::team_size forces (the backend's largest where it has
+// fewer threads) and the split launches' own (split_shape: up to 512 on a
+// device): every make_row kind (ties, NaN keys, mostly not visible) and
+// every score kind (ties at the threshold, -inf and NaN), against the
+// ranking.
+template <class Score>
+void check_split_segments(std::uint64_t seed) {
+  using Key = KPool::Details::score_key_t<Score>;
+  KPool::Details::SelectSplit split;
+  split.from = 300;
+  split.segment = 512;
+  std::vector<std::size_t> const lengths = {400, 513, 900, 5000, 200};
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<Key>> rows;
+  std::vector<std::string> what;
+  for (int kind = 0; kind < 5; ++kind)
+    for (std::size_t n : lengths) {
+      rows.push_back(make_row<Key>(rng, kind, n));
+      what.push_back("kind " + std::to_string(kind));
+    }
+  for (int kind = 0; kind < score_kinds; ++kind)
+    for (std::size_t n : lengths) {
+      rows.push_back(make_score_row<Score>(rng, kind, n));
+      what.push_back(score_kind_names[kind]);
+    }
+  PlanStates states;
+  for (int team : {0, 1, 32, 512})
+    for (int topk : {16, 200})
+      check_rows(rows, topk, team, rows.size(), split, [&](int r) { return what[r]; },
+                 &states);
+  namespace P = KPool::Details::SplitPlan;
+  EXPECT_GT(states.count[P::threshold], 0);
+  EXPECT_GT(states.count[P::all], 0);
+}
+
+TEST(SelectTopk, SplitRowsOverOneTwoAndManySegments) {
+  check_split_segments<float>(53);
+  check_split_segments<double>(59);
+}
 
 TEST(SelectTopk, ScoreDistributionsWith64BitKeys) { check_score_kinds<double>(37); }
 

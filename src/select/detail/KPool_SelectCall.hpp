@@ -105,6 +105,32 @@ SelectPlan select_plan(int topk, std::size_t max_visible) {
   return p;
 }
 
+// The split launches' teams (SegmentHistFunctor, SplitPlanFunctor,
+// SegmentPartitionFunctor). Each walks one long stretch of memory with
+// only one team a segment or a row (65 teams at 2^20 pools, on 132 SMs):
+// a segment's 2^14 keys, or the plan's 2048 bins over every segment (64 x
+// 8 KiB). Their time is rounds of L2 latency a thread, so with device
+// shapes they take the largest power of two up to split_team_threads that
+// the kernel allows (team_size_max: its registers, the backend's limit),
+// not the recommended size (128 on CUDA): a quarter of the rounds. Power
+// of two, at most max_select_team: their team scans (select_shape). Set
+// Options::team_size, and a host's one-thread teams, stay select_shape's.
+constexpr int split_team_threads = 512;
+template <class ExecutionSpace, class F>
+LaunchShape split_shape(ExecutionSpace const& space, F const& f, std::size_t league,
+                        std::size_t scratch_bytes, Options const& options) {
+  LaunchShape shape = select_shape(space, f, league, scratch_bytes, options);
+  if constexpr (device_shapes<ExecutionSpace>::value) {
+    if (options.team_size <= 0) {
+      KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+      int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
+      shape.team_size =
+          std::min(power_of_two_floor(std::min(max, split_team_threads)), max_select_team);
+    }
+  }
+  return shape;
+}
+
 template <class ExecutionSpace, class F, class Key, class OutView>
 void set_select_args(F& f, SelectBatch const& batch, Key const* keys, OutView const& out,
                      int topk, Key* out_keys) {
@@ -122,10 +148,11 @@ void set_split_args(F& f, SplitArgs const& split) {
 }
 
 // The selection of rows [row_begin, row_end) from their keys: with split
-// rows (and a kernel that reads them in segments), three launches first:
-// per-segment counts (a team a segment), each split row's plan (a team a
-// row), each planned segment's partition (a team a segment); then one team
-// a row, in the kernel select_plan picks. No launch waits on the host.
+// rows (and a kernel that reads them in segments), three launches first
+// (split_shape's teams): per-segment counts (a team a segment), each split
+// row's plan (a team a row), each planned segment's partition (a team a
+// segment); then one team a row, in the kernel select_plan picks. No
+// launch waits on the host.
 // out_keys: a shard's keys of the selected pools (SelectTeamInputs), or null.
 template <bool Expand, class ExecutionSpace, class Key, class OutView>
 void launch_select(Checker const& chk, ExecutionSpace const& space,
@@ -148,28 +175,26 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
       set_split_args(f, split);
     };
     std::uint64_t const segments = rows * static_cast<std::uint64_t>(split.segs);
+    int const segment_teams = league_for(chk, "q", segments, 1);
     SegmentHistFunctor<ExecutionSpace, Key> h;
     split_args(h);
     h.keys = keys;
-    LaunchShape shape;
-    shape.league = league_for(chk, "q", segments, 1);
-    shape.team_size = team_size_for(space, h, 1, options.team_size);
-    shape.scratch_bytes = h.scratch_bytes();
-    shape.scratch_level = 0;
+    LaunchShape shape = split_shape(space, h, rows, h.scratch_bytes(), options);
+    shape.league = segment_teams;
     launch(space, chk.entry_point() + "::select_segments", shape, h);
     SplitPlanFunctor<ExecutionSpace, Key> pl;
     split_args(pl);
     pl.plans = split.plans;
     pl.topk = topk;
     launch(space, chk.entry_point() + "::select_split_plans",
-           select_shape(space, pl, rows, pl.scratch_bytes(), options), pl);
+           split_shape(space, pl, rows, pl.scratch_bytes(), options), pl);
     SegmentPartitionFunctor<ExecutionSpace, Key> pa;
     split_args(pa);
     pa.keys = keys;
     pa.plans = split.plans;
     pa.topk = topk;
-    LaunchShape pshape = select_shape(space, pa, rows, pa.scratch_bytes(), options);
-    pshape.league = shape.league;
+    LaunchShape pshape = split_shape(space, pa, rows, pa.scratch_bytes(), options);
+    pshape.league = segment_teams;
     launch(space, chk.entry_point() + "::select_split_partitions", pshape, pa);
   }
   auto run = [&](auto f) {

@@ -12,6 +12,7 @@
 // region, reads the row whole from its summed counts.
 
 #include <common/detail/KPool_KokkosExt.hpp>
+#include <common/detail/KPool_Lanes.hpp>
 #include <common/detail/KPool_Scoring.hpp>
 #include <select/detail/KPool_TopkCore.hpp>
 #include <select/detail/KPool_TopkTeam.hpp>
@@ -41,8 +42,12 @@ struct SegmentHistFunctor {
   int segs;
 
   // A host's one-thread team counts through host_hist_copies histograms.
+  // A team's histogram is followed by team_ordered_scan's words
+  // (max_select_team + 1 of 64 bits), in a host's spare copies.
   static constexpr int copies = device_shapes<ExecutionSpace>::value ? 1 : host_hist_copies;
-  static std::size_t scratch_bytes() { return Scratch::shmem_size(copies * select_bins); }
+  static constexpr int team_words = select_bins + 2 * (max_select_team + 1);
+  static constexpr int words = copies * select_bins > team_words ? copies * select_bins : team_words;
+  static std::size_t scratch_bytes() { return Scratch::shmem_size(words); }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     SplitSegment g;
@@ -50,7 +55,7 @@ struct SegmentHistFunctor {
     std::uint64_t const i = g.i, p0 = g.p0, p1 = g.p1;
     int const seg = g.seg;
     Key const* row = keys + i * batch.max_visible;
-    Scratch hist(member.team_scratch(0), copies * select_bins);
+    Scratch hist(member.team_scratch(0), words);
     std::uint32_t* out = seg_hist + i * split_region_words(segs) + seg * select_bins;
     if constexpr (!device_shapes<ExecutionSpace>::value) {
       // A host's one-thread team: plain loops, every key counted, then
@@ -78,14 +83,18 @@ struct SegmentHistFunctor {
                              Kokkos::atomic_add(&hist(d), 1u);
                          });
     member.team_barrier();
-    // Suffix counts: out[d] is the segment's keys in bins d and above.
-    Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, select_bins),
-                          [&](int j, std::uint32_t& above, bool final) {
-                            int const d = select_bins - 1 - j;
-                            std::uint32_t const c = hist(d);
-                            if (final) out[d] = above + c;
-                            above += c;
-                          });
+    // Suffix counts: out[d] is the segment's keys in bins d and above. A
+    // run of bins a thread and one team scan over the runs
+    // (team_ordered_scan), not a Kokkos team scan over the bins, whose 2048
+    // / team size chunks each pay a scan and its barriers.
+    std::uint64_t* const runs = reinterpret_cast<std::uint64_t*>(hist.data() + select_bins);
+    team_ordered_scan(member, runs, runs + max_select_team, select_bins,
+                      [&](std::uint64_t j, std::uint64_t& above, bool final) {
+                        int const d = select_bins - 1 - static_cast<int>(j);
+                        std::uint32_t const c = hist(d);
+                        if (final) out[d] = static_cast<std::uint32_t>(above) + c;
+                        above += c;
+                      });
   }
 };
 
@@ -335,6 +344,15 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
 }
 
 // The sum of `used` segments' suffix counts cum[g * bins + d] into hist.
+// A team: each thread sums quads of 4 consecutive bins over all segments,
+// a 16-byte load a segment (every segment's counts start 16-byte aligned:
+// the region is a View's, at multiples of split_region_words(segs) words,
+// and a segment's counts are bins words), four segments at a time into
+// their own sums, so that a thread's loads are independent and many are in
+// flight (at 2^20 pools a team of 512 threads: 64 loads a thread, each of
+// 4 bins). Sums of suffix counts are suffix counts: each bin is then the
+// difference of its neighbours' (bin d's sum minus bin d + 1's), taken in
+// scratch, not by reading cum[d + 1] again.
 template <class ExecutionSpace, class Key, bool Expand, bool Staged>
 KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::merge_suffix_counts(
     member_type const& member, Buffers const& b, std::uint32_t const* cum,
@@ -348,12 +366,36 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
     for (int d = 0; d + 1 < bins; ++d) h[d] -= h[d + 1];
     return;
   }
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, bins), [&](int d) {
-    std::uint32_t sum = 0;
-    for (std::uint64_t g = 0; g < used; ++g)
-      sum += cum[g * bins + d] - (d + 1 < bins ? cum[g * bins + d + 1] : 0u);
-    b.hist(d) = sum;
+  constexpr int quads = bins / 4;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, quads), [&](int q) {
+    std::uint32_t const* const at = cum + 4 * q;
+    std::uint32_t s[4][4] = {};
+    std::uint64_t g = 0;
+    for (; g + 4 <= used; g += 4)
+      for (int u = 0; u < 4; ++u) {
+        Packet<std::uint32_t, 4> const v = load_packet<4>(at + (g + u) * bins);
+        for (int c = 0; c < 4; ++c) s[u][c] += v.v[c];
+      }
+    for (; g < used; ++g) {
+      Packet<std::uint32_t, 4> const v = load_packet<4>(at + g * bins);
+      for (int c = 0; c < 4; ++c) s[0][c] += v.v[c];
+    }
+    for (int c = 0; c < 4; ++c) b.hist(4 * q + c) = s[0][c] + s[1][c] + s[2][c] + s[3][c];
   });
+  member.team_barrier();
+  // The differences, a team size of quads at a time: each thread reads its
+  // quad's sums and the next quad's first into registers, the team waits,
+  // then writes (the quad below reads this quad's first sum).
+  int const team = member.team_size();
+  for (int q0 = 0; q0 < quads; q0 += team) {
+    int const q = q0 + member.team_rank();
+    std::uint32_t h[5] = {};
+    if (q < quads)
+      for (int c = 0; c < 5; ++c) h[c] = 4 * q + c < bins ? b.hist(4 * q + c) : 0u;
+    member.team_barrier();
+    if (q < quads)
+      for (int c = 0; c < 4; ++c) b.hist(4 * q + c) = h[c] - h[c + 1];
+  }
   member.team_barrier();
 }
 
