@@ -17,7 +17,7 @@ The two methods:
     flight: the model docs/performance.md used before issue #45.
   - latency: what each team does, one after the other (query staging, the
     chain of loads before each tile, the tile's MMA work, the fused
-    kernel's claims, ticket and fences, the top-k's passes), times the
+    kernel's claims, ticket and releases, the top-k's passes), times the
     rounds of resident teams its launch needs, plus the launches' gaps.
 
 The launch shapes are today's, computed here by the formulas of the
@@ -70,8 +70,9 @@ LAT_HBM = assume("lat_hbm", 0.6e-6, "s", "a load from HBM under a streaming load
                  "assumption since the key pipeline)")
 LAT_L2 = assume("lat_l2", 0.2e-6, "s", "a load or atomic served by L2 under load "
                 "(Hopper's unloaded L2 hit is about 260 cycles, 0.13 us); assumption")
-FENCE = assume("fence_sc", 0.4e-6, "s", "a fence.sc.gpu: waits out the thread's "
-               "outstanding stores, about two L2 round trips; assumption")
+RELEASE = assume("release", 0.2e-6, "s", "the release half of an atom.acq_rel.gpu by one "
+                 "thread after a team barrier (KokkosExt::fetch_add_acq_rel): the team's "
+                 "earlier stores reach L2 first, about one L2 round trip; assumption")
 GAP = assume("launch_gap", 1.5e-6, "s", "between two kernels of a CUDA graph "
              "(SELECTION_ON_GPUS.md: ~1-2 us a graph node)")
 BARRIER = assume("barrier", 0.02e-6, "s", "a team barrier of 128 threads arriving "
@@ -245,8 +246,9 @@ def scoring_team(profile, rows, pools, warps, fused, groups=1):
     parts = {"staging": groups * staging, "tiles": groups * walk,
              "keys": groups * (LAT_L2 + 4 * BARRIER)}
     if fused:
-        # A claim and the row's count (atomics), the ticket, four fence.sc.
-        parts["protocol"] = 3 * LAT_L2 + 4 * FENCE
+        # A claim, the prepared count and the ticket (atomics), the last
+        # two with release and acquire (KPool_TopkFused.hpp).
+        parts["protocol"] = 3 * LAT_L2 + 2 * RELEASE
     return sum(parts.values()), parts, groups * tiles
 
 
