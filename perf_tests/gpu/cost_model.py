@@ -82,7 +82,7 @@ SCAN = assume("team_scan", 0.1e-6, "s", "one chunk of a Kokkos team scan of 128 
               "taken at the same cost (one more level of shuffles); assumption")
 L2_SM = assume("l2_sm_bytes", 64, "bytes a cycle", "what one SM reads from L2 at most "
                "(the SM's L2 path, as on Ampere); binds the split plan's merge, one team "
-               "reading 64 x 8 KiB; assumption")
+               "reading 64 x 4 KiB of 16-bit counts; assumption")
 INFLIGHT = assume("loads_in_flight", 8, "loads a thread", "independent loads a thread "
                   "keeps in flight in a strided loop (nvcc's unrolling); read the SASS "
                   "when a device is lent")
@@ -113,6 +113,7 @@ ENTRY = DIM + 4             # an fp8 pool entry with its scale (docs/indexer.md)
 TOPK = 512
 BINS = 2048                 # select_bins (KPool_TopkCore.hpp)
 SPLIT_FROM, SEGMENT = 1 << 16, 1 << 14  # SelectSplit (KPool_TopkCore.hpp)
+COUNT_BYTES = 2             # a segment's suffix count (split_counts, KPool_TopkCore.hpp)
 PREFILL_ROWS = 4            # rows a scoring team under the default scratch
 SHAPES = {
     "tile_splits": "src/score/detail/KPool_ScoreLaunch.hpp: tile_splits "
@@ -289,13 +290,14 @@ def split_topk(n):
     run = math.ceil(BINS / t) | 1
     seg_hist = (math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK + SCAN
                 + 2 * run * 4 / CLOCK + 4 * BARRIER)
-    # The plan's merge (merge_suffix_counts): a 16-byte load of 4 bins a
-    # segment, independent, INFLIGHT of them in flight a thread; or the
-    # row's segments x 8 KiB over what one SM reads from L2, whichever is
-    # slower. Then the bins' differences (three barriers).
-    loads = math.ceil(BINS / 4 / t) * segs
+    # The plan's merge (merge_suffix_counts): a 16-byte load of 8 bins a
+    # segment (16-bit counts, COUNT_BYTES each), independent, INFLIGHT of
+    # them in flight a thread; or the row's segments x 4 KiB over what one
+    # SM reads from L2, whichever is slower. Then the bins' differences
+    # (three barriers).
+    loads = math.ceil(BINS / (16 // COUNT_BYTES) / t) * segs
     merge = max(math.ceil(loads / INFLIGHT) * LAT_L2,
-                segs * BINS * 4 / (L2_SM * CLOCK)) + 3 * BARRIER
+                segs * BINS * COUNT_BYTES / (L2_SM * CLOCK)) + 3 * BARRIER
     plan = merge + digit_search(t) + math.ceil(segs / t) * SCAN
     partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN
     finish = digit_search() + LAT_L2

@@ -211,6 +211,8 @@ TEST(SelectTopk, SelectsTheRankingWith32BitKeys) { check_all<std::uint32_t>(11);
 
 TEST(SelectTopk, SelectsTheRankingWith64BitKeys) { check_all<std::uint64_t>(23); }
 
+void check_full_segments(int team, PlanStates& states);
+
 // The ordered scans (the partition, the tie rule over the candidates, the
 // wide kernel's columns, a split row's segments) on teams of 4 and 8
 // threads: every thread's run starts past keys other threads counted, so
@@ -242,6 +244,9 @@ TEST(SelectTopk, OrderedScansOnTeamsOfManyThreads) {
     // Split over one segment and over two.
     split.from = 300;
     check<Key>({{400, 513, 900, 1000, 200}, 64}, team, 5, split, 45);
+    // Segments' counts at the 16-bit segment length, merged by the team.
+    PlanStates states;
+    check_full_segments(team, states);
   }
   if (tried == 0)
     GTEST_SKIP() << "the host backend has " << E().concurrency()
@@ -390,6 +395,58 @@ void check_split_segments(std::uint64_t seed) {
   namespace P = KPool::Details::SplitPlan;
   EXPECT_GT(states.count[P::threshold], 0);
   EXPECT_GT(states.count[P::all], 0);
+}
+
+// Split rows of segments of split_segment_max pools (the most a
+// segment's 16-bit suffix counts hold) whose every key is nonzero: each
+// full segment's count at bin 0 reaches the segment length, and with
+// every key in the top bin (one value, or distinct keys) so does each of
+// its counts, which the plan's merge and a host's sum add. Beside them
+// keys spread over every bin (a plan with a threshold). Plan states
+// into `states`.
+void check_full_segments(int team, PlanStates& states) {
+  using Key = std::uint32_t;
+  namespace D = KPool::Details;
+  D::SelectSplit split;
+  split.segment = D::split_segment_max;
+  split.from = split.segment;
+  std::size_t const seg = split.segment;
+  Key const top_bin = Key(D::select_bins - 1) << (32 - D::select_digit_bits);
+  std::mt19937_64 rng(61);
+  std::vector<std::vector<Key>> rows;
+  rows.push_back(std::vector<Key>(2 * seg, top_bin | 0x1234u));
+  rows.push_back(std::vector<Key>(2 * seg + 1, ~Key(0) - 5));
+  std::vector<Key> distinct(3 * seg), spread(2 * seg + 7);
+  for (Key& k : distinct) k = top_bin | static_cast<Key>(rng() % (Key(1) << 21));
+  for (Key& k : spread) k = static_cast<Key>(rng() | 1u);
+  rows.push_back(distinct);
+  rows.push_back(spread);
+  char const* const names[] = {"one value in the top bin", "one value, a segment of one more",
+                               "distinct keys in the top bin", "keys in every bin"};
+  for (int topk : {64, 2048})
+    check_rows(rows, topk, team, rows.size(), split, [&](int r) { return names[r]; },
+               &states);
+}
+
+TEST(SelectTopk, SegmentCountsAtTheSegmentLength) {
+  std::vector<int> teams = {0};
+  if (!KPool::Details::KokkosExt::is_device_backend<Kokkos::DefaultExecutionSpace>::value)
+    teams = {0, 1, 2};
+  PlanStates states;
+  for (int team : teams) {
+    SCOPED_TRACE("team size " + std::to_string(team));
+    check_full_segments(team, states);
+  }
+  namespace P = KPool::Details::SplitPlan;
+  EXPECT_GT(states.count[P::threshold], 0);
+  EXPECT_GT(states.count[P::fallback], 0);
+  // A segment past what a 16-bit count holds is refused before any launch.
+  KPool::Details::SelectSplit longer;
+  longer.from = 100;
+  longer.segment = KPool::Details::split_segment_max + 1;
+  std::vector<std::vector<std::uint32_t>> const rows = {std::vector<std::uint32_t>(200, 7u)};
+  EXPECT_THROW(check_rows(rows, 16, 0, 1, longer, [](int) { return "one value"; }),
+               KPool::InvalidArgument);
 }
 
 TEST(SelectTopk, SplitRowsOverOneTwoAndManySegments) {

@@ -51,7 +51,9 @@ constexpr bool selection_output_ok() {
 // The long-row split of a workspace: per-segment counts of rows of more
 // than `from` visible pools (segs 0: none), and their plans.
 struct SplitArgs {
-  std::uint32_t* seg_hist = nullptr;  // [rows][segs][select_bins]
+  // [rows][split_region_words(segs)]: first [segs][select_bins] 16-bit
+  // suffix counts (split_counts), then the rows' lists.
+  std::uint32_t* seg_hist = nullptr;
   std::uint32_t* plans = nullptr;     // [rows][split_plan_words(segs)]
   int segs = 0;
   std::uint64_t from = 0;
@@ -109,12 +111,13 @@ SelectPlan select_plan(int topk, std::size_t max_visible) {
 // SegmentPartitionFunctor). Each walks one long stretch of memory with
 // only one team a segment or a row (65 teams at 2^20 pools, on 132 SMs):
 // a segment's 2^14 keys, or the plan's 2048 bins over every segment (64 x
-// 8 KiB). Their time is rounds of L2 latency a thread, so with device
-// shapes they take the largest power of two up to split_team_threads that
-// the kernel allows (team_size_max: its registers, the backend's limit),
-// not the recommended size (128 on CUDA): a quarter of the rounds. Power
-// of two, at most max_select_team: their team scans (select_shape). Set
-// Options::team_size, and a host's one-thread teams, stay select_shape's.
+// 4 KiB of 16-bit counts). Their time is rounds of L2 latency a thread,
+// so with device shapes they take the largest power of two up to
+// split_team_threads that the kernel allows (team_size_max: its
+// registers, the backend's limit), not the recommended size (128 on
+// CUDA): a quarter of the rounds. Power of two, at most max_select_team:
+// their team scans (select_shape). Set Options::team_size, and a host's
+// one-thread teams, stay select_shape's.
 constexpr int split_team_threads = 512;
 template <class ExecutionSpace, class F>
 LaunchShape split_shape(ExecutionSpace const& space, F const& f, std::size_t league,
@@ -170,6 +173,13 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     return;
   }
   if (split.segs > 0) {
+    // A segment's suffix counts are 16-bit (split_counts): refused here,
+    // on the host before any launch, rather than clamped (the workspace's
+    // segs and regions were sized for this segment).
+    if (split.segment < 1 || split.segment > split_segment_max)
+      chk.fail("split", "segment", -1, std::to_string(split.segment),
+               "is not 1 to " + std::to_string(split_segment_max) +
+                   " pools (a segment's suffix counts are 16-bit)");
     auto split_args = [&](auto& f) {
       f.batch = batch;
       set_split_args(f, split);

@@ -64,6 +64,12 @@ struct SelectSplit {
   std::uint64_t from = std::uint64_t(1) << 16;
   std::uint64_t segment = std::uint64_t(1) << 14;
 };
+// A segment's suffix counts are 16-bit words (split_counts), so that a
+// segment holds at most 65535 pools: launch_select refuses a longer
+// segment (InvalidArgument, on the host before any launch).
+constexpr std::uint64_t split_segment_max = 0xFFFF;
+static_assert(SelectSplit{}.segment <= split_segment_max,
+              "a split segment's suffix counts are 16-bit");
 
 // The selection's team scans need a power-of-two team size on CUDA before
 // Kokkos 3.7; launch_select rounds it, and a device-shapes build on a host
@@ -212,12 +218,22 @@ KOKKOS_INLINE_FUNCTION constexpr std::size_t split_plan_words(std::size_t segs) 
   return SplitPlan::offsets + 2 * (segs + 1);
 }
 
-// A split row's region of the segment buffer, in 32-bit words: its
-// segments' suffix counts (segs * bins), then room for as much again. Once
-// planned, it holds the row's sure ids at [0, sure), its candidates' ids
-// at [k, k + count) and their keys from split_keys_at(k, count) on.
+// A split row's region of the segment buffer, in 32-bit words: first its
+// segments' suffix counts (split_counts: segs * bins 16-bit words, 4 KiB
+// a segment, each segment's 16-byte aligned), in its first quarter. Once
+// planned (or, on a host, once summed), the whole region holds the row's
+// lists: its sure ids at [0, sure), its candidates' ids at [k, k + count)
+// and their keys from split_keys_at(k, count) on.
 KOKKOS_INLINE_FUNCTION constexpr std::size_t split_region_words(std::size_t segs) {
   return 2 * segs * static_cast<std::size_t>(select_bins);
+}
+// A region's suffix counts, [segs][bins] 16-bit words (a count fits: a
+// segment holds at most split_segment_max pools).
+KOKKOS_INLINE_FUNCTION std::uint16_t* split_counts(std::uint32_t* region) {
+  return reinterpret_cast<std::uint16_t*>(region);
+}
+KOKKOS_INLINE_FUNCTION std::uint16_t const* split_counts(std::uint32_t const* region) {
+  return reinterpret_cast<std::uint16_t const*>(region);
 }
 template <class Key>
 KOKKOS_INLINE_FUNCTION constexpr std::uint64_t split_keys_at(std::uint64_t k,

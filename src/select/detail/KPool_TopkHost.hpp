@@ -142,7 +142,8 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
   State s = State::start(k);
   bool all = n <= static_cast<std::uint64_t>(topk);
   std::uint64_t count = 0;
-  // A split row's region: its segments' suffix counts, [segs][bins].
+  // A split row's region: its segments' suffix counts, [segs][bins]
+  // 16-bit words (split_counts), then, once summed, its candidates' ids.
   std::uint32_t* const big = split ? seg_hist + i * split_region_words(segs) : nullptr;
   std::uint64_t const big_cap = split ? static_cast<std::uint64_t>(segs) * bins : 0;
   if (!all) host_row_passes(b, row, n, k, split, big, big_cap, s, all, count);
@@ -243,9 +244,10 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
   if (split) {
     // The segments' suffix counts, summed, then differenced.
     std::uint64_t const used = (n + segment - 1) / segment;
-    for (int d = 0; d < bins; ++d) h[d] = big[d];
+    std::uint16_t const* const cum = split_counts(big);
+    for (int d = 0; d < bins; ++d) h[d] = cum[d];
     for (std::uint64_t g = 1; g < used; ++g) {
-      std::uint32_t const* src = big + g * bins;
+      std::uint16_t const* src = cum + g * bins;
       for (int d = 0; d < bins; ++d) h[d] += src[d];
     }
     for (int d = 0; d + 1 < bins; ++d) h[d] -= h[d + 1];

@@ -24,7 +24,9 @@ namespace KPool {
 namespace Details {
 
 // The first digit's suffix counts (nonzero keys) of one segment of a long
-// row: out[d] is how many of its keys have a first digit of d or more.
+// row: out[d] is how many of its keys have a first digit of d or more, a
+// 16-bit word (split_counts: a segment holds at most split_segment_max
+// pools).
 template <class ExecutionSpace, class Key>
 struct SegmentHistFunctor {
   using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
@@ -56,7 +58,8 @@ struct SegmentHistFunctor {
     int const seg = g.seg;
     Key const* row = keys + i * batch.max_visible;
     Scratch hist(member.team_scratch(0), words);
-    std::uint32_t* out = seg_hist + i * split_region_words(segs) + seg * select_bins;
+    std::uint16_t* out = split_counts(seg_hist + i * split_region_words(segs)) +
+                         static_cast<std::uint64_t>(seg) * select_bins;
     if constexpr (!device_shapes<ExecutionSpace>::value) {
       // A host's one-thread team: plain loops, every key counted, then
       // key 0 taken out of bin 0.
@@ -64,7 +67,10 @@ struct SegmentHistFunctor {
         std::uint32_t* h = hist.data();
         h[0] -= host_first_digit_counts(h, row, p0, p1);
         std::uint32_t above = 0;
-        for (int d = select_bins - 1; d >= 0; --d) out[d] = above += h[d];
+        for (int d = select_bins - 1; d >= 0; --d) {
+          above += h[d];
+          out[d] = static_cast<std::uint16_t>(above);
+        }
         return;
       }
     }
@@ -92,7 +98,7 @@ struct SegmentHistFunctor {
                       [&](std::uint64_t j, std::uint64_t& above, bool final) {
                         int const d = select_bins - 1 - static_cast<int>(j);
                         std::uint32_t const c = hist(d);
-                        if (final) out[d] = static_cast<std::uint32_t>(above) + c;
+                        if (final) out[d] = static_cast<std::uint16_t>(above + c);
                         above += c;
                       });
   }
@@ -132,7 +138,7 @@ struct SplitPlanFunctor {
     std::uint64_t const i = r.i, n = r.n;
     if (n <= split_from) return;
     std::uint64_t const used = (n + segment - 1) / segment;
-    std::uint32_t const* cum = seg_hist + i * split_region_words(segs);
+    std::uint16_t const* cum = split_counts(seg_hist + i * split_region_words(segs));
     std::uint32_t* const plan = plans + i * split_plan_words(segs);
     typename Select::Buffers b;
     b.hist = Scratch<std::uint32_t>(member.team_scratch(0), bins);
@@ -152,7 +158,7 @@ struct SplitPlanFunctor {
                             [&](int g, std::uint64_t& before, bool final) {
                               std::uint64_t up = 0, on = 0;
                               if (static_cast<std::uint64_t>(g) < used) {
-                                std::uint32_t const* h = cum + static_cast<std::uint64_t>(g) * bins;
+                                std::uint16_t const* h = cum + static_cast<std::uint64_t>(g) * bins;
                                 up = all ? h[0] : d + 1 < bins ? h[d + 1] : 0u;
                                 on = all ? 0u : h[d] - up;
                               }
@@ -339,23 +345,24 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
 template <class ExecutionSpace, class Key, bool Expand, bool Staged>
 KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::merge_segments(
     member_type const& member, Buffers const& b, std::uint64_t i, std::uint64_t n) const {
-  merge_suffix_counts(member, b, seg_hist + i * split_region_words(segs),
+  merge_suffix_counts(member, b, split_counts(seg_hist + i * split_region_words(segs)),
                       (n + segment - 1) / segment);
 }
 
-// The sum of `used` segments' suffix counts cum[g * bins + d] into hist.
-// A team: each thread sums quads of 4 consecutive bins over all segments,
-// a 16-byte load a segment (every segment's counts start 16-byte aligned:
-// the region is a View's, at multiples of split_region_words(segs) words,
-// and a segment's counts are bins words), four segments at a time into
-// their own sums, so that a thread's loads are independent and many are in
-// flight (at 2^20 pools a team of 512 threads: 64 loads a thread, each of
-// 4 bins). Sums of suffix counts are suffix counts: each bin is then the
-// difference of its neighbours' (bin d's sum minus bin d + 1's), taken in
-// scratch, not by reading cum[d + 1] again.
+// The sum of `used` segments' suffix counts cum[g * bins + d] (16-bit
+// words) into hist (32-bit: at most 2^32 - 1 keys a row). A team: each
+// thread sums octets of 8 consecutive bins over all segments, a 16-byte
+// load a segment (every segment's counts start 16-byte aligned: the region
+// is a View's, at multiples of split_region_words(segs) words, and a
+// segment's counts are bins 16-bit words, 4 KiB), four segments at a time
+// into their own sums, so that a thread's loads are independent and many
+// are in flight (at 2^20 pools: 256 threads busy, 64 loads each, of 8
+// bins; half the bytes of 32-bit counts). Sums of suffix counts are suffix
+// counts: each bin is then the difference of its neighbours' (bin d's sum
+// minus bin d + 1's), taken in scratch, not by reading cum[d + 1] again.
 template <class ExecutionSpace, class Key, bool Expand, bool Staged>
 KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::merge_suffix_counts(
-    member_type const& member, Buffers const& b, std::uint32_t const* cum,
+    member_type const& member, Buffers const& b, std::uint16_t const* cum,
     std::uint64_t used) {
   if (member.team_size() == 1) {
     // Segment by segment, in memory order.
@@ -366,35 +373,37 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
     for (int d = 0; d + 1 < bins; ++d) h[d] -= h[d + 1];
     return;
   }
-  constexpr int quads = bins / 4;
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, quads), [&](int q) {
-    std::uint32_t const* const at = cum + 4 * q;
-    std::uint32_t s[4][4] = {};
+  constexpr int lanes = 8;  // 16-bit counts a 16-byte load
+  constexpr int octets = bins / lanes;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, octets), [&](int q) {
+    std::uint16_t const* const at = cum + lanes * q;
+    std::uint32_t s[4][lanes] = {};
     std::uint64_t g = 0;
     for (; g + 4 <= used; g += 4)
       for (int u = 0; u < 4; ++u) {
-        Packet<std::uint32_t, 4> const v = load_packet<4>(at + (g + u) * bins);
-        for (int c = 0; c < 4; ++c) s[u][c] += v.v[c];
+        Packet<std::uint16_t, lanes> const v = load_packet<lanes>(at + (g + u) * bins);
+        for (int c = 0; c < lanes; ++c) s[u][c] += v.v[c];
       }
     for (; g < used; ++g) {
-      Packet<std::uint32_t, 4> const v = load_packet<4>(at + g * bins);
-      for (int c = 0; c < 4; ++c) s[0][c] += v.v[c];
+      Packet<std::uint16_t, lanes> const v = load_packet<lanes>(at + g * bins);
+      for (int c = 0; c < lanes; ++c) s[0][c] += v.v[c];
     }
-    for (int c = 0; c < 4; ++c) b.hist(4 * q + c) = s[0][c] + s[1][c] + s[2][c] + s[3][c];
+    for (int c = 0; c < lanes; ++c)
+      b.hist(lanes * q + c) = s[0][c] + s[1][c] + s[2][c] + s[3][c];
   });
   member.team_barrier();
-  // The differences, a team size of quads at a time: each thread reads its
-  // quad's sums and the next quad's first into registers, the team waits,
-  // then writes (the quad below reads this quad's first sum).
+  // The differences, a team size of octets at a time: each thread reads
+  // its octet's sums and the next octet's first into registers, the team
+  // waits, then writes (the octet below reads this octet's first sum).
   int const team = member.team_size();
-  for (int q0 = 0; q0 < quads; q0 += team) {
+  for (int q0 = 0; q0 < octets; q0 += team) {
     int const q = q0 + member.team_rank();
-    std::uint32_t h[5] = {};
-    if (q < quads)
-      for (int c = 0; c < 5; ++c) h[c] = 4 * q + c < bins ? b.hist(4 * q + c) : 0u;
+    std::uint32_t h[lanes + 1] = {};
+    if (q < octets)
+      for (int c = 0; c <= lanes; ++c) h[c] = lanes * q + c < bins ? b.hist(lanes * q + c) : 0u;
     member.team_barrier();
-    if (q < quads)
-      for (int c = 0; c < 4; ++c) b.hist(4 * q + c) = h[c] - h[c + 1];
+    if (q < octets)
+      for (int c = 0; c < lanes; ++c) b.hist(lanes * q + c) = h[c] - h[c + 1];
   }
   member.team_barrier();
 }

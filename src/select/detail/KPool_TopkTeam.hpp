@@ -47,10 +47,10 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
   int segs = 0;  // segments a split row's histograms hold (0: no split rows)
   std::uint64_t split_from = 0;
   std::uint64_t segment = 1;  // pools a segment of a split row
-  // [chunk rows][split_region_words(segs)], the segments' suffix counts;
-  // once planned, a split row's sure ids and candidates
-  // (SegmentPartitionFunctor), or on a host its candidate buffer once
-  // summed (host_select).
+  // [chunk rows][split_region_words(segs)]: the segments' 16-bit suffix
+  // counts (split_counts); once planned, a split row's sure ids and
+  // candidates (SegmentPartitionFunctor), or on a host its candidate
+  // buffer once summed (host_select).
   std::uint32_t* seg_hist = nullptr;
   std::uint32_t const* plans = nullptr;  // [chunk rows][split_plan_words(segs)]
 
@@ -326,7 +326,7 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
                                              std::uint64_t i, std::uint64_t n) const;
   KOKKOS_INLINE_FUNCTION static void merge_suffix_counts(member_type const& member,
                                                          Buffers const& b,
-                                                         std::uint32_t const* cum,
+                                                         std::uint16_t const* cum,
                                                          std::uint64_t used);
 
   // The threshold digit: the bin d with (keys in bins above d) < rem <=
