@@ -225,7 +225,7 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
 // when asked, where the call allows it; asked for where it does not,
 // refused by name before anything runs. The default is separate on every
 // backend: on an H200 perf_tests/gpu/cost_model.py puts the fused kernel
-// at about twice the separate path's time (docs/performance.md), until a
+// at close to three times the separate path's time (docs/performance.md), until a
 // device run says otherwise.
 template <class ExecutionSpace, class Key, bool Expand, class Workspace>
 bool fuse_decode_selection(Checker const& chk, Options const& options, ScoreEngine engine,

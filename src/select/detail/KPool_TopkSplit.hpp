@@ -143,7 +143,7 @@ struct SplitPlanFunctor {
     typename Select::Buffers b;
     b.hist = Scratch<std::uint32_t>(member.team_scratch(0), bins);
     b.shared = Scratch<std::uint64_t>(member.team_scratch(0), 8);
-    Select::merge_suffix_counts(member, b, cum, used);
+    Select::template merge_suffix_counts<4>(member, b, cum, used);
     std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
     std::uint64_t rem = k, count = 0, total = 0;
     int const d = Select::find_digit(member, b, bins, rem, count, total);
@@ -345,8 +345,8 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
 template <class ExecutionSpace, class Key, bool Expand, bool Staged>
 KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::merge_segments(
     member_type const& member, Buffers const& b, std::uint64_t i, std::uint64_t n) const {
-  merge_suffix_counts(member, b, split_counts(seg_hist + i * split_region_words(segs)),
-                      (n + segment - 1) / segment);
+  merge_suffix_counts<1>(member, b, split_counts(seg_hist + i * split_region_words(segs)),
+                         (n + segment - 1) / segment);
 }
 
 // The sum of `used` segments' suffix counts cum[g * bins + d] (16-bit
@@ -354,13 +354,17 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
 // thread sums octets of 8 consecutive bins over all segments, a 16-byte
 // load a segment (every segment's counts start 16-byte aligned: the region
 // is a View's, at multiples of split_region_words(segs) words, and a
-// segment's counts are bins 16-bit words, 4 KiB), four segments at a time
+// segment's counts are bins 16-bit words, 4 KiB), Ways segments at a time
 // into their own sums, so that a thread's loads are independent and many
-// are in flight (at 2^20 pools: 256 threads busy, 64 loads each, of 8
-// bins; half the bytes of 32-bit counts). Sums of suffix counts are suffix
+// are in flight (the plan, Ways = 4: at 2^20 pools, 256 threads busy, 64
+// loads each, of 8 bins; half the bytes of 32-bit counts). The
+// selection's fallback (merge_segments, a row whose lists did not fit)
+// takes Ways = 1: its 8 sums instead of 32 keep the selection kernel's
+// registers, and so its teams an SM, those of its usual path. Sums of suffix counts are suffix
 // counts: each bin is then the difference of its neighbours' (bin d's sum
 // minus bin d + 1's), taken in scratch, not by reading cum[d + 1] again.
 template <class ExecutionSpace, class Key, bool Expand, bool Staged>
+template <int Ways>
 KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::merge_suffix_counts(
     member_type const& member, Buffers const& b, std::uint16_t const* cum,
     std::uint64_t used) {
@@ -377,10 +381,10 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
   constexpr int octets = bins / lanes;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(member, octets), [&](int q) {
     std::uint16_t const* const at = cum + lanes * q;
-    std::uint32_t s[4][lanes] = {};
+    std::uint32_t s[Ways][lanes] = {};
     std::uint64_t g = 0;
-    for (; g + 4 <= used; g += 4)
-      for (int u = 0; u < 4; ++u) {
+    for (; g + Ways <= used; g += Ways)
+      for (int u = 0; u < Ways; ++u) {
         Packet<std::uint16_t, lanes> const v = load_packet<lanes>(at + (g + u) * bins);
         for (int c = 0; c < lanes; ++c) s[u][c] += v.v[c];
       }
@@ -388,8 +392,11 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
       Packet<std::uint16_t, lanes> const v = load_packet<lanes>(at + g * bins);
       for (int c = 0; c < lanes; ++c) s[0][c] += v.v[c];
     }
-    for (int c = 0; c < lanes; ++c)
-      b.hist(lanes * q + c) = s[0][c] + s[1][c] + s[2][c] + s[3][c];
+    for (int c = 0; c < lanes; ++c) {
+      std::uint32_t sum = 0;
+      for (int u = 0; u < Ways; ++u) sum += s[u][c];
+      b.hist(lanes * q + c) = sum;
+    }
   });
   member.team_barrier();
   // The differences, a team size of octets at a time: each thread reads

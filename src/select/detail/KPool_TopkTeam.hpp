@@ -324,10 +324,10 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
   // difference of two suffix counts) (KPool_TopkSplit.hpp).
   KOKKOS_INLINE_FUNCTION void merge_segments(member_type const& member, Buffers const& b,
                                              std::uint64_t i, std::uint64_t n) const;
+  template <int Ways>
   KOKKOS_INLINE_FUNCTION static void merge_suffix_counts(member_type const& member,
                                                          Buffers const& b,
-                                                         std::uint16_t const* cum,
-                                                         std::uint64_t used);
+                                                         std::uint16_t const* cum, std::uint64_t used);
 
   // The threshold digit: the bin d with (keys in bins above d) < rem <=
   // (keys in bins d and above), scanned from the top bin; rem becomes what
