@@ -124,12 +124,9 @@ LaunchShape split_shape(ExecutionSpace const& space, F const& f, std::size_t lea
                         std::size_t scratch_bytes, Options const& options) {
   LaunchShape shape = select_shape(space, f, league, scratch_bytes, options);
   if constexpr (device_shapes<ExecutionSpace>::value) {
-    if (options.team_size <= 0) {
-      KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
-      int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
-      shape.team_size =
-          std::min(power_of_two_floor(std::min(max, split_team_threads)), max_select_team);
-    }
+    if (options.team_size <= 0)
+      shape.team_size = std::min(
+          power_of_two_floor(team_size_for(space, f, 1, split_team_threads)), max_select_team);
   }
   return shape;
 }

@@ -360,9 +360,10 @@ KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::
 // loads each, of 8 bins; half the bytes of 32-bit counts). The
 // selection's fallback (merge_segments, a row whose lists did not fit)
 // takes Ways = 1: its 8 sums instead of 32 keep the selection kernel's
-// registers, and so its teams an SM, those of its usual path. Sums of suffix counts are suffix
-// counts: each bin is then the difference of its neighbours' (bin d's sum
-// minus bin d + 1's), taken in scratch, not by reading cum[d + 1] again.
+// registers, and so its teams an SM, those of its usual path. Sums of
+// suffix counts are suffix counts: each bin is then the difference of its
+// neighbours' (bin d's sum minus bin d + 1's), taken in scratch, not by
+// reading cum[d + 1] again.
 template <class ExecutionSpace, class Key, bool Expand, bool Staged>
 template <int Ways>
 KOKKOS_INLINE_FUNCTION void SelectFunctor<ExecutionSpace, Key, Expand, Staged>::merge_suffix_counts(

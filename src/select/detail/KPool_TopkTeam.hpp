@@ -325,8 +325,7 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
   KOKKOS_INLINE_FUNCTION void merge_segments(member_type const& member, Buffers const& b,
                                              std::uint64_t i, std::uint64_t n) const;
   template <int Ways>
-  KOKKOS_INLINE_FUNCTION static void merge_suffix_counts(member_type const& member,
-                                                         Buffers const& b,
+  KOKKOS_INLINE_FUNCTION static void merge_suffix_counts(member_type const& member, Buffers const& b,
                                                          std::uint16_t const* cum, std::uint64_t used);
 
   // The threshold digit: the bin d with (keys in bins above d) < rem <=
