@@ -59,6 +59,7 @@ fi
 cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER="clang++-$v" -DKPool_ENABLE_FUZZERS=ON -DKPool_ENABLE_DEPRECATED=OFF \
   -DKPool_ENABLE_TESTS=OFF -DKPool_ENABLE_PERF_TESTS=OFF -DKPool_ENABLE_EXAMPLES=OFF \
+  -DKPool_ENABLE_TORCH=OFF \
   -DKokkos_ROOT="$Kokkos_ROOT" "${kk[@]}" >/dev/null
 
 # 3. Build --------------------------------------------------------------------

@@ -41,7 +41,11 @@ as_root() {
 # libopenblas-dev: the BLAS under Kokkos Kernels' host KokkosBlas::gemm.
 # libopenmpi-dev, openmpi-bin: KPool::mpi and its tests (ctest -L mpi,
 # docs/ranks.md); the core never needs them.
-packages=(cmake g++ make libgtest-dev libopenblas-dev libopenmpi-dev openmpi-bin)
+# libtorch-dev, python3-torch, python3-pytest: KPool::torch, the
+# torch.ops.kpool operators and the Python package kpool, and their pytest
+# suite (ctest torch_ops; docs/torch.md); the core never needs them.
+packages=(cmake g++ make libgtest-dev libopenblas-dev libopenmpi-dev openmpi-bin
+  libtorch-dev python3-torch python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -1,0 +1,520 @@
+// torch.ops.kpool: KPool's selection stage as PyTorch custom operators
+// (docs/torch.md). Every op takes the caller's tensors as unmanaged Kokkos
+// Views over their data pointers (nothing is copied), checks their dtype,
+// device, shape and contiguity first (a RuntimeError naming the argument,
+// nothing written), then makes the one KPool call it mirrors. The cache is
+// the engines' fused fp8 layout (vLLM's indexer cache, DeepGEMM's paged
+// logits input): a uint8 tensor [num_blocks, block_pools, D + 4] (or
+// [num_blocks, block_pools, 1, D + 4]), in the serving profile.
+//
+// Kokkos is initialized on the first op and finalized by the Python
+// package at interpreter exit (kpool/__init__.py calls kpool::_finalize).
+
+#include <KPool.hpp>
+
+#include <torch/library.h>
+#include <ATen/core/Tensor.h>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+namespace {
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using Mem = ExecSpace::memory_space;
+using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+template <class D>
+using UView = Kokkos::View<D, Kokkos::LayoutRight, Mem, Unmanaged>;
+using Cache = KPool::PoolCache<KPool::float8_e4m3, Mem>;
+
+// The device tensors must be on: the CPU for a host Kokkos, the GPU for a
+// device one.
+constexpr bool kDeviceKokkos =
+    !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+
+// ---------------------------------------------------------------------------
+// Kokkos' lifetime and the workspaces
+
+std::mutex& call_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+bool& we_initialized() {
+  static bool b = false;
+  return b;
+}
+
+void ensure_kokkos() {
+  if (!Kokkos::is_initialized()) {
+    // Reads OMP_NUM_THREADS (through the OpenMP runtime PyTorch shares)
+    // and the KOKKOS_* environment variables.
+    Kokkos::initialize();
+    we_initialized() = true;
+  }
+}
+
+// One SelectWorkspace per query type, heads, head_dim and max_visible (the
+// pools a block-table row addresses), grown in rows when a call needs more:
+// after the first call of a shape, no op allocates.
+struct WorkspaceKey {
+  int type;
+  int heads;
+  int dim;
+  std::size_t max_visible;
+  bool operator<(WorkspaceKey const& o) const {
+    return std::tie(type, heads, dim, max_visible) <
+           std::tie(o.type, o.heads, o.dim, o.max_visible);
+  }
+};
+
+std::size_t& workspace_limit_bytes() {
+  static std::size_t limit = std::size_t(256) << 20;
+  return limit;
+}
+
+template <class T>
+struct TypeIndex;
+template <>
+struct TypeIndex<float> {
+  static constexpr int value = 0;
+};
+template <>
+struct TypeIndex<KPool::bfloat16> {
+  static constexpr int value = 1;
+};
+template <>
+struct TypeIndex<KPool::float16> {
+  static constexpr int value = 2;
+};
+
+template <class T>
+std::map<WorkspaceKey, KPool::SelectWorkspace<T, Mem>>& workspaces() {
+  static std::map<WorkspaceKey, KPool::SelectWorkspace<T, Mem>> m;
+  return m;
+}
+
+void release_workspaces() {
+  workspaces<float>().clear();
+  workspaces<KPool::bfloat16>().clear();
+  workspaces<KPool::float16>().clear();
+}
+
+// The workspace for a call of `rows` query rows: as many rows as fit the
+// limit on its key buffer (the call then selects in chunks of that many).
+template <class T>
+KPool::SelectWorkspace<T, Mem>& workspace_for(ExecSpace const& space, std::size_t rows,
+                                              int heads, int dim, std::size_t max_visible) {
+  using W = KPool::SelectWorkspace<T, Mem>;
+  std::size_t const key_bytes = sizeof(typename W::key_type) * max_visible;
+  std::size_t cap = workspace_limit_bytes() / key_bytes;
+  if (cap < 1) cap = 1;
+  std::size_t const want = rows < cap ? (rows < 1 ? 1 : rows) : cap;
+  auto& m = workspaces<T>();
+  WorkspaceKey const key{TypeIndex<T>::value, heads, dim, max_visible};
+  auto it = m.find(key);
+  if (it != m.end() && it->second.max_tokens() >= want) return it->second;
+  W fresh(space, want, max_visible, heads, dim);
+  if (it != m.end()) {
+    it->second = std::move(fresh);
+    return it->second;
+  }
+  return m.emplace(key, std::move(fresh)).first->second;
+}
+
+// ---------------------------------------------------------------------------
+// Argument checks: a RuntimeError naming the op, the argument and what was
+// expected, before anything is written.
+
+[[noreturn]] void refuse(char const* op, char const* arg, std::string const& problem) {
+  TORCH_CHECK(false, "kpool.", op, ": argument '", arg, "': ", problem,
+              "; nothing was written");
+}
+
+std::string shape_of(at::Tensor const& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+void expect_tensor(char const* op, char const* arg, at::Tensor const& t, at::ScalarType type,
+                   char const* type_name) {
+  if (!t.defined()) refuse(op, arg, "is not given");
+  if (t.scalar_type() != type)
+    refuse(op, arg, std::string("has dtype ") + c10::toString(t.scalar_type()) +
+                        ", expected " + type_name);
+  bool const on_device = !t.device().is_cpu();
+  if (on_device != kDeviceKokkos)
+    refuse(op, arg,
+           std::string("is on ") + t.device().str() + ", expected " +
+               (kDeviceKokkos ? "the GPU this KPool was built for"
+                              : "the CPU (this KPool is a host build)"));
+  if (!t.is_contiguous()) refuse(op, arg, "is not contiguous (call .contiguous() first)");
+}
+
+void expect_dim(char const* op, char const* arg, at::Tensor const& t, int64_t dim,
+                char const* layout) {
+  if (t.dim() != dim)
+    refuse(op, arg, "has shape " + shape_of(t) + ", expected " + layout);
+}
+
+void expect_size(char const* op, char const* arg, at::Tensor const& t, int64_t d,
+                 int64_t want, char const* what) {
+  if (t.size(d) != want)
+    refuse(op, arg,
+           "has shape " + shape_of(t) + ": extent " + std::to_string(d) + " is " +
+               std::to_string(t.size(d)) + ", expected " + std::to_string(want) + " (" +
+               what + ")");
+}
+
+// The batch: exactly one of the ragged pair (row_offsets, cache_lengths)
+// and the decode positions.
+struct TorchBatch {
+  KPool::Batch<Mem> batch;
+  int64_t num_requests = 0;
+  int64_t next_n = 0;  // 0: ragged
+};
+
+TorchBatch make_batch(char const* op, c10::optional<at::Tensor> const& row_offsets,
+                      c10::optional<at::Tensor> const& cache_lengths,
+                      c10::optional<at::Tensor> const& positions) {
+  bool const ragged = row_offsets.has_value() || cache_lengths.has_value();
+  TorchBatch out;
+  if (ragged && positions.has_value())
+    refuse(op, "positions",
+           "is given with row_offsets and cache_lengths: pass the ragged form (row_offsets, "
+           "cache_lengths) or the decode form (positions), not both");
+  if (ragged) {
+    if (!row_offsets.has_value())
+      refuse(op, "row_offsets", "is not given (the ragged form needs it with cache_lengths)");
+    if (!cache_lengths.has_value())
+      refuse(op, "cache_lengths", "is not given (the ragged form needs it with row_offsets)");
+    expect_tensor(op, "row_offsets", *row_offsets, at::kInt, "int32");
+    expect_tensor(op, "cache_lengths", *cache_lengths, at::kInt, "int32");
+    expect_dim(op, "row_offsets", *row_offsets, 1, "[B + 1]");
+    expect_dim(op, "cache_lengths", *cache_lengths, 1, "[B]");
+    if (row_offsets->size(0) < 1) refuse(op, "row_offsets", "is empty, expected [B + 1]");
+    int64_t const b = row_offsets->size(0) - 1;
+    expect_size(op, "cache_lengths", *cache_lengths, 0, b, "B, one less than row_offsets");
+    // int32 as the engines pass them, read as KPool's uint32: a negative
+    // entry reads as a huge one, which validation refuses by value.
+    UView<std::uint32_t const*> ro(
+        reinterpret_cast<std::uint32_t const*>(row_offsets->data_ptr<int32_t>()),
+        row_offsets->size(0));
+    UView<std::uint32_t const*> cl(
+        reinterpret_cast<std::uint32_t const*>(cache_lengths->data_ptr<int32_t>()), b);
+    out.batch = KPool::ragged_batch(ro, cl, static_cast<int>(b));
+    out.num_requests = b;
+    return out;
+  }
+  if (!positions.has_value())
+    refuse(op, "positions",
+           "is not given: pass the ragged form (row_offsets, cache_lengths) or the decode "
+           "form (positions)");
+  expect_tensor(op, "positions", *positions, at::kInt, "int32");
+  expect_dim(op, "positions", *positions, 2, "[B, next_n]");
+  UView<std::int32_t const**> pos(positions->data_ptr<int32_t>(), positions->size(0),
+                                  positions->size(1));
+  out.batch = KPool::decode_batch(pos, static_cast<int>(positions->size(0)));
+  out.num_requests = positions->size(0);
+  out.next_n = positions->size(1);
+  return out;
+}
+
+// The engines' fused fp8 cache: uint8 [num_blocks, block_pools, D + 4] or
+// [num_blocks, block_pools, 1, D + 4], block b's block_pools * D codes then
+// its block_pools f32 scales.
+Cache make_cache(char const* op, at::Tensor const& kv_cache, int64_t kpool, bool rotate) {
+  expect_tensor(op, "kv_cache", kv_cache, at::kByte, "uint8 (fp8 E4M3 codes, then f32 scales)");
+  if (!(kv_cache.dim() == 3 || (kv_cache.dim() == 4 && kv_cache.size(2) == 1)))
+    refuse(op, "kv_cache",
+           "has shape " + shape_of(kv_cache) +
+               ", expected [num_blocks, block_pools, D + 4] or [num_blocks, block_pools, 1, "
+               "D + 4]");
+  int64_t const block_pools = kv_cache.size(1);
+  int64_t const head_dim = kv_cache.size(kv_cache.dim() - 1) - 4;
+  if (head_dim < 1) refuse(op, "kv_cache", "has a last extent below 5 (D + 4, D >= 1)");
+  if (kpool < 1 || kpool > 0x7FFFFFFF)
+    refuse(op, "kpool", "is " + std::to_string(kpool) + ", expected K >= 1");
+  UView<std::uint8_t**> bytes(kv_cache.data_ptr<uint8_t>(), kv_cache.size(0),
+                              block_pools * (head_dim + 4));
+  return Cache(bytes, static_cast<int>(block_pools), static_cast<int>(head_dim),
+               static_cast<int>(kpool), rotate);
+}
+
+UView<std::int32_t const**> make_block_table(char const* op, at::Tensor const& block_table,
+                                             int64_t num_requests) {
+  expect_tensor(op, "block_table", block_table, at::kInt, "int32");
+  expect_dim(op, "block_table", block_table, 2, "[B, max_blocks]");
+  if (block_table.size(0) < num_requests)
+    refuse(op, "block_table",
+           "has shape " + shape_of(block_table) + ": fewer rows than the batch's B = " +
+               std::to_string(num_requests));
+  return UView<std::int32_t const**>(block_table.data_ptr<int32_t>(), block_table.size(0),
+                                     block_table.size(1));
+}
+
+// q [T, H, D] (or [B, next_n, H, D] for a decode batch) and weights [T, H].
+struct Queries {
+  int64_t rows, heads, dim;
+};
+
+Queries check_queries(char const* op, at::Tensor const& q, at::Tensor const& weights,
+                      TorchBatch const& b, int64_t head_dim) {
+  if (!q.defined()) refuse(op, "q", "is not given");
+  if (!(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 ||
+        q.scalar_type() == at::kHalf))
+    refuse(op, "q",
+           std::string("has dtype ") + c10::toString(q.scalar_type()) +
+               ", expected float32, bfloat16 or float16");
+  expect_tensor(op, "q", q, q.scalar_type(), "");
+  Queries out{};
+  if (q.dim() == 4 && b.next_n > 0) {
+    expect_size(op, "q", q, 0, b.num_requests, "B, the rows of positions");
+    expect_size(op, "q", q, 1, b.next_n, "next_n, the columns of positions");
+    out = {q.size(0) * q.size(1), q.size(2), q.size(3)};
+  } else {
+    expect_dim(op, "q", q, 3,
+               b.next_n > 0 ? "[B * next_n, H, D] or [B, next_n, H, D]" : "[T, H, D]");
+    out = {q.size(0), q.size(1), q.size(2)};
+  }
+  if (out.dim != head_dim)
+    refuse(op, "q",
+           "has shape " + shape_of(q) + ": D = " + std::to_string(out.dim) +
+               ", expected the cache's D = " + std::to_string(head_dim));
+  if (out.heads < 1) refuse(op, "q", "has shape " + shape_of(q) + ": no heads");
+  expect_tensor(op, "weights", weights, at::kFloat, "float32");
+  expect_dim(op, "weights", weights, 2, "[T, H]");
+  expect_size(op, "weights", weights, 0, out.rows, "T, the query rows");
+  expect_size(op, "weights", weights, 1, out.heads, "H, q's heads");
+  return out;
+}
+
+ExecSpace exec_space() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return Kokkos::Cuda(at::cuda::getCurrentCUDAStream().stream());
+#else
+  return ExecSpace();
+#endif
+}
+
+// Host builds return with the results in place, as a CPU op does; device
+// builds leave the work queued on the caller's stream.
+void finish(ExecSpace const& space) {
+  if constexpr (!kDeviceKokkos) space.fence();
+}
+
+KPool::Options options_for(bool validate) {
+  KPool::Options o;
+  o.validate = validate;
+  return o;
+}
+
+// Runs `body(space, q_view)` with q viewed as its KPool storage type, under
+// the ops' lock.
+template <class Body>
+void with_queries(at::Tensor const& q, Queries const& s, Body&& body) {
+  std::lock_guard<std::mutex> lock(call_mutex());
+  ensure_kokkos();
+  ExecSpace const space = exec_space();
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    UView<T const***> qv(reinterpret_cast<T const*>(q.data_ptr()), s.rows, s.heads, s.dim);
+    body(space, qv);
+  };
+  switch (q.scalar_type()) {
+    case at::kFloat: run(float{}); break;
+    case at::kBFloat16: run(KPool::bfloat16{}); break;
+    default: run(KPool::float16{}); break;
+  }
+  finish(space);
+}
+
+// KPool's own errors (the cache's constructor, the calls' checks) raised
+// as a RuntimeError that starts with the op's name, then KPool's message.
+template <class Body>
+void guarded(char const* op, Body&& body) {
+  try {
+    body();
+  } catch (KPool::InvalidArgument const& e) {
+    TORCH_CHECK(false, "kpool.", op, ": ", e.what());
+  }
+}
+
+UView<float const**> weights_view(at::Tensor const& weights) {
+  return UView<float const**>(weights.data_ptr<float>(), weights.size(0), weights.size(1));
+}
+
+std::size_t addressed_pools(Cache const& cache, UView<std::int32_t const**> const& table) {
+  std::size_t const p = table.extent(1) * static_cast<std::size_t>(cache.block_pools());
+  return p < 1 ? 1 : p;
+}
+
+// ---------------------------------------------------------------------------
+// The ops
+
+void op_score(at::Tensor const& q, at::Tensor const& weights,
+              c10::optional<at::Tensor> const& row_offsets,
+              c10::optional<at::Tensor> const& cache_lengths,
+              c10::optional<at::Tensor> const& positions, at::Tensor const& kv_cache,
+              at::Tensor const& block_table, int64_t kpool, bool rotate,
+              at::Tensor const& scores, bool validate) {
+  char const* op = "score";
+  guarded(op, [&] {
+    TorchBatch const b = make_batch(op, row_offsets, cache_lengths, positions);
+    Cache const cache = make_cache(op, kv_cache, kpool, rotate);
+    auto const table = make_block_table(op, block_table, b.num_requests);
+    Queries const s = check_queries(op, q, weights, b, cache.head_dim());
+    expect_tensor(op, "scores", scores, at::kFloat, "float32");
+    expect_dim(op, "scores", scores, 2, "[T, P]");
+    expect_size(op, "scores", scores, 0, s.rows, "T, the query rows");
+    std::size_t const visible = addressed_pools(cache, table);
+    if (static_cast<std::size_t>(scores.size(1)) < visible)
+      refuse(op, "scores",
+             "has shape " + shape_of(scores) + ": fewer columns than the " +
+                 std::to_string(visible) + " pools a block_table row addresses");
+    UView<float**> out(scores.data_ptr<float>(), scores.size(0), scores.size(1));
+    with_queries(q, s, [&](ExecSpace const& space, auto const& qv) {
+      using T = typename std::decay_t<decltype(qv)>::non_const_value_type;
+      auto& ws = workspace_for<T>(space, s.rows, s.heads, s.dim, visible);
+      KPool::score(space, qv, weights_view(weights), b.batch, KPool::paged(cache, table), out,
+                   ws, options_for(validate));
+    });
+  });
+}
+
+template <bool Tokens>
+void select_op(char const* op, at::Tensor const& q, at::Tensor const& weights, int64_t topk,
+               c10::optional<at::Tensor> const& row_offsets,
+               c10::optional<at::Tensor> const& cache_lengths,
+               c10::optional<at::Tensor> const& positions, at::Tensor const& kv_cache,
+               at::Tensor const& block_table, int64_t kpool, bool rotate,
+               at::Tensor const& out, bool validate) {
+  char const* out_name = Tokens ? "tokens" : "pool_ids";
+  guarded(op, [&] {
+    TorchBatch const b = make_batch(op, row_offsets, cache_lengths, positions);
+    Cache const cache = make_cache(op, kv_cache, kpool, rotate);
+    auto const table = make_block_table(op, block_table, b.num_requests);
+    Queries const s = check_queries(op, q, weights, b, cache.head_dim());
+    if (topk < 1 || topk > 0x7FFFFFFF)
+      refuse(op, "topk", "is " + std::to_string(topk) + ", expected at least 1");
+    int64_t const width =
+        Tokens ? KPool::select_tokens_width(static_cast<int>(topk), cache.kpool()) : topk;
+    expect_tensor(op, out_name, out, at::kInt, "int32");
+    expect_dim(op, out_name, out, 2, Tokens ? "[T, topk * K + K - 1]" : "[T, topk]");
+    expect_size(op, out_name, out, 0, s.rows, "T, the query rows");
+    expect_size(op, out_name, out, 1, width, Tokens ? "topk * K + K - 1" : "topk");
+    UView<std::int32_t**> ov(out.data_ptr<int32_t>(), out.size(0), out.size(1));
+    std::size_t const visible = addressed_pools(cache, table);
+    with_queries(q, s, [&](ExecSpace const& space, auto const& qv) {
+      using T = typename std::decay_t<decltype(qv)>::non_const_value_type;
+      auto& ws = workspace_for<T>(space, s.rows, s.heads, s.dim, visible);
+      if constexpr (Tokens)
+        KPool::select_tokens(space, qv, weights_view(weights), static_cast<int>(topk), b.batch,
+                             KPool::paged(cache, table), ov, ws, options_for(validate));
+      else
+        KPool::score_select(space, qv, weights_view(weights), static_cast<int>(topk), b.batch,
+                            KPool::paged(cache, table), ov, ws, options_for(validate));
+    });
+  });
+}
+
+void op_score_select(at::Tensor const& q, at::Tensor const& weights, int64_t topk,
+                     c10::optional<at::Tensor> const& row_offsets,
+                     c10::optional<at::Tensor> const& cache_lengths,
+                     c10::optional<at::Tensor> const& positions, at::Tensor const& kv_cache,
+                     at::Tensor const& block_table, int64_t kpool, bool rotate,
+                     at::Tensor const& pool_ids, bool validate) {
+  select_op<false>("score_select", q, weights, topk, row_offsets, cache_lengths, positions,
+                   kv_cache, block_table, kpool, rotate, pool_ids, validate);
+}
+
+void op_select_tokens(at::Tensor const& q, at::Tensor const& weights, int64_t topk,
+                      c10::optional<at::Tensor> const& row_offsets,
+                      c10::optional<at::Tensor> const& cache_lengths,
+                      c10::optional<at::Tensor> const& positions, at::Tensor const& kv_cache,
+                      at::Tensor const& block_table, int64_t kpool, bool rotate,
+                      at::Tensor const& tokens, bool validate) {
+  select_op<true>("select_tokens", q, weights, topk, row_offsets, cache_lengths, positions,
+                  kv_cache, block_table, kpool, rotate, tokens, validate);
+}
+
+void op_expand_topk(at::Tensor const& pool_ids, bool tail_always, at::Tensor const& row_offsets,
+                    at::Tensor const& cache_lengths, at::Tensor const& kv_cache, int64_t kpool,
+                    at::Tensor const& out, bool validate) {
+  char const* op = "expand_topk";
+  guarded(op, [&] {
+    TorchBatch const b = make_batch(op, row_offsets, cache_lengths, c10::nullopt);
+    Cache const cache = make_cache(op, kv_cache, kpool, false);
+    expect_tensor(op, "pool_ids", pool_ids, at::kInt, "int32");
+    expect_dim(op, "pool_ids", pool_ids, 2, "[T, pool_topk]");
+    int64_t const width =
+        KPool::expand_topk_width(static_cast<int>(pool_ids.size(1)), cache.kpool(), tail_always);
+    expect_tensor(op, "out", out, at::kInt, "int32");
+    expect_dim(op, "out", out, 2, "[T, expand_topk_width(pool_topk, K, tail_always)]");
+    expect_size(op, "out", out, 0, pool_ids.size(0), "T, pool_ids' rows");
+    expect_size(op, "out", out, 1, width, "expand_topk_width(pool_topk, K, tail_always)");
+    UView<std::int32_t const**> ids(pool_ids.data_ptr<int32_t>(), pool_ids.size(0),
+                                    pool_ids.size(1));
+    UView<std::int32_t**> ov(out.data_ptr<int32_t>(), out.size(0), out.size(1));
+    std::lock_guard<std::mutex> lock(call_mutex());
+    ensure_kokkos();
+    ExecSpace const space = exec_space();
+    KPool::expand_topk(space, ids, tail_always, b.batch, cache, ov, options_for(validate));
+    finish(space);
+  });
+}
+
+void op_set_workspace_limit(int64_t bytes) {
+  TORCH_CHECK(bytes >= 1, "kpool.set_workspace_limit: argument 'bytes': ", bytes,
+              " is not at least 1");
+  std::lock_guard<std::mutex> lock(call_mutex());
+  workspace_limit_bytes() = static_cast<std::size_t>(bytes);
+}
+
+void op_finalize() {
+  std::lock_guard<std::mutex> lock(call_mutex());
+  release_workspaces();
+  if (we_initialized() && Kokkos::is_initialized()) Kokkos::finalize();
+  we_initialized() = false;
+}
+
+bool op_is_initialized() { return Kokkos::is_initialized(); }
+
+}  // namespace
+
+// Registered for every backend (a catch-all kernel), so that a tensor on
+// the wrong device reaches the ops' own check, which names it.
+TORCH_LIBRARY(kpool, m) {
+  m.def(
+      "score(Tensor q, Tensor weights, Tensor? row_offsets, Tensor? cache_lengths, "
+      "Tensor? positions, Tensor kv_cache, Tensor block_table, int kpool, bool rotate, "
+      "Tensor(a!) scores, bool validate=True) -> ()",
+      &op_score);
+  m.def(
+      "score_select(Tensor q, Tensor weights, int topk, Tensor? row_offsets, "
+      "Tensor? cache_lengths, Tensor? positions, Tensor kv_cache, Tensor block_table, "
+      "int kpool, bool rotate, Tensor(a!) pool_ids, bool validate=True) -> ()",
+      &op_score_select);
+  m.def(
+      "select_tokens(Tensor q, Tensor weights, int topk, Tensor? row_offsets, "
+      "Tensor? cache_lengths, Tensor? positions, Tensor kv_cache, Tensor block_table, "
+      "int kpool, bool rotate, Tensor(a!) tokens, bool validate=True) -> ()",
+      &op_select_tokens);
+  m.def(
+      "expand_topk(Tensor pool_ids, bool tail_always, Tensor row_offsets, "
+      "Tensor cache_lengths, Tensor kv_cache, int kpool, Tensor(a!) out, "
+      "bool validate=True) -> ()",
+      &op_expand_topk);
+  m.def("set_workspace_limit(int bytes) -> ()", &op_set_workspace_limit);
+  m.def("_finalize() -> ()", &op_finalize);
+  m.def("_is_initialized() -> bool", &op_is_initialized);
+}
