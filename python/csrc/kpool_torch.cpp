@@ -175,6 +175,15 @@ void expect_size(char const* op, char const* arg, at::Tensor const& t, int64_t d
                what + ")");
 }
 
+// A batch's ring slots, int32 [B] read as KPool's uint32.
+UView<std::uint32_t const*> slot_view(char const* op, at::Tensor const& slot_idx, int64_t b) {
+  expect_tensor(op, "slot_idx", slot_idx, at::kInt, "int32");
+  expect_dim(op, "slot_idx", slot_idx, 1, "[B]");
+  expect_size(op, "slot_idx", slot_idx, 0, b, "B, the batch's rows");
+  return UView<std::uint32_t const*>(
+      reinterpret_cast<std::uint32_t const*>(slot_idx.data_ptr<int32_t>()), b);
+}
+
 // The batch: exactly one of the ragged pair (row_offsets, cache_lengths)
 // and the decode positions.
 struct TorchBatch {
@@ -185,7 +194,8 @@ struct TorchBatch {
 
 TorchBatch make_batch(char const* op, c10::optional<at::Tensor> const& row_offsets,
                       c10::optional<at::Tensor> const& cache_lengths,
-                      c10::optional<at::Tensor> const& positions) {
+                      c10::optional<at::Tensor> const& positions,
+                      at::Tensor const* slot_idx = nullptr) {
   bool const ragged = row_offsets.has_value() || cache_lengths.has_value();
   TorchBatch out;
   if (ragged && positions.has_value())
@@ -211,8 +221,11 @@ TorchBatch make_batch(char const* op, c10::optional<at::Tensor> const& row_offse
         row_offsets->size(0));
     UView<std::uint32_t const*> cl(
         reinterpret_cast<std::uint32_t const*>(cache_lengths->data_ptr<int32_t>()), b);
-    out.batch = KPool::ragged_batch(ro, cl, static_cast<int>(b));
     out.num_requests = b;
+    if (slot_idx)
+      out.batch = KPool::ragged_batch(ro, cl, slot_view(op, *slot_idx, b), static_cast<int>(b));
+    else
+      out.batch = KPool::ragged_batch(ro, cl, static_cast<int>(b));
     return out;
   }
   if (!positions.has_value())
@@ -223,8 +236,12 @@ TorchBatch make_batch(char const* op, c10::optional<at::Tensor> const& row_offse
   expect_dim(op, "positions", *positions, 2, "[B, next_n]");
   UView<std::int32_t const**> pos(positions->data_ptr<int32_t>(), positions->size(0),
                                   positions->size(1));
-  out.batch = KPool::decode_batch(pos, static_cast<int>(positions->size(0)));
   out.num_requests = positions->size(0);
+  if (slot_idx)
+    out.batch = KPool::decode_batch(pos, slot_view(op, *slot_idx, out.num_requests),
+                                    static_cast<int>(out.num_requests));
+  else
+    out.batch = KPool::decode_batch(pos, static_cast<int>(out.num_requests));
   out.next_n = positions->size(1);
   return out;
 }
@@ -473,6 +490,171 @@ void op_expand_topk(at::Tensor const& pool_ids, bool tail_always, at::Tensor con
   });
 }
 
+// The storage type of a float32, bfloat16 or float16 tensor (checked).
+void expect_storage(char const* op, char const* arg, at::Tensor const& t) {
+  if (!t.defined()) refuse(op, arg, "is not given");
+  if (!(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 ||
+        t.scalar_type() == at::kHalf))
+    refuse(op, arg,
+           std::string("has dtype ") + c10::toString(t.scalar_type()) +
+               ", expected float32, bfloat16 or float16");
+  expect_tensor(op, arg, t, t.scalar_type(), "");
+}
+
+template <class F>
+void for_storage(at::ScalarType type, F&& f) {
+  switch (type) {
+    case at::kFloat: f(float{}); break;
+    case at::kBFloat16: f(KPool::bfloat16{}); break;
+    default: f(KPool::float16{}); break;
+  }
+}
+
+// Runs `body(space)` under the ops' lock, Kokkos initialized.
+template <class Body>
+void locked(Body&& body) {
+  std::lock_guard<std::mutex> lock(call_mutex());
+  ensure_kokkos();
+  ExecSpace const space = exec_space();
+  body(space);
+  finish(space);
+}
+
+// A step's output over the caller's four tensors: pooled [capacity, D] of
+// the storage type, batch_row and pool_id int32 [capacity], offsets int32
+// [>= rows + 1] (read as uint32; its first rows + 1 entries are the
+// output's).
+template <class T>
+KPool::StepOutput<T, Mem> step_output(char const* op, at::Tensor const& pooled,
+                                      at::Tensor const& batch_row, at::Tensor const& pool_id,
+                                      at::Tensor const& offsets, int64_t rows,
+                                      at::ScalarType type, int64_t head_dim) {
+  expect_tensor(op, "pooled", pooled, type, c10::toString(type));
+  expect_dim(op, "pooled", pooled, 2, "[capacity, D]");
+  expect_size(op, "pooled", pooled, 1, head_dim, "D");
+  if (pooled.size(0) < 1) refuse(op, "pooled", "has no rows (capacity 0)");
+  expect_tensor(op, "batch_row", batch_row, at::kInt, "int32");
+  expect_dim(op, "batch_row", batch_row, 1, "[capacity]");
+  expect_size(op, "batch_row", batch_row, 0, pooled.size(0), "capacity, pooled's rows");
+  expect_tensor(op, "pool_id", pool_id, at::kInt, "int32");
+  expect_dim(op, "pool_id", pool_id, 1, "[capacity]");
+  expect_size(op, "pool_id", pool_id, 0, pooled.size(0), "capacity, pooled's rows");
+  expect_tensor(op, "offsets", offsets, at::kInt, "int32");
+  expect_dim(op, "offsets", offsets, 1, "[max_batch + 1]");
+  int64_t const want = rows < 1 ? 2 : rows + 1;
+  if (offsets.size(0) < want)
+    refuse(op, "offsets",
+           "has shape " + shape_of(offsets) + ", expected at least " + std::to_string(want) +
+               " entries (B + 1)");
+  using Out = KPool::StepOutput<T, Mem>;
+  return Out(typename Out::pooled_type(reinterpret_cast<T*>(pooled.data_ptr()),
+                                       pooled.size(0), pooled.size(1)),
+             typename Out::index_type(batch_row.data_ptr<int32_t>(), batch_row.size(0)),
+             typename Out::index_type(pool_id.data_ptr<int32_t>(), pool_id.size(0)),
+             typename Out::offsets_type(
+                 reinterpret_cast<std::uint32_t*>(offsets.data_ptr<int32_t>()), want));
+}
+
+void op_step(at::Tensor const& ring_tail, at::Tensor const& ring_state, at::Tensor const& key,
+             at::Tensor const& gate, at::Tensor const& ape,
+             c10::optional<at::Tensor> const& row_offsets,
+             c10::optional<at::Tensor> const& cache_lengths,
+             c10::optional<at::Tensor> const& positions, at::Tensor const& slot_idx,
+             c10::optional<at::Tensor> const& kv_cache,
+             c10::optional<at::Tensor> const& block_table, bool rotate,
+             at::Tensor const& pooled, at::Tensor const& batch_row, at::Tensor const& pool_id,
+             at::Tensor const& offsets, bool validate) {
+  char const* op = "step";
+  guarded(op, [&] {
+    TorchBatch const b = make_batch(op, row_offsets, cache_lengths, positions, &slot_idx);
+    expect_storage(op, "key", key);
+    at::ScalarType const type = key.scalar_type();
+    expect_tensor(op, "gate", gate, type, c10::toString(type));
+    bool const decode = b.next_n > 0;
+    expect_dim(op, "key", key, decode ? 3 : 2, decode ? "[B, next_n, D]" : "[T, D]");
+    if (gate.sizes() != key.sizes())
+      refuse(op, "gate", "has shape " + shape_of(gate) + ", expected key's " + shape_of(key));
+    expect_tensor(op, "ape", ape, at::kFloat, "float32");
+    expect_dim(op, "ape", ape, 2, "[K, D]");
+    int64_t const kpool = ape.size(0), head_dim = ape.size(1);
+    expect_size(op, "key", key, key.dim() - 1, head_dim, "D, ape's columns");
+    if (decode) {
+      expect_size(op, "key", key, 0, b.num_requests, "B, the rows of positions");
+      expect_size(op, "key", key, 1, b.next_n, "next_n, the columns of positions");
+    }
+    expect_tensor(op, "ring_tail", ring_tail, type, c10::toString(type));
+    expect_dim(op, "ring_tail", ring_tail, 4, "[max_slots, 2, R, D]");
+    expect_tensor(op, "ring_state", ring_state, at::kInt, "int32");
+    expect_dim(op, "ring_state", ring_state, 2, "[max_slots, 3]");
+    expect_size(op, "ring_state", ring_state, 1, 3, "the 3 words of a slot's state");
+    if (kv_cache.has_value() != block_table.has_value())
+      refuse(op, kv_cache.has_value() ? "block_table" : "kv_cache",
+             "is not given: pass kv_cache and block_table together, or neither");
+    c10::optional<Cache> cache;
+    UView<std::int32_t const**> table;
+    if (kv_cache.has_value()) {
+      cache = make_cache(op, *kv_cache, kpool, rotate);
+      table = make_block_table(op, *block_table, b.num_requests);
+    }
+    for_storage(type, [&](auto tag) {
+      using T = decltype(tag);
+      using Ring = KPool::Ring<T, Mem>;
+      Ring ring(typename Ring::tail_type(reinterpret_cast<T*>(ring_tail.data_ptr()),
+                                         ring_tail.size(0), ring_tail.size(1),
+                                         ring_tail.size(2), ring_tail.size(3)),
+                typename Ring::state_type(
+                    reinterpret_cast<std::uint32_t*>(ring_state.data_ptr<int32_t>()),
+                    ring_state.size(0)),
+                static_cast<int>(kpool));
+      auto out = step_output<T>(op, pooled, batch_row, pool_id, offsets, b.num_requests, type,
+                                head_dim);
+      UView<float const**> av(ape.data_ptr<float>(), kpool, head_dim);
+      T const* kp = reinterpret_cast<T const*>(key.data_ptr());
+      T const* gp = reinterpret_cast<T const*>(gate.data_ptr());
+      locked([&](ExecSpace const& space) {
+        auto run = [&](auto const& kv, auto const& gv) {
+          if (cache)
+            KPool::step(space, ring, kv, gv, av, b.batch, KPool::paged(*cache, table), out,
+                        options_for(validate));
+          else
+            KPool::step(space, ring, kv, gv, av, b.batch, out, options_for(validate));
+        };
+        if (decode)
+          run(UView<T const***>(kp, key.size(0), key.size(1), key.size(2)),
+              UView<T const***>(gp, key.size(0), key.size(1), key.size(2)));
+        else
+          run(UView<T const**>(kp, key.size(0), key.size(1)),
+              UView<T const**>(gp, key.size(0), key.size(1)));
+      });
+    });
+  });
+}
+
+void op_store_pools(at::Tensor const& pooled, at::Tensor const& batch_row,
+                    at::Tensor const& pool_id, at::Tensor const& offsets,
+                    c10::optional<at::Tensor> const& row_offsets,
+                    c10::optional<at::Tensor> const& cache_lengths,
+                    c10::optional<at::Tensor> const& positions, at::Tensor const& kv_cache,
+                    at::Tensor const& block_table, int64_t kpool, bool rotate, bool validate) {
+  char const* op = "store_pools";
+  guarded(op, [&] {
+    TorchBatch const b = make_batch(op, row_offsets, cache_lengths, positions);
+    Cache cache = make_cache(op, kv_cache, kpool, rotate);
+    auto const table = make_block_table(op, block_table, b.num_requests);
+    expect_storage(op, "pooled", pooled);
+    for_storage(pooled.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      // offsets' first B + 1 entries: the step's, for the batch's B rows.
+      auto out = step_output<T>(op, pooled, batch_row, pool_id, offsets,
+                                b.num_requests, pooled.scalar_type(), cache.head_dim());
+      locked([&](ExecSpace const& space) {
+        KPool::store_pools(space, out, b.batch, KPool::paged(cache, table),
+                           options_for(validate));
+      });
+    });
+  });
+}
+
 void op_set_workspace_limit(int64_t bytes) {
   TORCH_CHECK(bytes >= 1, "kpool.set_workspace_limit: argument 'bytes': ", bytes,
               " is not at least 1");
@@ -514,6 +696,17 @@ TORCH_LIBRARY(kpool, m) {
       "Tensor cache_lengths, Tensor kv_cache, int kpool, Tensor(a!) out, "
       "bool validate=True) -> ()",
       &op_expand_topk);
+  m.def(
+      "step(Tensor(a!) ring_tail, Tensor(b!) ring_state, Tensor key, Tensor gate, Tensor ape, "
+      "Tensor? row_offsets, Tensor? cache_lengths, Tensor? positions, Tensor slot_idx, "
+      "Tensor(c!)? kv_cache, Tensor? block_table, bool rotate, Tensor(d!) pooled, "
+      "Tensor(e!) batch_row, Tensor(f!) pool_id, Tensor(g!) offsets, bool validate=True) -> ()",
+      &op_step);
+  m.def(
+      "store_pools(Tensor pooled, Tensor batch_row, Tensor pool_id, Tensor offsets, "
+      "Tensor? row_offsets, Tensor? cache_lengths, Tensor? positions, Tensor(a!) kv_cache, "
+      "Tensor block_table, int kpool, bool rotate, bool validate=True) -> ()",
+      &op_store_pools);
   m.def("set_workspace_limit(int bytes) -> ()", &op_set_workspace_limit);
   m.def("_finalize() -> ()", &op_finalize);
   m.def("_is_initialized() -> bool", &op_is_initialized);

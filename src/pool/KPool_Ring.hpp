@@ -153,6 +153,47 @@ class Ring {
     state_ = state_type(Kokkos::view_alloc(space, "KPool::Ring::state"), max_slots);
   }
 
+  /// A ring over a caller's buffers (an engine's own allocation, e.g.
+  /// unmanaged Views over its tensors): `tail` [max_slots, 2, R, D] and
+  /// `state` [max_slots][3], both LayoutRight in MemorySpace. Nothing is
+  /// allocated or filled: the ring reads and writes them in place, so
+  /// `state` must be zero for slots that hold nothing (a fresh buffer
+  /// zero-filled, or the state an earlier ring over the same buffers left).
+  /// @param tail the ring entries, [max_slots, 2, R, D].
+  /// @param state the slots' state, [max_slots][3] (state()).
+  /// @param kpool K, tokens per pool (>= 1).
+  /// @throws KPool::InvalidArgument (entry point "KPool::Ring") when kpool
+  /// or an extent of tail is below 1, extent 1 of tail is not 2, R is not a
+  /// multiple of K at least K, or state's extent 0 is not tail's.
+  Ring(tail_type const& tail, state_type const& state, int kpool) : kpool_(kpool) {
+    auto const fail = [](char const* arg, std::string const& value,
+                         std::string const& problem) {
+      throw InvalidArgument("KPool::Ring", arg, "", -1, value, problem);
+    };
+    if (kpool < 1) fail("kpool", std::to_string(kpool), "must be at least 1");
+    for (int d = 0; d < 4; ++d)
+      if (tail.extent(d) < 1)
+        fail("tail", "extent " + std::to_string(d) + " = 0",
+             "is empty: the ring is [max_slots, 2, R, D], each at least 1");
+    if (tail.extent(0) > 0x7FFFFFFF || tail.extent(2) > 0x7FFFFFFF ||
+        tail.extent(3) > 0x7FFFFFFF)
+      fail("tail", "an extent above 2^31 - 1", "is more than a ring of int sizes holds");
+    if (tail.extent(1) != 2)
+      fail("tail", std::to_string(tail.extent(1)),
+           "is extent 1, not 2 (a slot holds a key and a gate row per entry)");
+    std::size_t const R = tail.extent(2);
+    if (R < static_cast<std::size_t>(kpool) || R % static_cast<std::size_t>(kpool) != 0)
+      fail("tail", std::to_string(R),
+           std::string("is extent 2, R, not a valid ring length (") +
+               (R < static_cast<std::size_t>(kpool) ? "less than" : "not a multiple of") +
+               " kpool = " + std::to_string(kpool) + ")");
+    if (state.extent(0) != tail.extent(0))
+      fail("state", std::to_string(state.extent(0)),
+           "is extent 0, not tail's max_slots = " + std::to_string(tail.extent(0)));
+    tail_ = tail;
+    state_ = state;
+  }
+
   /// Forgets the history of one slot (it holds nothing, as a fresh one),
   /// for a sequence that takes the slot and starts at a cache_length above
   /// 0: at a pool boundary, or mid-pool after seed_tail. A sequence

@@ -1,10 +1,12 @@
 #ifndef KPOOL_POOL_STEP_OUTPUT_HPP
 #define KPOOL_POOL_STEP_OUTPUT_HPP
 
+#include <common/KPool_Exceptions.hpp>
 #include <common/KPool_Types.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 namespace KPool {
@@ -118,6 +120,47 @@ class StepOutput {
         offsets_(Kokkos::view_alloc(space, "KPool::StepOutput::offsets"),
                  static_cast<std::size_t>(max_batch) + 1),
         count_(Kokkos::subview(offsets_, std::size_t(0))) {}
+
+  /// A step output over a caller's buffers (an engine's own allocation,
+  /// e.g. unmanaged Views over its tensors): `pooled` [capacity, D],
+  /// `batch_row` and `pool_id` [capacity], `offsets` [max_batch + 1], in
+  /// MemorySpace. Nothing is allocated or filled: the steps write them in
+  /// place, as the allocating constructor's. Until a step writes it, the
+  /// output reads as holding a call of max_batch rows (batch_size(),
+  /// count() = offsets(max_batch)): buffers a step filled, wrapped again
+  /// with offsets [B + 1] for that step's B, read as what it wrote
+  /// (store_pools, to_host).
+  /// @param pooled the pools, [capacity, D].
+  /// @param batch_row each pool's batch row, [capacity].
+  /// @param pool_id each pool's id, [capacity].
+  /// @param offsets each batch row's first pool, then the count, [max_batch + 1].
+  /// @throws KPool::InvalidArgument (entry point "KPool::StepOutput") when
+  /// capacity, D or max_batch is below 1, or batch_row or pool_id is not
+  /// [capacity].
+  StepOutput(pooled_type const& pooled, index_type const& batch_row,
+             index_type const& pool_id, offsets_type const& offsets)
+      : pooled_(pooled), batch_row_(batch_row), pool_id_(pool_id), offsets_(offsets) {
+    auto const fail = [](char const* arg, std::string const& value,
+                         std::string const& problem) {
+      throw InvalidArgument("KPool::StepOutput", arg, "", -1, value, problem);
+    };
+    if (pooled.extent(0) < 1 || pooled.extent(1) < 1)
+      fail("pooled", std::to_string(pooled.extent(0)) + " x " + std::to_string(pooled.extent(1)),
+           "is empty: [capacity, D], each at least 1");
+    if (pooled.extent(1) > 0x7FFFFFFF)
+      fail("pooled", std::to_string(pooled.extent(1)), "is extent 1, D, above 2^31 - 1");
+    if (batch_row.extent(0) != pooled.extent(0))
+      fail("batch_row", std::to_string(batch_row.extent(0)),
+           "is extent 0, not pooled's capacity = " + std::to_string(pooled.extent(0)));
+    if (pool_id.extent(0) != pooled.extent(0))
+      fail("pool_id", std::to_string(pool_id.extent(0)),
+           "is extent 0, not pooled's capacity = " + std::to_string(pooled.extent(0)));
+    if (offsets.extent(0) < 2 || offsets.extent(0) > 0x7FFFFFFF)
+      fail("offsets", std::to_string(offsets.extent(0)),
+           "is extent 0, not max_batch + 1 for a max_batch from 1 to 2^31 - 2");
+    batch_ = static_cast<int>(offsets.extent(0)) - 1;
+    count_ = Kokkos::subview(offsets_, offsets.extent(0) - 1);
+  }
 
   /// The pooled keys, in the storage type.
   /// @return [capacity, D]; rows [0, count) belong to the last call.

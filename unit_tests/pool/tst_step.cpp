@@ -222,6 +222,97 @@ TYPED_TEST(Step, CapacityBoundIsEnoughForTheFullestBatch) {
   check_output<C>(out, e, B);
 }
 
+// A ring and a step output over the caller's buffers (Ring(tail, state,
+// K), StepOutput(pooled, batch_row, pool_id, offsets): how an engine hands
+// KPool its own tensors, docs/torch.md) are written in place, with the
+// same pools and ring as the allocated ones'.
+TYPED_TEST(Step, RingAndOutputOverTheCallersBuffers) {
+  KPOOL_TEST_CONFIG_NAMES;
+  int const K = 4, D = 16, B = 17, slots = 20, R = 8;
+  Rng rng(21);
+  TestBatch const batch = make_batch(serving_batch(K, rng), B, rng, slots);
+  auto const [rows, key, gate, ape] = ragged_inputs(rng, C::dtype, batch, K, D);
+  E space;
+  // Fresh slots, R = 2K, against an allocated ring of the same R run alike
+  // (the allocated ring's pools are checked against the reference above).
+  using Ring = KPool::Ring<T, M>;
+  typename Ring::tail_type tail("caller_tail", slots, 2, R, D);
+  typename Ring::state_type state("caller_state", slots);
+  Ring theirs(tail, state, K);
+  Ring ours(space, slots, K, D, R);
+  ASSERT_EQ(theirs.tail().data(), tail.data());
+  ASSERT_EQ(theirs.state().data(), state.data());
+  ASSERT_EQ(theirs.ring_length(), R);
+  std::size_t const cap = KPool::StepOutput<T, M>::capacity_for(rows, B, K);
+  Kokkos::View<T**, Kokkos::LayoutRight, M> pooled("caller_pooled", cap, D);
+  Kokkos::View<std::int32_t*, M> batch_row("caller_batch_row", cap), pool_id("caller_pool_id", cap);
+  Kokkos::View<std::uint32_t*, M> offsets("caller_offsets", B + 1);
+  KPool::StepOutput<T, M> out_theirs(pooled, batch_row, pool_id, offsets);
+  KPool::StepOutput<T, M> out_ours(space, cap, B, D);
+  ASSERT_EQ(out_theirs.capacity(), cap);
+  ASSERT_EQ(out_theirs.max_batch(), B);
+  BatchViews<M> const bv(batch.device);
+  // Fresh sequences: every row from position 0.
+  std::vector<std::uint32_t> zeros(B, 0);
+  auto const lengths = to_index_view<Kokkos::View<std::uint32_t*, M>>(zeros, "lengths");
+  auto const b = KPool::ragged_batch(bv.row_offsets, lengths, bv.slot_idx,
+                                     batch.device.num_requests);
+  auto const kv = to_view<T, M>(key, "key");
+  auto const gv = to_view<T, M>(gate, "gate");
+  KPool::step(space, theirs, kv, gv, ape_view<M>(ape), b, out_theirs, test_options<E>());
+  KPool::step(space, ours, kv, gv, ape_view<M>(ape), b, out_ours, test_options<E>());
+  std::uint32_t const n = on_host(out_theirs.count())();
+  ASSERT_EQ(n, on_host(out_ours.count())());
+  ASSERT_GT(n, 0u);
+  ASSERT_EQ(on_host(offsets)(B), n);
+  auto const pt = on_host(pooled), po = on_host(out_ours.pooled());
+  auto const bt = on_host(batch_row), bo = on_host(out_ours.batch_row());
+  auto const it = on_host(pool_id), io = on_host(out_ours.pool_id());
+  for (std::uint32_t i = 0; i < n; ++i) {
+    ASSERT_EQ(bt(i), bo(i)) << i;
+    ASSERT_EQ(it(i), io(i)) << i;
+    for (int c = 0; c < D; ++c) ASSERT_TRUE(same_bits(pt(i, c), po(i, c))) << i << ", " << c;
+  }
+  auto const rt = on_host(tail), ro = on_host(ours.tail());
+  for (std::size_t i = 0; i < rt.span(); ++i)
+    ASSERT_TRUE(same_bits(rt.data()[i], ro.data()[i])) << "ring entry " << i;
+  auto const st = on_host(state), so = on_host(ours.state());
+  for (int s = 0; s < slots; ++s)
+    for (int w = 0; w < 3; ++w) ASSERT_EQ(st(s, w), so(s, w)) << "slot " << s << " word " << w;
+}
+
+TEST(StepBuffers, BadCallerBuffersAreRefusedByName) {
+  using M = Kokkos::DefaultExecutionSpace::memory_space;
+  using Ring = KPool::Ring<float, M>;
+  using Out = KPool::StepOutput<float, M>;
+  auto const refused = [](auto&& make, char const* arg) {
+    try {
+      make();
+      ADD_FAILURE() << "accepted; expected a refusal of " << arg;
+    } catch (KPool::InvalidArgument const& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+    }
+  };
+  typename Ring::state_type state("state", 3);
+  refused([&] { Ring(typename Ring::tail_type("t", 3, 2, 8, 4), state, 0); }, "kpool");
+  refused([&] { Ring(typename Ring::tail_type("t", 3, 1, 8, 4), state, 4); }, "tail");
+  refused([&] { Ring(typename Ring::tail_type("t", 3, 2, 6, 4), state, 4); }, "tail");
+  refused([&] { Ring(typename Ring::tail_type("t", 3, 2, 8, 0), state, 4); }, "tail");
+  refused([&] { Ring(typename Ring::tail_type("t", 4, 2, 8, 4), state, 4); }, "state");
+  typename Out::pooled_type pooled("p", 10, 4);
+  typename Out::index_type ten("i", 10), nine("j", 9);
+  typename Out::offsets_type offsets("o", 3);
+  refused([&] { Out(typename Out::pooled_type("p", 0, 4), ten, ten, offsets); }, "pooled");
+  refused([&] { Out(pooled, nine, ten, offsets); }, "batch_row");
+  refused([&] { Out(pooled, ten, nine, offsets); }, "pool_id");
+  refused([&] { Out(pooled, ten, ten, typename Out::offsets_type("o", 1)); }, "offsets");
+  Out const ok(pooled, ten, ten, offsets);
+  EXPECT_EQ(ok.capacity(), 10u);
+  EXPECT_EQ(ok.max_batch(), 2);
+  EXPECT_EQ(ok.head_dim(), 4);
+  EXPECT_EQ(ok.batch_size(), 2);
+}
+
 TYPED_TEST(Step, DecodeStepCompactsTailUpdatePools) {
   KPOOL_TEST_CONFIG_NAMES;
   for (int K : k_grid())
