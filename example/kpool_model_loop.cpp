@@ -31,7 +31,10 @@
 // Any failure prints what differs and exits with status 1; success ends
 // with OK.
 //
-// Usage: kpool_model_loop [layers]   (default 4)
+// Usage: kpool_model_loop [layers] [--selections FILE]   (default 4 layers)
+// --selections FILE writes every selection, a line a query token of each
+// layer ("layer L seq S pos P" and its token row), in call order: what
+// python/examples/indexer.py --stand-ins writes for the same schedule.
 
 #include <KPool.hpp>
 
@@ -67,6 +70,9 @@ constexpr int kBlockPools = 4;
 constexpr int kBlocksPerSeq = kMaxContext / K / kBlockPools;
 constexpr int kSelectRows = 16;  // the shared workspace's rows: selections run in chunks
 constexpr int kRounds = 5;       // speculative rounds
+
+// --selections FILE: where every selection is written (null: nowhere).
+std::FILE* selections_out = nullptr;
 
 void require(bool ok, std::string const& what) {
   if (!ok) {
@@ -328,6 +334,16 @@ void serve(Exec const& space, Model& model, Model& witness, Call const& call,
                   where + ": the shared workspace selected otherwise than a layer's own");
       }
   }
+  if (selections_out)
+    for (std::size_t l = 0; l < got.size(); ++l) {
+      std::size_t t = 0;
+      for (Row const& r : call.rows)
+        for (int i = 0; i < r.count; ++i, ++t) {
+          std::fprintf(selections_out, "layer %zu seq %d pos %d", l, r.seq->id, r.start + i);
+          for (int j = 0; j < width; ++j) std::fprintf(selections_out, " %d", got[l](t, j));
+          std::fprintf(selections_out, "\n");
+        }
+    }
   // What the last token of the call reads in the first and the last layer.
   std::size_t const last = static_cast<std::size_t>(call.query_rows) - 1;
   std::printf("%-40s %3d tokens; last one's pools:", what.c_str(), call.query_rows);
@@ -344,7 +360,16 @@ void serve(Exec const& space, Model& model, Model& witness, Call const& call,
 
 int main(int argc, char* argv[]) {
   Kokkos::ScopeGuard guard(argc, argv);
-  int const num_layers = argc > 1 ? std::atoi(argv[1]) : 4;
+  int num_layers = 4;
+  for (int a = 1; a < argc; ++a) {
+    std::string const arg = argv[a];
+    if (arg == "--selections" && a + 1 < argc) {
+      selections_out = std::fopen(argv[++a], "w");
+      require(selections_out != nullptr, std::string("cannot write ") + argv[a]);
+    } else {
+      num_layers = std::atoi(argv[a]);
+    }
+  }
   require(num_layers >= 1, "the number of layers must be at least 1");
   Exec space;
   std::printf("KPool %s model loop: %d layers, K=%d, D=%d, H=%d, topk %d, on %s\n",
@@ -405,6 +430,7 @@ int main(int argc, char* argv[]) {
     written += mine.data()[i] != 0;
   }
   require(written > 0, "no layer wrote its pools into the engine's buffer");
+  if (selections_out) std::fclose(selections_out);
   std::printf("every selection of every layer checked, and equal to the one-workspace-a-layer model\n");
   std::printf("OK\n");
   return 0;

@@ -53,7 +53,16 @@ bool& we_initialized() {
   return b;
 }
 
+bool& we_finalized() {
+  static bool b = false;
+  return b;
+}
+
 void ensure_kokkos() {
+  // Kokkos cannot start again once finalized (at interpreter exit).
+  TORCH_CHECK(!we_finalized(),
+              "kpool: Kokkos was finalized (kpool finalizes it at interpreter exit); no "
+              "kpool op can run after that");
   if (!Kokkos::is_initialized()) {
     // Reads OMP_NUM_THREADS (through the OpenMP runtime PyTorch shares)
     // and the KOKKOS_* environment variables.
@@ -665,11 +674,22 @@ void op_set_workspace_limit(int64_t bytes) {
 void op_finalize() {
   std::lock_guard<std::mutex> lock(call_mutex());
   release_workspaces();
-  if (we_initialized() && Kokkos::is_initialized()) Kokkos::finalize();
+  if (we_initialized() && Kokkos::is_initialized()) {
+    Kokkos::finalize();
+    we_finalized() = true;
+  }
   we_initialized() = false;
 }
 
 bool op_is_initialized() { return Kokkos::is_initialized(); }
+
+// The threads (host) or the concurrency (device) Kokkos runs with,
+// initializing it first.
+int64_t op_concurrency() {
+  std::lock_guard<std::mutex> lock(call_mutex());
+  ensure_kokkos();
+  return ExecSpace().concurrency();
+}
 
 }  // namespace
 
@@ -710,4 +730,5 @@ TORCH_LIBRARY(kpool, m) {
   m.def("set_workspace_limit(int bytes) -> ()", &op_set_workspace_limit);
   m.def("_finalize() -> ()", &op_finalize);
   m.def("_is_initialized() -> bool", &op_is_initialized);
+  m.def("concurrency() -> int", &op_concurrency);
 }
