@@ -1,5 +1,5 @@
-// torch.ops.kpool: KPool's selection stage as PyTorch custom operators
-// (docs/torch.md). Every op takes the caller's tensors as unmanaged Kokkos
+// torch.ops.kpool: KPool's indexer path (the step, the cache, scoring,
+// selection, expansion) as PyTorch custom operators (docs/torch.md). Every op takes the caller's tensors as unmanaged Kokkos
 // Views over their data pointers (nothing is copied), checks their dtype,
 // device, shape and contiguity first (a RuntimeError naming the argument,
 // nothing written), then makes the one KPool call it mirrors. The cache is
@@ -35,8 +35,8 @@ template <class D>
 using UView = Kokkos::View<D, Kokkos::LayoutRight, Mem, Unmanaged>;
 using Cache = KPool::PoolCache<KPool::float8_e4m3, Mem>;
 
-// The device tensors must be on: the CPU for a host Kokkos, the GPU for a
-// device one.
+// Where the tensors must be: on the GPU for a device Kokkos, on the CPU for
+// a host one.
 constexpr bool kDeviceKokkos =
     !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
 
@@ -324,9 +324,25 @@ Queries check_queries(char const* op, at::Tensor const& q, at::Tensor const& wei
   return out;
 }
 
+#if defined(KOKKOS_ENABLE_CUDA)
+// One Kokkos::Cuda instance per stream PyTorch has run kpool ops on, made
+// once (an instance over a stream holds scratch of its own), released
+// before Kokkos is finalized. Used under the ops' lock.
+std::map<cudaStream_t, Kokkos::Cuda>& stream_instances() {
+  static std::map<cudaStream_t, Kokkos::Cuda> m;
+  return m;
+}
+#endif
+
+// The instance the op's work is queued on: PyTorch's current stream on
+// CUDA, the default instance on hosts.
 ExecSpace exec_space() {
 #if defined(KOKKOS_ENABLE_CUDA)
-  return Kokkos::Cuda(at::cuda::getCurrentCUDAStream().stream());
+  cudaStream_t const stream = at::cuda::getCurrentCUDAStream().stream();
+  auto& m = stream_instances();
+  auto it = m.find(stream);
+  if (it == m.end()) it = m.emplace(stream, Kokkos::Cuda(stream)).first;
+  return it->second;
 #else
   return ExecSpace();
 #endif
@@ -674,6 +690,9 @@ void op_set_workspace_limit(int64_t bytes) {
 void op_finalize() {
   std::lock_guard<std::mutex> lock(call_mutex());
   release_workspaces();
+#if defined(KOKKOS_ENABLE_CUDA)
+  stream_instances().clear();
+#endif
   if (we_initialized() && Kokkos::is_initialized()) {
     Kokkos::finalize();
     we_finalized() = true;
