@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -288,6 +287,27 @@ UView<std::int32_t const**> make_block_table(char const* op, at::Tensor const& b
                                      block_table.size(1));
 }
 
+// The storage type of a float32, bfloat16 or float16 tensor (checked).
+void expect_storage(char const* op, char const* arg, at::Tensor const& t) {
+  if (!t.defined()) refuse(op, arg, "is not given");
+  if (!(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 ||
+        t.scalar_type() == at::kHalf))
+    refuse(op, arg,
+           std::string("has dtype ") + c10::toString(t.scalar_type()) +
+               ", expected float32, bfloat16 or float16");
+  expect_tensor(op, arg, t, t.scalar_type(), "");
+}
+
+template <class F>
+void for_storage(at::ScalarType type, F&& f) {
+  switch (type) {
+    case at::kFloat: f(float{}); break;
+    case at::kBFloat16: f(KPool::bfloat16{}); break;
+    default: f(KPool::float16{}); break;
+  }
+}
+
+
 // q [T, H, D] (or [B, next_n, H, D] for a decode batch) and weights [T, H].
 struct Queries {
   int64_t rows, heads, dim;
@@ -295,13 +315,7 @@ struct Queries {
 
 Queries check_queries(char const* op, at::Tensor const& q, at::Tensor const& weights,
                       TorchBatch const& b, int64_t head_dim) {
-  if (!q.defined()) refuse(op, "q", "is not given");
-  if (!(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 ||
-        q.scalar_type() == at::kHalf))
-    refuse(op, "q",
-           std::string("has dtype ") + c10::toString(q.scalar_type()) +
-               ", expected float32, bfloat16 or float16");
-  expect_tensor(op, "q", q, q.scalar_type(), "");
+  expect_storage(op, "q", q);
   Queries out{};
   if (q.dim() == 4 && b.next_n > 0) {
     expect_size(op, "q", q, 0, b.num_requests, "B, the rows of positions");
@@ -360,24 +374,27 @@ KPool::Options options_for(bool validate) {
   return o;
 }
 
+// Runs `body(space)` under the ops' lock, Kokkos initialized.
+template <class Body>
+void locked(Body&& body) {
+  std::lock_guard<std::mutex> lock(call_mutex());
+  ensure_kokkos();
+  ExecSpace const space = exec_space();
+  body(space);
+  finish(space);
+}
+
 // Runs `body(space, q_view)` with q viewed as its KPool storage type, under
 // the ops' lock.
 template <class Body>
 void with_queries(at::Tensor const& q, Queries const& s, Body&& body) {
-  std::lock_guard<std::mutex> lock(call_mutex());
-  ensure_kokkos();
-  ExecSpace const space = exec_space();
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    UView<T const***> qv(reinterpret_cast<T const*>(q.data_ptr()), s.rows, s.heads, s.dim);
-    body(space, qv);
-  };
-  switch (q.scalar_type()) {
-    case at::kFloat: run(float{}); break;
-    case at::kBFloat16: run(KPool::bfloat16{}); break;
-    default: run(KPool::float16{}); break;
-  }
-  finish(space);
+  locked([&](ExecSpace const& space) {
+    for_storage(q.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      body(space, UView<T const***>(reinterpret_cast<T const*>(q.data_ptr()), s.rows, s.heads,
+                                    s.dim));
+    });
+  });
 }
 
 // KPool's own errors (the cache's constructor, the calls' checks) raised
@@ -507,42 +524,10 @@ void op_expand_topk(at::Tensor const& pool_ids, bool tail_always, at::Tensor con
     UView<std::int32_t const**> ids(pool_ids.data_ptr<int32_t>(), pool_ids.size(0),
                                     pool_ids.size(1));
     UView<std::int32_t**> ov(out.data_ptr<int32_t>(), out.size(0), out.size(1));
-    std::lock_guard<std::mutex> lock(call_mutex());
-    ensure_kokkos();
-    ExecSpace const space = exec_space();
-    KPool::expand_topk(space, ids, tail_always, b.batch, cache, ov, options_for(validate));
-    finish(space);
+    locked([&](ExecSpace const& space) {
+      KPool::expand_topk(space, ids, tail_always, b.batch, cache, ov, options_for(validate));
+    });
   });
-}
-
-// The storage type of a float32, bfloat16 or float16 tensor (checked).
-void expect_storage(char const* op, char const* arg, at::Tensor const& t) {
-  if (!t.defined()) refuse(op, arg, "is not given");
-  if (!(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 ||
-        t.scalar_type() == at::kHalf))
-    refuse(op, arg,
-           std::string("has dtype ") + c10::toString(t.scalar_type()) +
-               ", expected float32, bfloat16 or float16");
-  expect_tensor(op, arg, t, t.scalar_type(), "");
-}
-
-template <class F>
-void for_storage(at::ScalarType type, F&& f) {
-  switch (type) {
-    case at::kFloat: f(float{}); break;
-    case at::kBFloat16: f(KPool::bfloat16{}); break;
-    default: f(KPool::float16{}); break;
-  }
-}
-
-// Runs `body(space)` under the ops' lock, Kokkos initialized.
-template <class Body>
-void locked(Body&& body) {
-  std::lock_guard<std::mutex> lock(call_mutex());
-  ensure_kokkos();
-  ExecSpace const space = exec_space();
-  body(space);
-  finish(space);
 }
 
 // A step's output over the caller's four tensors: pooled [capacity, D] of

@@ -187,9 +187,6 @@ def serve(layers, hidden_size=None, out=None):
         calls.append(Batch(False, rows))
         for s, _, n, _ in rows:
             lengths[s] += n
-    decode_calls = []
-    for rnd in range(1, ROUNDS + 1):
-        decode_calls.append(rnd)
     lines = []
 
     def run(batch):
@@ -202,7 +199,7 @@ def serve(layers, hidden_size=None, out=None):
 
     for batch in calls:
         run(batch)
-    for rnd in decode_calls:
+    for rnd in range(1, ROUNDS + 1):
         rows = []
         for s in range(3):
             accepted = (rnd + s) % 3

@@ -160,7 +160,6 @@ def test_the_workspace_limit_chunks_the_rows_with_the_same_bits():
     row_offsets, cache_lengths, table, rows = ragged_case(layer)
     q, w = layer.queries(len(rows))
     k, topk = layer.kpool, 9
-    q2, w2 = None, None
     # Room for the keys of 3 rows: the call selects in chunks of 3.
     visible = table.shape[1] * layer.block_pools
     kpool.set_workspace_limit(3 * 4 * visible)
