@@ -129,6 +129,8 @@ SHAPES = {
              "src/select/detail/KPool_SelectCall.hpp: split_shape (their teams: the "
              "largest power of two up to 512 the kernel allows)",
     "prepare": "src/score/detail/KPool_ScorePrepare.hpp: a team of 64 a (row, head)",
+    "ring": "src/score/detail/KPool_ScoreLaunch.hpp: launch_score_mma_kind, the deepest "
+            "key ring up to 3 that fits the level-0 scratch",
     "persistent": "src/score/detail/KPool_ScoreLaunch.hpp: persistent_teams, the "
                   "tensor-core engine's scoring launch but the fused kernel's",
 }
@@ -223,6 +225,36 @@ def tile_chain():
     return LAT_L2 + LAT_HBM
 
 
+SCRATCH0 = 40936           # modeled_device_scratch0 (KPool_Launch.hpp): an H200's level 0, Kokkos 4.6
+MAX_DEPTH = 3               # ScoreMmaFunctor::max_depth: key tiles a warp's ring holds
+
+
+def mma_scratch(profile, rows, warps, depth):
+    """ScoreMmaFunctor::scratch_bytes for H = 32, D = 128: places, query
+    operands, weights, `depth` key tiles a warp, scales (Layout)."""
+    per_reg = 4 if profile == "serving" else 2       # E4M3 or bf16 operands a word
+    terms = 1 if profile == "serving" else 3
+    rw = DIM // per_reg + 4
+    slots = max(2, depth)
+    a16 = lambda b: (b + 15) // 16 * 16
+    return (a16(warps * slots * MMA_TILE * 8) + a16(rows * terms * HEADS * rw * 4)
+            + a16(rows * HEADS * 4) + a16(warps * depth * MMA_TILE * rw * 4)
+            + a16(warps * slots * 2 * MMA_TILE * 4) + 16)
+
+
+def key_depth(profile, rows, warps):
+    """The key ring the launcher takes (launch_score_mma_kind): the deepest up
+    to MAX_DEPTH whose scratch fits beside the rows and warps, where the
+    keys are operands as they are (the serving profile's E4M3; the exact
+    profile's fp8 keys become bf16 operands as staged: 1, the register
+    prefetch)."""
+    d = 1
+    if profile == "serving":
+        while d < MAX_DEPTH and mma_scratch(profile, rows, warps, d + 1) <= SCRATCH0:
+            d += 1
+    return d
+
+
 def tile_compute(profile, rows):
     """A warp's MMA work on one 16-pool tile for `rows` rows: the A fragments
     are reloaded for each row (ScoreMmaFunctor's row loop)."""
@@ -231,10 +263,17 @@ def tile_compute(profile, rows):
     return rows * (mmas * MMA_CYC + EPI_CYC) / CLOCK
 
 
-def scoring_team(profile, rows, pools, warps, fused, groups=1):
+def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1):
     """(seconds, parts, tiles a warp) of one scoring team: `pools` pools of
     each of `groups` row groups in turn (a persistent team's share crosses
-    groups), the group's queries staged once, its tiles one pipeline."""
+    groups), the group's queries staged once, its tiles one pipeline:
+    depth 1, the next tile's loads under this one's MMA; a ring of `depth`
+    (score_ring), each iteration places the tile depth - 1 ahead from the
+    block ids loaded an iteration before, loads the next one's ids, copies
+    the placed tile's scale and packets asynchronously, then waits for its
+    own tile, issued depth - 1 iterations before, and scores it: a period
+    of the MMA, of the ids' L2 read, or of a tile's whole chain and MMA
+    over the depth, whichever is longest."""
     threads = 32 * warps
     items = math.ceil(rows * HEADS / threads)
     values = items * DIM
@@ -242,7 +281,10 @@ def scoring_team(profile, rows, pools, warps, fused, groups=1):
     staging = lines * LAT_L2 + values * CVT_CYC[profile] / CLOCK
     tiles = max(1, math.ceil(pools / (MMA_TILE * warps)))
     chain, compute = tile_chain(), tile_compute(profile, rows)
-    period = max(compute, chain)  # one tile ahead: the next tile's loads under this one's MMA
+    if depth > 1:
+        period = max(compute, LAT_L2, (chain + compute) / depth)
+    else:
+        period = max(compute, chain)  # one tile ahead: the next tile's loads under this one's MMA
     walk = chain + (tiles - 1) * period + compute
     parts = {"staging": groups * staging, "tiles": groups * walk,
              "keys": groups * (LAT_L2 + 4 * BARRIER)}
@@ -360,13 +402,18 @@ def model(c, res, limits):
             pools = math.ceil(share * c["pools"] / splits / share_groups)
             how = "persistent, %.1f virtual teams a team over %d row groups (%s)" % (
                 share, share_groups, SHAPES["persistent"])
-        team, parts, tiles = scoring_team(profile, rows, pools, warps, fused, share_groups)
+        depth = key_depth(profile, rows, warps)
+        team, parts, tiles = scoring_team(profile, rows, pools, warps, fused, share_groups, depth)
         score = rounds * team
         notes.append("%d teams of %d warps for %d virtual teams (%d row groups x %d splits: %s), "
-                     "%d resident (%d an SM at %d registers), %s; a team %.2f us: %s; %d tiles a warp"
+                     "%d resident (%d an SM at %d registers), %s; a team %.2f us: %s; %d tiles a warp, "
+                     "%s (%s)"
                      % (teams, warps, work, groups, splits, SHAPES["tile_splits"], at_once, per_sm,
                         kern["regs"], how, team * 1e6,
-                        ", ".join("%s %.2f" % (k, v * 1e6) for k, v in parts.items()), tiles))
+                        ", ".join("%s %.2f" % (k, v * 1e6) for k, v in parts.items()), tiles,
+                        ("a key ring of %d (%d bytes of scratch a team)"
+                         % (depth, mma_scratch(profile, rows, warps, depth))) if depth > 1
+                        else "one tile ahead in registers", SHAPES["ring"]))
         # What goes around the scoring.
         prep_teams = c["rows"] * HEADS
         _, prep_at_once = resident(res["prepare"], 64)
@@ -390,7 +437,7 @@ def model(c, res, limits):
                          "two launch gaps" % (prep_teams, prepare * 1e6, SHAPES["prepare"],
                                               top * 1e6, c["rows"], sel_at_once))
         lat = score + around
-        rate, inflight = in_flight_rate(at_once, warps)
+        rate, inflight = in_flight_rate(at_once, warps, depth - 1 if depth > 1 else 1)
         duty = tiles * tile_chain() / team
         bw = max(nbytes / rate, mma_time(flops, tensor)) + (around if not fused else 0.0)
         out.update(latency_us=lat * 1e6, bandwidth_us=bw * 1e6,

@@ -95,6 +95,14 @@ struct Options {
   /// many, for example to leave SMs to other streams. Negative is refused
   /// by name. Never changes results.
   int scoring_teams = 0;
+  /// Key tiles each warp of the tensor-core engine keeps in flight while
+  /// it scores (the key pipeline: a ring of tiles in team scratch, each
+  /// copied asynchronously, cp.async on CUDA): 0 lets KPool choose (the
+  /// deepest, up to 3, that fits the team's fast scratch beside its query
+  /// rows and warps, where the cache's rows are 16-byte packets the MMA
+  /// takes as they are), 1 keeps one tile ahead in registers, 2 or more
+  /// caps the ring. Negative is refused by name. Never changes results.
+  int key_pipeline_depth = 0;
   /// KPool::step only: one launch for ring_close, compress and seed_tail
   /// (true, the default) or three (false). Both give the same bits.
   bool fused = true;

@@ -12,13 +12,16 @@
 //    id) is score_select's pool_ids, row by row, on the same workspace;
 //  * a workspace of fewer rows (chunks) gives the same bits, and so does
 //    the tensor-core engine's launch of 1, 2, 3, 5 or 1000 persistent teams
-//    (Options::scoring_teams), whose shares cross row groups;
+//    (Options::scoring_teams), whose shares cross row groups, and so do
+//    its key pipelines of 1, 2 and 3 tiles (Options::key_pipeline_depth);
 //  * a scores View too narrow or too short, or a negative
-//    Options::scoring_teams, is refused by name, nothing written.
+//    Options::scoring_teams or key_pipeline_depth, is refused by name,
+//    nothing written.
 
 #include <KPoolSelectReference.hpp>
 #include <KPoolShardTestUtils.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -109,7 +112,10 @@ void check_scores(Sharded<E, T, C> const& s, KPool::PoolCache<C, M> const& cache
                                   Kokkos::ALL);
   auto const hq = on_host(qv);
   auto const hw = on_host(wv);
-  std::size_t const visible = 40;  // whole blocks past every row's pools
+  // Whole blocks past every row's pools (40 for the short cases).
+  std::size_t visible = 40;
+  for (int r = 0; r < s.B; ++r)
+    visible = std::max<std::size_t>(visible, static_cast<std::size_t>(s.pools(r) + 8));
   std::size_t const cols = visible + 3;
   int const live = static_cast<int>(rows.size());
   int checked_engines = 0;
@@ -207,6 +213,22 @@ void check_scores(Sharded<E, T, C> const& s, KPool::PoolCache<C, M> const& cache
       KPool::score(space, qv, wv, batch, KPool::paged(cache, table), persistent, ws, p);
       EXPECT_EQ(raw_bytes(persistent), raw_bytes(scores));
     }
+    // The key pipeline (Options::key_pipeline_depth): one tile ahead in
+    // registers, rings of 2 and 3 tiles copied asynchronously, with shares
+    // crossing groups (3 teams) and not: the same bits.
+    for (int depth : {1, 2, 3})
+      for (int teams : {0, 3}) {
+        SCOPED_TRACE("key_pipeline_depth " + std::to_string(depth) + ", scoring_teams " +
+                     std::to_string(teams));
+        KPool::Options p = o;
+        p.key_pipeline_depth = depth;
+        p.scoring_teams = teams;
+        Scores<T> piped("piped", live, cols);
+        Kokkos::deep_copy(piped, kUntouched);
+        Kokkos::deep_copy(ws.keys(), typename std::decay_t<decltype(ws.keys())>::value_type(0x5a5a5a5a));
+        KPool::score(space, qv, wv, batch, KPool::paged(cache, table), piped, ws, p);
+        EXPECT_EQ(raw_bytes(piped), raw_bytes(scores));
+      }
   }
   EXPECT_GE(checked_engines, 2);
 }
@@ -260,6 +282,11 @@ TEST(Score, Fp8Cache) {
 
 TEST(Score, ServingCache) {
   check_case<KPool::bfloat16, KPool::float8_e4m3>(score_case(true, true), 15);
+  // Rows of 69 and 275 pools: a warp walks many tiles, so the tensor-core
+  // engine's key rings of 2 and 3 (check_scores) wrap around many times.
+  ShardCase longer = score_case(true, true);
+  longer.tokens = {277, 1100, 9};
+  check_case<KPool::bfloat16, KPool::float8_e4m3>(longer, 16);
 }
 
 // A scores View without room for the workspace's rows or its pools is
@@ -300,6 +327,18 @@ TEST(Score, RefusesAScoresViewTooSmall) {
     EXPECT_EQ(e.argument(), "options") << e.what();
     EXPECT_EQ(e.value(), "-3") << e.what();
     EXPECT_NE(std::string(e.what()).find("scoring_teams"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(raw_bytes(scores), before);
+  // A negative Options::key_pipeline_depth, the same way.
+  o.scoring_teams = 0;
+  o.key_pipeline_depth = -1;
+  try {
+    KPool::score(s.space, s.q, s.w, s.batch(), KPool::paged(cache, table), scores, ws, o);
+    ADD_FAILURE() << "key_pipeline_depth = -1 was taken";
+  } catch (KPool::InvalidArgument const& e) {
+    EXPECT_EQ(e.argument(), "options") << e.what();
+    EXPECT_EQ(e.value(), "-1") << e.what();
+    EXPECT_NE(std::string(e.what()).find("key_pipeline_depth"), std::string::npos) << e.what();
   }
   EXPECT_EQ(raw_bytes(scores), before);
 }

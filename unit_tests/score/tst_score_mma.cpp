@@ -289,13 +289,39 @@ TEST(MmaEngine, ARotatedFp8DecodeCallTakesThreeWarpsInAnH200sScratch) {
                                             KPool::float8_e4m3, MmaKind::bf16>;
   std::size_t const h200 = 40936;
   EXPECT_EQ(KPool::Details::modeled_device_scratch0, h200);
-  EXPECT_LE(F::scratch_bytes(1, 3, 32, 128, 3), h200);
-  EXPECT_GT(F::scratch_bytes(1, 3, 32, 128, 4), h200);
+  EXPECT_LE(F::scratch_bytes(1, 3, 32, 128, 3, 1), h200);
+  EXPECT_GT(F::scratch_bytes(1, 3, 32, 128, 4, 1), h200);
+  // No key ring: its fp8 keys become bf16 operands as they are staged.
+  EXPECT_FALSE(F::direct_keys);
   for (int warps : {1, 2, 4}) {
-    auto const l = F::layout(1, 3, 32, 128, warps);
+    auto const l = F::layout(1, 3, 32, 128, warps, 1);
     // Each warp's key tile, and nothing else, between k and meta.
     EXPECT_EQ(l.meta - l.k, static_cast<std::size_t>(warps) * 16 * F::row_words(128) * 4)
         << warps << " warps";
+  }
+}
+
+// The key ring (ScoreMmaFunctor::score_ring) in the same scratch: a
+// serving decode call (E4M3 keys taken as they are, H = 32, D = 128, one
+// row, 4 warps) holds the deepest ring, 3 tiles a warp; a prefill-shaped
+// one (4 rows a team) holds 2 (35,472 and 39,440 bytes of 40,936); each
+// warp's ring is `depth` key tiles, and its places and scales a slot a
+// tile.
+TEST(MmaEngine, AServingDecodeCallHoldsAKeyRingOfThreeInAnH200sScratch) {
+  using F = KPool::Details::ScoreMmaFunctor<Kokkos::DefaultHostExecutionSpace, KPool::bfloat16,
+                                            KPool::float8_e4m3, MmaKind::e4m3>;
+  std::size_t const h200 = KPool::Details::modeled_device_scratch0;
+  EXPECT_TRUE(F::direct_keys);
+  EXPECT_EQ(F::max_depth, 3);
+  EXPECT_EQ(F::scratch_bytes(1, 1, 32, 128, 4, 3), 35472u);
+  EXPECT_EQ(F::scratch_bytes(4, 1, 32, 128, 4, 2), 39440u);
+  EXPECT_GT(F::scratch_bytes(4, 1, 32, 128, 4, 3), h200);
+  for (int depth : {1, 2, 3}) {
+    auto const l = F::layout(1, 1, 32, 128, 4, depth);
+    EXPECT_EQ(l.meta - l.k, static_cast<std::size_t>(4 * depth) * 16 * F::row_words(128) * 4)
+        << "depth " << depth;
+    EXPECT_EQ(l.total - l.meta, static_cast<std::size_t>(4 * (depth < 2 ? 2 : depth)) * 2 * 16 * 4)
+        << "depth " << depth;
   }
 }
 

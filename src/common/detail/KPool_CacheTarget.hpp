@@ -129,19 +129,29 @@ struct CacheTarget {
   // large block) gives an empty slot: validation reports those before
   // launching, and with it off they are skipped.
   KOKKOS_INLINE_FUNCTION CacheSlot locate(std::int64_t r, std::int64_t pool) const {
-    CacheSlot s{-1, 0};
-    if (r < 0 || pool < 0 || r >= table_rows) return s;
+    int entry = 0;
+    std::int64_t const at = table_index(r, pool, entry);
+    return slot(at >= 0 ? block_table[at] : -1, entry);
+  }
+  // locate() in two steps, so that a reader can load a block id well
+  // before it needs it (the tensor-core scoring's key ring): where in
+  // block_table pool `pool` of batch row r has its block id (-1: none),
+  // and its entry in that block; then the slot of that id.
+  KOKKOS_INLINE_FUNCTION std::int64_t table_index(std::int64_t r, std::int64_t pool,
+                                                  int& entry) const {
+    if (r < 0 || pool < 0 || r >= table_rows) return -1;
     if (shard.ranks > 1) {
-      if (shard.owner(static_cast<std::uint64_t>(pool)) != shard.rank) return s;
+      if (shard.owner(static_cast<std::uint64_t>(pool)) != shard.rank) return -1;
       pool = static_cast<std::int64_t>(shard.local(static_cast<std::uint64_t>(pool)));
     }
     std::int64_t const col = pool / block_pools;
-    if (col >= table_cols) return s;
-    std::int32_t const b = block_table[r * table_row_stride + col * table_col_stride];
-    if (b < 0 || b >= num_blocks) return s;
-    s.block = b;
-    s.entry = static_cast<int>(pool % block_pools);
-    return s;
+    if (col >= table_cols) return -1;
+    entry = static_cast<int>(pool % block_pools);
+    return r * table_row_stride + col * table_col_stride;
+  }
+  KOKKOS_INLINE_FUNCTION CacheSlot slot(std::int32_t b, int entry) const {
+    if (b < 0 || b >= num_blocks) return CacheSlot{-1, 0};
+    return CacheSlot{b, entry};
   }
 
   /// The D values of entry `w`.

@@ -358,6 +358,50 @@ KOKKOS_FORCEINLINE_FUNCTION void copy_aligned_bytes(void* dst, void const* src) 
 #endif
 }
 
+// Asynchronous copies into team scratch, for a pipeline that keeps several
+// loads in flight without holding them in registers (the tensor-core
+// scoring's key ring, score/detail/KPool_ScoreMmaFunctor.hpp). On CUDA
+// sm_80+ a copy into shared memory is a cp.async (16 bytes bypassing L1,
+// 4 bytes through it); async_commit closes this thread's group of copies
+// and async_wait<N> waits until at most N of its groups are in flight.
+// Only the thread's own copies are waited for: a warp reads another lane's
+// after the wait and a __syncwarp. A copy into anything but shared memory
+// (level-1 scratch) and every copy elsewhere is a plain one, done on
+// return, and commit and wait are no-ops. Sources and destinations are
+// aligned to the copy's size.
+template <std::size_t Bytes>
+KOKKOS_FORCEINLINE_FUNCTION void async_copy(void* dst, void const* src) {
+  static_assert(Bytes == 4 || Bytes == 16, "asynchronous copies are 4 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (__isShared(dst)) {
+    unsigned const to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    if constexpr (Bytes == 16)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(src) : "memory");
+    else
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(src) : "memory");
+    return;
+  }
+#endif
+  if constexpr (Bytes == 16) {
+    copy_aligned_bytes<16>(dst, src);
+  } else {
+    *static_cast<std::uint32_t*>(dst) = *static_cast<std::uint32_t const*>(src);
+  }
+}
+
+KOKKOS_FORCEINLINE_FUNCTION void async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+KOKKOS_FORCEINLINE_FUNCTION void async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // Kokkos::Profiling::ScopedRegion only exists in recent releases.
 class ScopedProfileRegion {
  public:

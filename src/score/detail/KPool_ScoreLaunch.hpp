@@ -345,14 +345,26 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   // backend reports (40,936 bytes on an H200 with Kokkos 4.6: a rotated
   // fp8 decode call, H = 32, D = 128, takes 3 warps).
   while (f.rows_per_team > 1 &&
-         F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
+         F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, 1) > budget)
     f.rows_per_team /= 2;
-  while (f.warps > 1 && F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps) > budget)
+  while (f.warps > 1 && F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, 1) > budget)
     --f.warps;
   // A launch whose kernel scans over its team (the fused decode
   // selection) takes a power-of-two team.
   if (run.power_of_two_team) f.warps = power_of_two_floor(f.warps);
-  std::size_t const bytes = F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps);
+  // Then the deepest key ring (F::score_ring) the same rows and warps fit
+  // in fast scratch, where the tiles are copied as they are: 16-byte
+  // packets whose bytes are the MMA's operands (Options::key_pipeline_depth
+  // caps it; 1 keeps the register prefetch).
+  int const deepest = options.key_pipeline_depth > 0
+                          ? std::min(options.key_pipeline_depth, F::max_depth)
+                          : F::max_depth;
+  if (f.packets && F::direct_keys)
+    while (f.depth < deepest &&
+           F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, f.depth + 1) <= budget)
+      ++f.depth;
+  std::size_t const bytes =
+      F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, f.depth);
   if (device_shapes<ExecutionSpace>::value && bytes > budget)
     fail_device_scratch<ExecutionSpace>(chk, "tensor_cores", "one query row and a warp's tiles",
                                         in.heads, D, bytes);

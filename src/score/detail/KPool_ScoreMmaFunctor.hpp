@@ -104,6 +104,20 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   KOKKOS_INLINE_FUNCTION bool prefetching(int D) const {
     return packets && TM * (D / packet) <= 32 * prefetch_packets;
   }
+  // Key tiles a warp keeps in flight in its scratch ring (the key
+  // pipeline, score_ring): 1 is the paths above (a tile staged, or the
+  // next one's packets in registers); 2 to max_depth, the ring of that
+  // many tiles, each copied asynchronously (KokkosExt::async_copy) while
+  // the warp scores the tiles before it. The launcher takes a ring only
+  // for packets whose bytes are the MMA's operand words (direct_keys) and
+  // the deepest that fits the team's fast scratch.
+  int depth = 1;
+  static constexpr int max_depth = 3;
+  static constexpr bool direct_keys =
+      !(std::is_same<C, float8_e4m3>::value && Kind != MmaKind::e4m3);
+  // Places and scales of a warp's tiles: double-buffered, or one a tile of
+  // the ring.
+  KOKKOS_INLINE_FUNCTION static int slots_for(int depth) { return depth < 2 ? 2 : depth; }
   // Held as 32-bit words (a byte array would take a register a byte).
   struct KeyPackets {
     std::uint32_t w[L][prefetch_packets][4];
@@ -123,28 +137,30 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     std::size_t entry, q, w, k, meta, total;
   };
   KOKKOS_INLINE_FUNCTION static std::size_t align16(std::size_t b) { return (b + 15) / 16 * 16; }
-  KOKKOS_INLINE_FUNCTION static Layout layout(int rows, int terms, int H, int D, int warps) {
+  KOKKOS_INLINE_FUNCTION static Layout layout(int rows, int terms, int H, int D, int warps,
+                                               int depth) {
     Layout l;
     std::size_t o = 0;
+    std::size_t const slots = static_cast<std::size_t>(slots_for(depth));
     l.entry = o;
-    o += align16(static_cast<std::size_t>(warps) * 2 * TM * sizeof(std::int64_t));
+    o += align16(static_cast<std::size_t>(warps) * slots * TM * sizeof(std::int64_t));
     l.q = o;
     o += align16(query_words(rows, terms, H, D) * 4);
     l.w = o;
     o += align16(static_cast<std::size_t>(rows) * padded_heads(H) * 4);
     l.k = o;
-    o += align16(static_cast<std::size_t>(warps) * TM * row_words(D) * 4);
+    o += align16(static_cast<std::size_t>(warps) * depth * TM * row_words(D) * 4);
     l.meta = o;
-    o += align16(static_cast<std::size_t>(warps) * 2 * 2 * TM * 4);
+    o += align16(static_cast<std::size_t>(warps) * slots * 2 * TM * 4);
     l.total = o;
     return l;
   }
-  static std::size_t scratch_bytes(int rows, int terms, int H, int D, int warps) {
-    return layout(rows, terms, H, D, warps).total + 16;
+  static std::size_t scratch_bytes(int rows, int terms, int H, int D, int warps, int depth) {
+    return layout(rows, terms, H, D, warps, depth).total + 16;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    Layout const lay = layout(rows_per_team, terms, heads, cache.head_dim(), warps);
+    Layout const lay = layout(rows_per_team, terms, heads, cache.head_dim(), warps, depth);
     // One block of scratch, taken at a level fixed per call site (a level
     // read at run time costs a local-memory stack frame on CUDA).
     char* const base = static_cast<char*>(
@@ -181,11 +197,11 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   struct Tiles {
     std::uint32_t* q;      // [rows][terms][HP][RW]
     float* w;              // [rows][HP]: effective weights, 0 past H
-    std::uint32_t* k;      // [warps][TM][RW]
-    // Double-buffered by tile (the one scored, the one whose keys are in
-    // flight):
-    float* meta;           // [warps][2][2][TM]: scale, usable (1 or 0)
-    std::int64_t* entry;   // [warps][2][TM]: offset of each pool's values in the cache
+    std::uint32_t* k;      // [warps][depth][TM][RW]: a warp's key tiles
+    // A slot a tile in flight (slots_for(depth): the one scored, the ones
+    // whose keys are in flight):
+    float* meta;           // [warps][slots][2][TM]: scale, usable (1 or 0)
+    std::int64_t* entry;   // [warps][slots][TM]: offset of each pool's values in the cache
   };
 
   KOKKOS_INLINE_FUNCTION int warp_of(member_type const& member) const {
@@ -287,12 +303,17 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
       return (k / n) * static_cast<std::uint64_t>(splits) + static_cast<std::uint64_t>(s0) + k % n;
     };
     stage_queries(member, s, t0, nrows);
+    if (depth > 1) {
+      score_ring(member, s, r, req, t0, nrows, vis_hi, tile_of);
+      member.team_barrier();
+      return;
+    }
     int const warp = warp_of(member);
     int const D = cache.head_dim();
     int const DP = padded_dim(D);
     int const RW = row_words(D);
     bool const ahead = prefetching(D);
-    std::uint32_t* const kt = s.k + static_cast<std::size_t>(warp) * TM * RW;
+    std::uint32_t* const kt = key_tile(s, warp, 0);
     std::uint64_t k = static_cast<std::uint64_t>(warp);
     if (packets) zero_key_padding(member, kt, D, DP, RW);
     KeyPackets next;
@@ -316,37 +337,123 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         if (ahead) load_key_packets(member, entries(s, warp, buf ^ 1), D, next);
       }
       warp_sync();
-      score_tile(member, s, warp, buf, req, t0, nrows, tile * TM);
+      score_tile(member, s, kt, scales(s, warp, buf), req, t0, nrows, tile * TM);
     }
     // The queries' scratch is restaged for the next rows.
     member.team_barrier();
   }
 
-  KOKKOS_INLINE_FUNCTION static std::int64_t* entries(Tiles const& s, int warp, int buf) {
-    return s.entry + (warp * 2 + buf) * TM;
+  // The key pipeline (depth > 1): the warp's tiles k = warp, warp + warps,
+  // ... through a ring of `depth` key tiles in its scratch. Before scoring
+  // the i-th, it locates the (i + depth - 1)-th (place, and its scale
+  // copied asynchronously) from the block ids it loaded an iteration
+  // before, loads the next tile's block ids (used an iteration later),
+  // and copies the located tile's packets asynchronously into the slot
+  // the (i - 1)-th left; each tile's copies are one group, an empty group
+  // where no tile is left, so that waiting until depth - 1 groups are in
+  // flight leaves the i-th complete. So depth - 1 tiles a warp are in
+  // flight while it scores one, and no load is waited for as it is
+  // issued.
+  template <class TileOf>
+  KOKKOS_INLINE_FUNCTION void score_ring(member_type const& member, Tiles const& s, int r,
+                                         SelectRequest const& req, std::uint64_t t0, int nrows,
+                                         std::uint64_t vis_hi, TileOf const& tile_of) const {
+    int const warp = warp_of(member);
+    int const D = cache.head_dim();
+    int const RW = row_words(D);
+    std::uint64_t const step = static_cast<std::uint64_t>(warps);
+    for (int j = 0; j < depth; ++j) zero_key_padding(member, key_tile(s, warp, j), D, padded_dim(D), RW);
+    // A lane's pool's block id and entry of the tile to locate next.
+    std::int32_t block[L];
+    int entry[L];
+    auto const read_ids = [&](std::uint64_t k) {
+      for (int l = 0; l < L; ++l) {
+        int const lane = lane_of(member, l);
+        std::uint64_t const p = tile_of(k) * TM + static_cast<std::uint64_t>(lane);
+        entry[l] = 0;
+        std::int64_t const at =
+            lane < TM && p < vis_hi ? cache.table_index(r, static_cast<std::int64_t>(p), entry[l])
+                                    : -1;
+        block[l] = at >= 0 ? cache.block_table[at] : -1;
+      }
+    };
+    // Tile k, whose ids read_ids loaded, into slot j, or nothing past the
+    // visible pools; the ids of tile `next` loaded; then the group.
+    auto const issue = [&](std::uint64_t k, int j, std::uint64_t next) {
+      bool const live = tile_of(k) * TM < vis_hi;
+      if (live) {
+        CacheSlot slot[L];
+        for (int l = 0; l < L; ++l) slot[l] = cache.slot(block[l], entry[l]);
+        place_tile(member, s, warp, j, slot, true);
+      }
+      read_ids(next);
+      if (live) copy_key_packets(member, key_tile(s, warp, j), entries(s, warp, j), D, RW);
+      KokkosExt::async_commit();
+    };
+    std::uint64_t k = static_cast<std::uint64_t>(warp);
+    read_ids(k);
+    for (int j = 0; j < depth - 1; ++j)
+      issue(k + static_cast<std::uint64_t>(j) * step, j, k + static_cast<std::uint64_t>(j + 1) * step);
+    for (int i = 0; tile_of(k) * TM < vis_hi; k += step, i = i + 1 == depth ? 0 : i + 1) {
+      int const ahead = i + depth - 1 < depth ? i + depth - 1 : i - 1;
+      issue(k + static_cast<std::uint64_t>(depth - 1) * step, ahead,
+            k + static_cast<std::uint64_t>(depth) * step);
+      static_assert(max_depth == 3, "a wait for each depth");
+      if (depth == 2)
+        KokkosExt::async_wait<1>();
+      else
+        KokkosExt::async_wait<max_depth - 1>();
+      warp_sync();
+      score_tile(member, s, key_tile(s, warp, i), scales(s, warp, i), req, t0, nrows,
+                 tile_of(k) * TM);
+    }
+    // Nothing is left in flight into the scratch the next rows restage.
+    KokkosExt::async_wait<0>();
   }
-  KOKKOS_INLINE_FUNCTION static float* scales(Tiles const& s, int warp, int buf) {
-    return s.meta + (warp * 2 + buf) * 2 * TM;
+
+  KOKKOS_INLINE_FUNCTION std::uint32_t* key_tile(Tiles const& s, int warp, int j) const {
+    return s.k + static_cast<std::size_t>(warp * depth + j) * TM * row_words(cache.head_dim());
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t* entries(Tiles const& s, int warp, int buf) const {
+    return s.entry + (warp * slots_for(depth) + buf) * TM;
+  }
+  KOKKOS_INLINE_FUNCTION float* scales(Tiles const& s, int warp, int buf) const {
+    return s.meta + (warp * slots_for(depth) + buf) * 2 * TM;
   }
 
   // Where pools [p0, p0 + 16) live, into buffer `buf`; pools past the
-  // visible ones and bad blocks are read nowhere. Ends with a warp sync:
-  // every lane then reads every pool's place.
+  // visible ones and bad blocks are read nowhere.
   KOKKOS_INLINE_FUNCTION void locate_tile(member_type const& member, Tiles const& s, int warp,
                                           int buf, int r, std::uint64_t p0,
                                           std::uint64_t vis_hi) const {
+    CacheSlot slot[L];
+    for (int l = 0; l < L; ++l) {
+      int const lane = lane_of(member, l);
+      std::uint64_t const p = p0 + static_cast<std::uint64_t>(lane);
+      slot[l] = lane < TM && p < vis_hi ? cache.locate(r, static_cast<std::int64_t>(p))
+                                        : CacheSlot{-1, 0};
+    }
+    place_tile(member, s, warp, buf, slot, false);
+  }
+
+  // Lane l's pool (lanes below 16) at slot[l] (block < 0: read nowhere),
+  // into buffer `buf`. Ends with a warp sync: every lane then reads every
+  // pool's place. With `async`, the scales are copied asynchronously (in
+  // the group the caller commits next).
+  KOKKOS_INLINE_FUNCTION void place_tile(member_type const& member, Tiles const& s, int warp,
+                                         int buf, CacheSlot const (&slot)[L], bool async) const {
     std::int64_t* const entry = entries(s, warp, buf);
     float* const scale = scales(s, warp, buf);
     float* const usable = scale + TM;
     for (int l = 0; l < L; ++l) {
       int const lane = lane_of(member, l);
       if (lane < TM) {
-        std::uint64_t const p = p0 + lane;
-        CacheSlot const slot = p < vis_hi ? cache.locate(r, static_cast<std::int64_t>(p))
-                                          : CacheSlot{-1, 0};
-        bool const ok = slot.block >= 0;
-        entry[lane] = ok ? static_cast<std::int64_t>(cache.row(slot) - cache.values) : -1;
-        scale[lane] = ok ? cache.scale_at(slot) : 0.0f;
+        bool const ok = slot[l].block >= 0;
+        entry[lane] = ok ? static_cast<std::int64_t>(cache.row(slot[l]) - cache.values) : -1;
+        if (ok && async)
+          KokkosExt::async_copy<4>(scale + lane, &cache.scale_at(slot[l]));
+        else
+          scale[lane] = ok ? cache.scale_at(slot[l]) : 0.0f;
         usable[lane] = ok ? 1.0f : 0.0f;
       }
     }
@@ -354,17 +461,16 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
 
   // One warp: pools [p0, p0 + 16) for the team's rows, their keys staged
-  // in the warp's scratch tile, their places in buffer `buf`.
-  KOKKOS_INLINE_FUNCTION void score_tile(member_type const& member, Tiles const& s, int warp,
-                                         int buf, SelectRequest const& req, std::uint64_t t0,
+  // in the warp's tile kt, their scales and usability in `scale`.
+  KOKKOS_INLINE_FUNCTION void score_tile(member_type const& member, Tiles const& s,
+                                         std::uint32_t const* kt, float const* scale,
+                                         SelectRequest const& req, std::uint64_t t0,
                                          int nrows, std::uint64_t p0) const {
     int const H = heads;
     int const D = cache.head_dim();
     int const HP = padded_heads(H);
     int const DP = padded_dim(D);
     int const RW = row_words(D);
-    std::uint32_t const* kt = s.k + static_cast<std::size_t>(warp) * TM * RW;
-    float const* scale = scales(s, warp, buf);
     float const* usable = scale + TM;
 
     for (int i = 0; i < nrows; ++i) {
@@ -509,6 +615,30 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         out[w] = ok ? word : 0u;
       }
     });
+  }
+
+  // A tile's packets copied asynchronously into its slot kt as they are
+  // (direct_keys: the bytes are the operand words), consecutive lanes
+  // consecutive packets of a row; rows read nowhere zeroed (plain stores),
+  // the padding past D zero_key_padding's.
+  KOKKOS_INLINE_FUNCTION void copy_key_packets(member_type const& member, std::uint32_t* kt,
+                                               std::int64_t const* entry, int D, int RW) const {
+    static_assert(packet * sizeof(C) == 16, "a packet is 16 bytes");
+    constexpr int per_packet = 4;  // words a packet
+    int const npk = D / packet;
+    for (int l = 0; l < L; ++l) {
+      int const lane = lane_of(member, l);
+      for (int idx = lane; idx < TM * npk; idx += 32) {
+        int const j = idx / npk;
+        int const pk = idx % npk;
+        std::uint32_t* out = kt + j * RW + pk * per_packet;
+        if (entry[j] < 0) {
+          for (int w = 0; w < per_packet; ++w) out[w] = 0;
+        } else {
+          KokkosExt::async_copy<16>(out, cache.values + entry[j] + pk * packet);
+        }
+      }
+    }
   }
 
   // The words of a packet-staged tile past D (to the MMA's K) are zero;

@@ -333,6 +333,9 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     if (options.scoring_teams < 0)
       chk.fail("options", "scoring_teams", -1, std::to_string(options.scoring_teams),
                "is negative (0: as many teams as the device holds at once)");
+    if (options.key_pipeline_depth < 0)
+      chk.fail("options", "key_pipeline_depth", -1, std::to_string(options.key_pipeline_depth),
+               "is negative (0: the deepest key ring the team's fast scratch holds)");
     if (engine == ScoreEngine::blas && workspace.blas_queries() == nullptr)
       chk.fail("options", "score_engine", -1, "blas",
                "needs a workspace built for it: SelectWorkspace(space, max_tokens, "
