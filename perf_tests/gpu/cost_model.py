@@ -103,6 +103,12 @@ BANK_CYC = assume("bank_conflict_cycles", 16, "cycles", "a warp's shared-memory 
                   "each (compute capability 9.0: 32 banks of 4 bytes)")
 PREP = assume("prepare_row_head", 1.0e-6, "s", "one (row, head)'s preparation by 64 "
               "threads: rotation, amax, codes (docs/performance.md, the fused prologue)")
+PREP_WARP = assume("prepare_warp_item", LAT_HBM + (7 * 40 + 150 + 4 * CVT_CYC["serving"]) / CLOCK,
+                   "s", "one (row, head)'s preparation by a warp (PrepareQueriesFunctor's "
+                   "launch, 4 a team of 128): its loads (an HBM round trip), 7 butterfly "
+                   "stages of 2 pairs a lane (4 shared loads and stores and a warp sync, "
+                   "about 40 cycles a stage), the amax over the lanes (5 shuffle steps, "
+                   "about 150 cycles), 4 codes a lane; counted from the code")
 
 # The launch code's constants (src/).
 TEAM_THREADS = 128          # select_shape: a CUDA team of the recommended size
@@ -128,7 +134,7 @@ SHAPES = {
              "pools, segments of 2^14, three launches before the selection); "
              "src/select/detail/KPool_SelectCall.hpp: split_shape (their teams: the "
              "largest power of two up to 512 the kernel allows)",
-    "prepare": "src/score/detail/KPool_ScorePrepare.hpp: a team of 64 a (row, head)",
+    "prepare": "src/score/detail/KPool_ScorePrepare.hpp: a warp a (row, head), 4 a team of 128",
     "ring": "src/score/detail/KPool_ScoreLaunch.hpp: launch_score_mma_kind, the deepest "
             "key ring up to 3 that fits the level-0 scratch",
     "persistent": "src/score/detail/KPool_ScoreLaunch.hpp: persistent_teams, the "
@@ -137,6 +143,9 @@ SHAPES = {
 # The tensor-core engine's register cap under its launch bounds
 # (KPool_ScoreMmaFunctor.hpp: LaunchBounds<128, 3>, mma_register_cap).
 MMA_REG_CAP = REGS_SM // (3 * 128) // 8 * 8
+# The fused decode selection's kernel has no launch bounds: at most 255
+# registers a thread (FuseScoreSelect::register_cap, KPool_TopkFused.hpp).
+FUSED_REG_CAP = 255
 
 # A case: the kpool_perf case whose bytes and FLOPs give its limit, and its shape.
 CASES = {
@@ -290,8 +299,9 @@ def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1):
              "keys": groups * (LAT_L2 + 4 * BARRIER)}
     if fused:
         # A claim, the prepared count and the ticket (atomics), the last
-        # two with release and acquire (KPool_TopkFused.hpp).
-        parts["protocol"] = 3 * LAT_L2 + 2 * RELEASE
+        # two with release and acquire (KPool_TopkFused.hpp), a group's part
+        # at a time.
+        parts["protocol"] = groups * (3 * LAT_L2 + 2 * RELEASE)
     return sum(parts.values()), parts, groups * tiles
 
 
@@ -385,16 +395,12 @@ def model(c, res, limits):
         splits = tile_splits(groups, c["pools"], MMA_TILE * warps)
         work = groups * splits
         per_sm, at_once = resident(kern, 32 * warps)
-        if fused:
-            # One team a virtual team, in rounds of the resident ones.
-            teams, rounds, share_groups = work, math.ceil(work / at_once), 1
-            pools = math.ceil(c["pools"] / splits)
-            how = "%d rounds" % rounds
-        else:
+        if True:
             # Persistent (persistent_teams): the SMs times the teams an SM
-            # holds under the register cap, each a contiguous share of the
+            # holds under the register cap (the engine's launch bounds; 255,
+            # none, for the fused kernel), each a contiguous share of the
             # virtual teams, one round.
-            per_sm = max(1, REGS_SM // (MMA_REG_CAP * 32 * warps))
+            per_sm = max(1, REGS_SM // ((FUSED_REG_CAP if fused else MMA_REG_CAP) * 32 * warps))
             teams = min(work, SMS * per_sm)
             at_once, rounds = teams, 1
             share = work / teams
@@ -415,14 +421,20 @@ def model(c, res, limits):
                          % (depth, mma_scratch(profile, rows, warps, depth))) if depth > 1
                         else "one tile ahead in registers", SHAPES["ring"]))
         # What goes around the scoring.
-        prep_teams = c["rows"] * HEADS
-        _, prep_at_once = resident(res["prepare"], 64)
-        prepare = math.ceil(prep_teams / prep_at_once) * PREP
+        prep_items = c["rows"] * HEADS
+        prep_teams = math.ceil(prep_items / 4)
+        _, prep_at_once = resident(res["prepare"], 128)
+        # Its rounds of resident teams, or its bytes (the bf16 queries read,
+        # the prepared f32 values written) at the HBM rate, whichever is
+        # longer.
+        prep_bytes = prep_items * DIM * (2 + 4)
+        prepare = max(math.ceil(prep_teams / prep_at_once) * PREP_WARP, prep_bytes / HBM)
         if fused:
             # The first wave prepares the rows; the last row's top-k runs after it.
             around = PREP + topk_row(c["pools"])
-            notes.append("fused: one launch; the first wave prepares the queries (%.1f us), "
-                         "the last row's top-k after the scoring (%.1f us)"
+            notes.append("fused: one launch; the teams prepare each group's queries before "
+                         "scoring it (%.1f us), the team that completes a group selects its "
+                         "row (%.1f us)"
                          % (PREP * 1e6, topk_row(c["pools"]) * 1e6))
         elif c["kind"] == "long":
             top, segs, _ = split_topk(c["pools"])
@@ -433,8 +445,10 @@ def model(c, res, limits):
             _, sel_at_once = resident(res["select"], TEAM_THREADS)
             top = math.ceil(c["rows"] / sel_at_once) * topk_row(c["pools"])
             around = prepare + GAP + GAP + top
-            notes.append("prepare %d teams, %.1f us (%s); top-k %.1f us (%d rows, %d at once); "
+            notes.append("prepare %d teams, %.1f us (%s; %.1f MB of queries read and prepared "
+                         "values written); top-k %.1f us (%d rows, %d at once); "
                          "two launch gaps" % (prep_teams, prepare * 1e6, SHAPES["prepare"],
+                                              prep_bytes / 1e6,
                                               top * 1e6, c["rows"], sel_at_once))
         lat = score + around
         rate, inflight = in_flight_rate(at_once, warps, depth - 1 if depth > 1 else 1)

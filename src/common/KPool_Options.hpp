@@ -54,9 +54,10 @@ enum class ScoreEngine {
 /// a decode Batch) launches its scoring and its top-k (docs/indexer.md,
 /// "One launch for a decode selection"). Both give the same bits.
 enum class DecodeSelection {
-  /// separate on every backend, the faster of the two on an H200 by
-  /// perf_tests/gpu/cost_model.py (docs/performance.md); a device run may
-  /// overturn it.
+  /// The faster of the two on an H200 by perf_tests/gpu/cost_model.py
+  /// (docs/performance.md), where the call allows it: on a device fused
+  /// for the tensor-core engine in the serving profile, separate
+  /// otherwise; separate on hosts. A device run may overturn it.
   automatic,
   /// One launch: each group of rows is scored by its teams, and the team
   /// that finishes last selects the group's rows. Refused by name where
@@ -86,8 +87,8 @@ struct Options {
   /// the functor on devices, 1 on hosts). Capped at what the execution
   /// space allows. Never changes results.
   int team_size = 0;
-  /// Teams of the tensor-core engine's scoring launch (the selection's and
-  /// KPool::score's, not the fused decode selection's), a persistent
+  /// Teams of the tensor-core engine's scoring launch (the selection's,
+  /// KPool::score's and the fused decode selection's), a persistent
   /// launch whose teams each take an equal, contiguous share of the call's
   /// (row group, pool split) work: 0 lets KPool choose (on CUDA as many as
   /// are resident: the SMs times the teams an SM holds; on a host one a
@@ -100,8 +101,10 @@ struct Options {
   /// copied asynchronously, cp.async on CUDA): 0 lets KPool choose (the
   /// deepest, up to 3, that fits the team's fast scratch beside its query
   /// rows and warps, where the cache's rows are 16-byte packets the MMA
-  /// takes as they are), 1 keeps one tile ahead in registers, 2 or more
-  /// caps the ring. Negative is refused by name. Never changes results.
+  /// takes as they are), 1 takes no ring (fp8 keys: the next tile's
+  /// packets in registers; bf16 and f16 keys: each tile staged, then
+  /// scored), 2 or more caps the ring. Negative is refused by name. Never
+  /// changes results.
   int key_pipeline_depth = 0;
   /// KPool::step only: one launch for ring_close, compress and seed_tail
   /// (true, the default) or three (false). Both give the same bits.

@@ -143,7 +143,8 @@ std::vector<KPool::ScoreEngine> fused_engines(Shape const& s) {
 // topk, none, or hundreds; native, fp8 and serving caches, 4 to 32 heads;
 // workspaces of every row and of one request's rows (chunks). The fused selection (one launch) equals the separate one
 // (two) bit for bit, for pool ids and token rows, on every team engine,
-// and conforms to the reference.
+// and conforms to the reference; so do the tensor-core engine's default
+// (automatic) and its persistent fused launch of 3 teams.
 TYPED_TEST(SelectDecode, DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit) {
   using E = typename TypeParam::execution_space;
   using T = typename TypeParam::value_type;
@@ -196,6 +197,25 @@ TYPED_TEST(SelectDecode, DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit) {
         EXPECT_EQ(x, y);
         if (!tokens) {
           EXPECT_TRUE(conforms(sc, x));
+          // The tensor-core engine's default (automatic: fused for the
+          // serving profile in device shapes, separate otherwise), and its
+          // persistent fused launch of 3 teams whose shares cross the 16
+          // requests' groups (the default's shares, 2 a thread, cross
+          // them in the run above).
+          if (engine == KPool::ScoreEngine::tensor_cores) {
+            EngineOptions const automatic =
+                decode_options<E>(KPool::DecodeSelection::automatic, engine);
+            std::vector<std::int32_t> const z =
+                run_decode<E, T>(sc, d, automatic, tokens, ws_rows);
+            EXPECT_EQ(z, y) << "automatic";
+            if (B == 16) {
+              EngineOptions persistent = fused;
+              persistent.scoring_teams = 3;
+              std::vector<std::int32_t> const p =
+                  run_decode<E, T>(sc, d, persistent, tokens, ws_rows);
+              EXPECT_EQ(p, y) << "fused, scoring_teams 3";
+            }
+          }
         }
         ++compared;
       }

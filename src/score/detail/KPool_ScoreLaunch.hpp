@@ -142,20 +142,22 @@ TileShape tile_shape(std::size_t total_rows, int num_requests, int heads,
 // The teams of a persistent launch of the tensor-core engine, for `work`
 // virtual teams (row groups x splits) of `warps` warps: `asked`
 // (Options::scoring_teams) where given; on CUDA as many as are resident,
-// the device's SMs times the teams an SM holds under the engine's register
-// cap (mma_register_cap, which its launch bounds guarantee: 3 teams of 4
-// warps, 4 of 3); with device shapes on a host, two a thread of the
-// instance; otherwise (a host) one a virtual team, as before. Never more
-// than the work.
+// the device's SMs times the teams an SM holds under the kernel's register
+// cap (mma_register_cap, which the engine's launch bounds guarantee: 3
+// teams of 4 warps, 4 of 3; 255 for the fused decode selection's kernel,
+// which has none: 2 of 4 warps); with device shapes on a host, two a
+// thread of the instance; otherwise (a host) one a virtual team, as
+// before. Never more than the work.
 template <class ExecutionSpace>
-int persistent_teams(ExecutionSpace const& space, std::uint64_t work, int warps, int asked) {
+int persistent_teams(ExecutionSpace const& space, std::uint64_t work, int warps, int asked,
+                     int register_cap = mma_register_cap) {
   if (work == 0) return 0;  // no launch, as without persistence
   std::uint64_t teams = work;
   if (asked > 0) {
     teams = static_cast<std::uint64_t>(asked);
   } else if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value) {
     int const sms = KokkosExt::device_multiprocessors(space);
-    int const an_sm = 65536 / (mma_register_cap * 32 * (warps > 0 ? warps : 1));
+    int const an_sm = 65536 / (register_cap * 32 * (warps > 0 ? warps : 1));
     if (sms > 0 && an_sm > 0) teams = static_cast<std::uint64_t>(sms) * an_sm;
   } else if constexpr (device_shapes<ExecutionSpace>::value) {
     teams = 2 * static_cast<std::uint64_t>(space.concurrency() > 0 ? space.concurrency() : 1);
@@ -377,7 +379,8 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   LaunchShape shape;
   shape.league = static_cast<int>(f.virtual_teams);
   if (run.persistent)
-    shape.league = persistent_teams(space, f.virtual_teams, f.warps, options.scoring_teams);
+    shape.league = persistent_teams(space, f.virtual_teams, f.warps, options.scoring_teams,
+                                    run.register_cap);
   shape.team_size = warp_lanes ? 32 * f.warps : f.warps;
   shape.scratch_bytes = bytes;
   shape.scratch_level = f.scratch_level;
@@ -482,14 +485,16 @@ void launch_score_registers(Checker const& chk, ExecutionSpace const& space,
 // (select/detail/KPool_TopkFused.hpp). run(label, shape, f) launches
 // functor f of the shape the engine planned; power_of_two_team asks the
 // engines whose layout is their team (tensor_cores) for a power-of-two one;
-// persistent lets the tensor-core engine launch fewer teams than its work
-// (the fused kernel's tickets count one team a virtual team).
+// persistent lets the tensor-core engine launch fewer teams than its work,
+// as many as a kernel of register_cap registers a thread keeps resident.
 template <class ExecutionSpace>
 struct LaunchScore {
   ExecutionSpace space;
   static constexpr bool power_of_two_team = false;
-  // The tensor-core engine launches persistent teams (persistent_teams).
+  // The tensor-core engine launches persistent teams (persistent_teams),
+  // as many as its launch bounds keep resident.
   static constexpr bool persistent = true;
+  static constexpr int register_cap = mma_register_cap;
   template <class F>
   void operator()(std::string const& label, LaunchShape const& shape, F const& f) const {
     launch(space, label, shape, f);

@@ -102,7 +102,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   // channels or 64 bf16 ones).
   static constexpr int prefetch_packets = 4;
   KOKKOS_INLINE_FUNCTION bool prefetching(int D) const {
-    return packets && TM * (D / packet) <= 32 * prefetch_packets;
+    return register_prefetch && packets && TM * (D / packet) <= 32 * prefetch_packets;
   }
   // Key tiles a warp keeps in flight in its scratch ring (the key
   // pipeline, score_ring): 1 is the paths above (a tile staged, or the
@@ -115,6 +115,12 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   static constexpr int max_depth = 3;
   static constexpr bool direct_keys =
       !(std::is_same<C, float8_e4m3>::value && Kind != MmaKind::e4m3);
+  // Which pipelines a kernel compiles (each holds registers of its own,
+  // and a kernel's registers are its costliest path's): the ring where
+  // keys are taken as they are; the register prefetch where keys are
+  // converted, or are 1-byte (a 2-byte key tile fits the prefetch's 128
+  // packets only for D <= 64, where the ring fits too).
+  static constexpr bool register_prefetch = !direct_keys || sizeof(C) == 1;
   // Places and scales of a warp's tiles: double-buffered, or one a tile of
   // the ring.
   KOKKOS_INLINE_FUNCTION static int slots_for(int depth) { return depth < 2 ? 2 : depth; }
@@ -159,41 +165,6 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     return layout(rows, terms, H, D, warps, depth).total + 16;
   }
 
-  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    Layout const lay = layout(rows_per_team, terms, heads, cache.head_dim(), warps, depth);
-    // One block of scratch, taken at a level fixed per call site (a level
-    // read at run time costs a local-memory stack frame on CUDA).
-    char* const base = static_cast<char*>(
-        scratch_level == 0 ? member.team_scratch(0).get_shmem_aligned(lay.total, 16)
-                           : member.team_scratch(1).get_shmem_aligned(lay.total, 16));
-    Tiles const tiles{reinterpret_cast<std::uint32_t*>(base + lay.q),
-                      reinterpret_cast<float*>(base + lay.w),
-                      reinterpret_cast<std::uint32_t*>(base + lay.k),
-                      reinterpret_cast<float*>(base + lay.meta),
-                      reinterpret_cast<std::int64_t*>(base + lay.entry)};
-
-    std::uint64_t const rank = static_cast<std::uint64_t>(member.league_rank());
-    std::uint64_t const teams = static_cast<std::uint64_t>(member.league_size());
-    std::uint64_t const V = virtual_teams;
-    std::uint64_t v = teams >= V ? rank : rank * V / teams;
-    std::uint64_t const v_end = teams >= V ? rank + 1 : (rank + 1) * V / teams;
-    // The share, a group at a time: its splits [s0, s1) walked as one
-    // pipeline, the group's queries staged once.
-    while (v < v_end) {
-      std::uint64_t const group = v / splits;
-      int const s0 = static_cast<int>(v % splits);
-      std::uint64_t const left = v_end - v;
-      int const s1 = left < static_cast<std::uint64_t>(splits - s0)
-                         ? s0 + static_cast<int>(left)
-                         : splits;
-      batch.for_each_run(group, rows_per_team,
-                         [&](int r, SelectRequest const& req, std::uint64_t t0, std::uint64_t t1) {
-                           score_rows(member, tiles, r, req, t0, t1, s0, s1);
-                         });
-      v += static_cast<std::uint64_t>(s1 - s0);
-    }
-  }
-
   struct Tiles {
     std::uint32_t* q;      // [rows][terms][HP][RW]
     float* w;              // [rows][HP]: effective weights, 0 past H
@@ -203,6 +174,64 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     float* meta;           // [warps][slots][2][TM]: scale, usable (1 or 0)
     std::int64_t* entry;   // [warps][slots][TM]: offset of each pool's values in the cache
   };
+
+  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    Tiles const tiles = tiles_of(member);
+    walk(member, [&](std::uint64_t group, int s0, int s1) {
+      score_part(member, tiles, group, s0, s1);
+    });
+  }
+
+  // The team's scratch regions (taken once a team).
+  KOKKOS_INLINE_FUNCTION Tiles tiles_of(member_type const& member) const {
+    Layout const lay = layout(rows_per_team, terms, heads, cache.head_dim(), warps, depth);
+    // One block of scratch, taken at a level fixed per call site (a level
+    // read at run time costs a local-memory stack frame on CUDA).
+    char* const base = static_cast<char*>(
+        scratch_level == 0 ? member.team_scratch(0).get_shmem_aligned(lay.total, 16)
+                           : member.team_scratch(1).get_shmem_aligned(lay.total, 16));
+    return Tiles{reinterpret_cast<std::uint32_t*>(base + lay.q),
+                 reinterpret_cast<float*>(base + lay.w),
+                 reinterpret_cast<std::uint32_t*>(base + lay.k),
+                 reinterpret_cast<float*>(base + lay.meta),
+                 reinterpret_cast<std::int64_t*>(base + lay.entry)};
+  }
+
+  // The fused decode selection (select/detail/KPool_TopkFused.hpp) walks
+  // the same shares, a group's part at a time.
+  static constexpr bool walks_shares = true;
+
+  // part(group, s0, s1) for each group's part of this team's share of the
+  // virtual teams, in order: splits [s0, s1) of the group.
+  template <class Part>
+  KOKKOS_INLINE_FUNCTION void walk(member_type const& member, Part const& part) const {
+    std::uint64_t const rank = static_cast<std::uint64_t>(member.league_rank());
+    std::uint64_t const teams = static_cast<std::uint64_t>(member.league_size());
+    std::uint64_t const V = virtual_teams;
+    std::uint64_t v = teams >= V ? rank : rank * V / teams;
+    std::uint64_t const v_end = teams >= V ? rank + 1 : (rank + 1) * V / teams;
+    while (v < v_end) {
+      std::uint64_t const group = v / splits;
+      int const s0 = static_cast<int>(v % splits);
+      std::uint64_t const left = v_end - v;
+      int const s1 = left < static_cast<std::uint64_t>(splits - s0)
+                         ? s0 + static_cast<int>(left)
+                         : splits;
+      part(group, s0, s1);
+      v += static_cast<std::uint64_t>(s1 - s0);
+    }
+  }
+
+  // Splits [s0, s1) of a group, walked as one pipeline, the group's
+  // queries staged once.
+  KOKKOS_INLINE_FUNCTION void score_part(member_type const& member, Tiles const& tiles,
+                                         std::uint64_t group, int s0, int s1) const {
+    batch.for_each_run(group, rows_per_team,
+                       [&](int r, SelectRequest const& req, std::uint64_t t0, std::uint64_t t1) {
+                         score_rows(member, tiles, r, req, t0, t1, s0, s1);
+                       });
+  }
+
 
   KOKKOS_INLINE_FUNCTION int warp_of(member_type const& member) const {
     return L == 1 ? member.team_rank() / 32 : member.team_rank();
@@ -303,10 +332,12 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
       return (k / n) * static_cast<std::uint64_t>(splits) + static_cast<std::uint64_t>(s0) + k % n;
     };
     stage_queries(member, s, t0, nrows);
-    if (depth > 1) {
-      score_ring(member, s, r, req, t0, nrows, vis_hi, tile_of);
-      member.team_barrier();
-      return;
+    if constexpr (direct_keys) {
+      if (depth > 1) {
+        score_ring(member, s, r, req, t0, nrows, vis_hi, tile_of);
+        member.team_barrier();
+        return;
+      }
     }
     int const warp = warp_of(member);
     int const D = cache.head_dim();

@@ -10,15 +10,18 @@
 // prepared row and weight instead of preparing them again for each split
 // of the row's pools.
 //
-// A team prepares one (row, head). With device shapes the team's threads
-// share the row: the butterflies a stage at a time over the channel pairs
-// (a barrier between stages), the serving amax as a team max of integer
-// magnitudes, the rounding and E4M3 codes a channel a thread. Every value
-// goes through the same operations as in prepare_query_row (a stage's
-// pairs are independent; the max of integers is exact in any order), so
-// the prepared bytes are the same whatever the team size; the unit suite
-// compares them with prepare_query_row on every profile. On a host a team
-// is one thread and runs prepare_query_row itself.
+// With device shapes the launch's teams are warps_per_team warps (team
+// threads of 32 vector lanes), each warp one (row, head): its lanes share
+// the row, the butterflies a stage at a time over the channel pairs (a
+// warp sync between stages), the serving amax as a max of integer
+// magnitudes over the lanes, the rounding and E4M3 codes a channel a lane.
+// The fused decode selection's prologue prepares with its whole team the
+// same way (prepare: a team barrier between stages). Every value goes
+// through the same operations as in prepare_query_row (a stage's pairs are
+// independent; the max of integers is exact in any order), so the prepared
+// bytes are the same whatever the group; the unit suite compares them with
+// prepare_query_row on every profile. On a host a team is one thread and
+// runs prepare_query_row itself.
 
 #include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
@@ -50,13 +53,46 @@ struct PrepareQueriesFunctor {
   int heads;
   int head_dim;
 
+  std::uint64_t items = 0;  // the chunk's (row, head)s (the launch's)
+  // Warps a team of the launch (with device shapes), each one (row, head).
+  static constexpr int warps_per_team = 4;
+  static constexpr int warp_lanes = 32;
+
+  // The fused prologue's need (a row for its team).
   static std::size_t scratch_bytes(int head_dim) {
     return team_rows ? Row::shmem_size(static_cast<std::size_t>(head_dim)) : 0;
   }
+  // The launch's: a row a warp (warps_per_team at most).
+  static std::size_t launch_scratch_bytes(int head_dim) {
+    return team_rows ? warps_per_team * Row::shmem_size(static_cast<std::size_t>(head_dim)) : 0;
+  }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    prepare(member, member.team_scratch(0),
-            static_cast<std::uint64_t>(member.league_rank()));
+    if constexpr (!team_rows) {
+      prepare(member, member.team_scratch(0), static_cast<std::uint64_t>(member.league_rank()));
+    } else {
+      // A row of scratch each warp, taken before any warp leaves.
+      A* const rows = static_cast<A*>(member.team_scratch(0).get_shmem(
+          launch_scratch_bytes(head_dim)));
+      std::uint64_t const item =
+          static_cast<std::uint64_t>(member.league_rank()) *
+              static_cast<std::uint64_t>(member.team_size()) +
+          static_cast<std::uint64_t>(member.team_rank());
+      if (item >= items) return;  // no barrier follows: only warp syncs
+      Row const v(rows + static_cast<std::size_t>(member.team_rank()) *
+                             Row::shmem_size(static_cast<std::size_t>(head_dim)) / sizeof(A),
+                  head_dim);
+      prepare_by(
+          v, item, [&](int n) { return Kokkos::ThreadVectorRange(member, n); },
+          [&]() { warp_sync(); },
+          [&](auto const& f) { Kokkos::single(Kokkos::PerThread(member), f); });
+    }
+  }
+
+  KOKKOS_FORCEINLINE_FUNCTION static void warp_sync() {
+#if defined(__CUDA_ARCH__)
+    __syncwarp();
+#endif
   }
 
   // (Row, head) `item` of the chunk ([rows][H] order), by the whole team;
@@ -65,11 +101,11 @@ struct PrepareQueriesFunctor {
   // select/detail/KPool_TopkFused.hpp, prepares with its own team).
   KOKKOS_INLINE_FUNCTION void prepare(member_type const& member, scratch_space const& scratch,
                                       std::uint64_t item) const {
-    std::uint64_t const t = row0 + item / static_cast<std::uint64_t>(heads);
-    int const h = static_cast<int>(item % static_cast<std::uint64_t>(heads));
-    int const D = head_dim;
-    A* const out = prepared + item * static_cast<std::uint64_t>(D);
     if constexpr (!team_rows) {
+      std::uint64_t const t = row0 + item / static_cast<std::uint64_t>(heads);
+      int const h = static_cast<int>(item % static_cast<std::uint64_t>(heads));
+      int const D = head_dim;
+      A* const out = prepared + item * static_cast<std::uint64_t>(D);
       // A host team of several threads (a fused call's) prepares it once.
       Kokkos::single(Kokkos::PerTeam(member), [&]() {
         for (int c = 0; c < D; ++c) out[c] = to_accumulator(q(t, h, c));
@@ -77,19 +113,37 @@ struct PrepareQueriesFunctor {
       });
       (void)scratch;
     } else {
-      Row const v(scratch, D);
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D),
-                           [&](int c) { v(c) = to_accumulator(q(t, h, c)); });
-      member.team_barrier();
+      prepare_by(
+          Row(scratch, head_dim), item,
+          [&](int n) { return Kokkos::TeamThreadRange(member, n); },
+          [&]() { member.team_barrier(); },
+          [&](auto const& f) { Kokkos::single(Kokkos::PerTeam(member), f); });
+    }
+  }
+
+  // (Row, head) `item` by a group of threads sharing the scratch row v:
+  // range(n) their range over [0, n) (a team's threads, or a warp's
+  // lanes), sync() between stages (a team barrier, or a warp's), one(f)
+  // runs f once for the group.
+  template <class Range, class Sync, class One>
+  KOKKOS_INLINE_FUNCTION void prepare_by(Row const& v, std::uint64_t item, Range const& range,
+                                         Sync const& sync, One const& one) const {
+    std::uint64_t const t = row0 + item / static_cast<std::uint64_t>(heads);
+    int const h = static_cast<int>(item % static_cast<std::uint64_t>(heads));
+    int const D = head_dim;
+    A* const out = prepared + item * static_cast<std::uint64_t>(D);
+    {
+      Kokkos::parallel_for(range(D), [&](int c) { v(c) = to_accumulator(q(t, h, c)); });
+      sync();
       if (prep.rotate) {
         for (int s = 1; s < D; s *= 2) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D / 2), [&](int p) {
+          Kokkos::parallel_for(range(D / 2), [&](int p) {
             int const lo = (p / s) * 2 * s + p % s;
             A const a = v(lo), b = v(lo + s);
             v(lo) = a + b;
             v(lo + s) = a - b;
           });
-          member.team_barrier();
+          sync();
         }
       }
       A w = static_cast<A>(weights(t, h));
@@ -99,7 +153,7 @@ struct PrepareQueriesFunctor {
         float const factor = prep.rotate ? static_cast<float>(prep.rsqrt) : 1.0f;
         std::uint32_t m = 0;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, D),
+            range(D),
             [&](int c, std::uint32_t& local) {
               float const r = round_to_bf16(static_cast<float>(v(c)) * factor);
               v(c) = static_cast<A>(r);
@@ -109,16 +163,16 @@ struct PrepareQueriesFunctor {
             Kokkos::Max<std::uint32_t>(m));
         float const scale = serving_scale(m);
         float const inv = 1.0f / scale;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D), [&](int c) {
+        Kokkos::parallel_for(range(D), [&](int c) {
           out[c] = static_cast<A>(static_cast<float>(serving_code(static_cast<float>(v(c)), inv)));
         });
         w = static_cast<A>(static_cast<float>(weights(t, h)) * scale);
       } else {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, D), [&](int c) {
+        Kokkos::parallel_for(range(D), [&](int c) {
           out[c] = prep.rotate ? v(c) * prep.rsqrt : v(c);
         });
       }
-      Kokkos::single(Kokkos::PerTeam(member), [&]() { prepared_weights[item] = w; });
+      one([&]() { prepared_weights[item] = w; });
     }
   }
 };
@@ -133,16 +187,22 @@ void launch_prepare_queries(Checker const& chk, ExecutionSpace const& space,
                             int heads, int head_dim, A* prepared, A* prepared_weights) {
   using F = PrepareQueriesFunctor<ExecutionSpace, T, A>;
   if (rows == 0) return;
-  F const f{q, weights, prep, prepared, prepared_weights, row0, heads, head_dim};
+  std::uint64_t const items = rows * static_cast<std::uint64_t>(heads);
+  F const f{q, weights, prep, prepared, prepared_weights, row0, heads, head_dim, items};
   LaunchShape shape;
-  shape.league = league_for(chk, "q", rows * static_cast<std::uint64_t>(heads), 1);
   if constexpr (F::team_rows) {
-    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+    // Teams of warps_per_team warps (as many as the backend allows), a
+    // (row, head) a warp.
+    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, F::warp_lanes);
     int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
-    int const want = head_dim / 2 < 64 ? head_dim / 2 : 64;
-    shape.team_size = want < 1 ? 1 : (want < max ? want : max);
+    int const warps = max < F::warps_per_team ? (max < 1 ? 1 : max) : F::warps_per_team;
+    shape.league = league_for(chk, "q", items, warps);
+    shape.team_size = warps;
+    shape.lanes = F::warp_lanes;
+  } else {
+    shape.league = league_for(chk, "q", items, 1);
   }
-  shape.scratch_bytes = F::scratch_bytes(head_dim);
+  shape.scratch_bytes = F::launch_scratch_bytes(head_dim);
   launch(space, chk.entry_point() + "::prepare_queries", shape, f);
 }
 

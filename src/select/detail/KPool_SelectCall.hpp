@@ -220,15 +220,21 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
 // Whether a decode selection scores and selects in one launch
 // (Options::decode_selection; select/detail/KPool_TopkFused.hpp): fused
 // when asked, where the call allows it; asked for where it does not,
-// refused by name before anything runs. The default is separate on every
-// backend: on an H200 perf_tests/gpu/cost_model.py puts the fused kernel
-// at close to three times the separate path's time (docs/performance.md), until a
-// device run says otherwise.
+// refused by name before anything runs. The default (automatic) is what
+// perf_tests/gpu/cost_model.py finds faster on an H200
+// (docs/performance.md), until a device run says otherwise: on a device
+// (and with device shapes) fused for the tensor-core engine in the serving
+// profile, where the call allows it (23 against 25 us for 64 rows of 8192
+// pools), separate otherwise (the exact profile: 43 against 35 us); on a
+// host, separate.
 template <class ExecutionSpace, class Key, bool Expand, class Workspace>
 bool fuse_decode_selection(Checker const& chk, Options const& options, ScoreEngine engine,
-                           Workspace const& workspace, int topk) {
+                           Workspace const& workspace, int topk, bool serving) {
   DecodeSelection const asked = options.decode_selection;
-  if (asked != DecodeSelection::fused) return false;
+  if (asked == DecodeSelection::separate) return false;
+  if (asked == DecodeSelection::automatic &&
+      !(device_shapes<ExecutionSpace>::value && engine == ScoreEngine::tensor_cores && serving))
+    return false;
   std::string why;
   if (engine == ScoreEngine::blas)
     why = "the blas engine scores on the calling thread, not in a team kernel";
@@ -241,6 +247,7 @@ bool fuse_decode_selection(Checker const& chk, Options const& options, ScoreEngi
     why = "topk = " + std::to_string(topk) +
           " takes the wide selection, whose buffers a fused team does not hold";
   if (why.empty()) return true;
+  if (asked == DecodeSelection::automatic) return false;
   chk.fail("options", "decode_selection", -1, "fused", "does not take this call: " + why);
   return false;
 }
@@ -342,8 +349,8 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
                "max_visible, num_heads, head_dim, ScoreEngine::blas)");
     bool fuse = false;
     if constexpr (Decode && !Scores)
-      fuse = fuse_decode_selection<ExecutionSpace, Key, Expand>(chk, options, engine, workspace,
-                                                                topk);
+      fuse = fuse_decode_selection<ExecutionSpace, Key, Expand>(
+          chk, options, engine, workspace, topk, cache.profile() == CacheProfile::serving);
     // Without validation, a workspace that may be too short for a row is
     // refused (a decode batch's by its batch form, before its chunks).
     if (!options.validate && !Decode)

@@ -4,15 +4,20 @@
 // The fused decode selection (docs/indexer.md, "One launch for a decode
 // selection"): the queries' preparation, the scoring engine's kernel and
 // the top-k in one launch. Its league is the engine's: a group of query
-// rows (rows_per_team of one request) is scored by `splits` teams, each
-// over its share of the group's pools. First the group's teams prepare
-// its queries, each (row, head) once (prepare_group); then each scores,
-// writing its keys into the workspace as the engine alone does.
-// Then each team takes a ticket of its group (a counter in the workspace,
-// zero between launches): the team that draws the last one knows that
-// every split of the group has written its keys, and selects the group's
-// rows with SelectFunctor's own code, one row after another, in the same
-// team scratch (the scoring tiles' bytes are free by then). The prepared
+// rows (rows_per_team of one request) is scored by `splits` virtual teams,
+// each over its share of the group's pools; the tensor-core engine's
+// launch is persistent (as many teams as are resident, each walking a
+// contiguous share of the virtual teams a group's part at a time), the
+// other engines' one team a virtual team. For each group's part, the team
+// first helps prepare the group's queries, each (row, head) once
+// (prepare_group); then it scores, writing its keys into the workspace as
+// the engine alone does. Then it takes a ticket of its group for the
+// splits it scored (a counter in the workspace, zero between launches):
+// the team whose add completes the group knows that every split of the
+// group has written its keys, and selects the group's rows with
+// SelectFunctor's own code, one row after another, in the same team
+// scratch (the scoring tiles' bytes are free by then; a persistent team
+// restages them for its next part). The prepared
 // queries, the keys and the selection are those of the separate launches
 // (prepare, score, select), bit for bit.
 //
@@ -41,9 +46,18 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace KPool {
 namespace Details {
+
+// Whether a scoring functor walks persistent shares of its virtual teams
+// (ScoreMmaFunctor: walk, tiles_of, score_part).
+template <class F, class = void>
+struct walks_team_shares : std::false_type {};
+template <class F>
+struct walks_team_shares<F, std::void_t<decltype(F::walks_shares)>>
+    : std::integral_constant<bool, F::walks_shares> {};
 
 // ScoreF, the engine's functor (its scoring inputs and team layout), and
 // what the selection adds: the output, topk, the candidate buffer and the
@@ -75,10 +89,30 @@ struct FusedSelectFunctor : ScoreF {
     // its tiles: the queries' preparation and the selection take their
     // buffers from here, before and after the scoring.
     scratch_space const base = member.team_scratch(0);
-    std::uint64_t const group = static_cast<std::uint64_t>(member.league_rank() / this->splits);
-    prepare_group(member, base, group);
-    ScoreF::operator()(member);
-    if (!last_of_group(member, group)) return;
+    if constexpr (walks_team_shares<ScoreF>::value) {
+      // A persistent launch (the tensor-core engine): the team walks its
+      // share a group's part at a time, each part's splits counted at
+      // once on the group's ticket; between parts the scoring restages
+      // everything its scratch holds.
+      auto const tiles = this->tiles_of(member);
+      this->walk(member, [&](std::uint64_t group, int s0, int s1) {
+        prepare_group(member, base, group);
+        this->score_part(member, tiles, group, s0, s1);
+        if (last_of_group(member, group, static_cast<std::uint32_t>(s1 - s0)))
+          select_group(member, base, group);
+      });
+    } else {
+      std::uint64_t const group =
+          static_cast<std::uint64_t>(member.league_rank() / this->splits);
+      prepare_group(member, base, group);
+      ScoreF::operator()(member);
+      if (last_of_group(member, group, 1u)) select_group(member, base, group);
+    }
+  }
+
+  // The group's rows, selected by the team that completed its scoring.
+  KOKKOS_INLINE_FUNCTION void select_group(member_type const& member, scratch_space const& base,
+                                           std::uint64_t group) const {
     // No row of a fused call is split (fuse_decode_selection): the
     // selection's split fields keep their defaults.
     Select sel;
@@ -143,17 +177,18 @@ struct FusedSelectFunctor : ScoreF {
     (void)ready;
   }
 
-  // Whether this team is the last of its group to finish scoring (the
-  // group's keys are then all written and visible to it).
-  KOKKOS_INLINE_FUNCTION bool last_of_group(member_type const& member,
-                                            std::uint64_t group) const {
+  // Whether this team, having scored `count` splits of the group, is the
+  // last of the group to finish scoring (the group's keys are then all
+  // written and visible to it).
+  KOKKOS_INLINE_FUNCTION bool last_of_group(member_type const& member, std::uint64_t group,
+                                            std::uint32_t count) const {
     member.team_barrier();
     int last = 0;
     Kokkos::single(
         Kokkos::PerTeam(member),
         [&](int& l) {
-          std::uint32_t const drawn = KokkosExt::fetch_add_acq_rel(&tickets[group], 1u);
-          l = drawn + 1 == static_cast<std::uint32_t>(this->splits) ? 1 : 0;
+          std::uint32_t const drawn = KokkosExt::fetch_add_acq_rel(&tickets[group], count);
+          l = drawn + count == static_cast<std::uint32_t>(this->splits) ? 1 : 0;
           // Every split has drawn: no team of this launch touches the
           // group's words again.
           if (l) {
@@ -184,7 +219,11 @@ struct FuseScoreSelect {
   Key* out_keys = nullptr;
   Prepare prepare{};
   static constexpr bool power_of_two_team = true;
-  static constexpr bool persistent = false;
+  // The tensor-core engine's teams are persistent here too, as many as
+  // are resident: this kernel has no launch bounds, so at most 255
+  // registers a thread (2 teams of 4 warps an SM).
+  static constexpr bool persistent = true;
+  static constexpr int register_cap = 255;
 
   template <class F>
   void operator()(std::string const& label, LaunchShape const& shape, F const& f) const {
