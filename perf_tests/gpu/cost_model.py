@@ -391,7 +391,12 @@ def model(c, res, limits):
         groups = c["rows"] // rows
         fused = c["kind"] == "decode" and not c.get("separate", False)
         warps = 4 if profile == "serving" else (2 if fused else 3)
-        kern = res[("fused/" if fused else "score/") + profile]
+        kern = dict(res[("fused/" if fused else "score/") + profile])
+        # The launched kernel's registers: the engine's launch bounds cap
+        # them (the report's most is the unbounded instance Kokkos' team
+        # size query compiles); the fused kernel has none.
+        if not fused:
+            kern["regs"] = min(kern["regs"], MMA_REG_CAP)
         splits = tile_splits(groups, c["pools"], MMA_TILE * warps)
         work = groups * splits
         per_sm, at_once = resident(kern, 32 * warps)
