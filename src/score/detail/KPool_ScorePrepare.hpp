@@ -63,7 +63,7 @@ struct PrepareQueriesFunctor {
     return team_rows ? Row::shmem_size(static_cast<std::size_t>(head_dim)) : 0;
   }
   // The launch's: a row a warp (warps_per_team at most).
-  static std::size_t launch_scratch_bytes(int head_dim) {
+  KOKKOS_INLINE_FUNCTION static std::size_t launch_scratch_bytes(int head_dim) {
     return team_rows ? warps_per_team * Row::shmem_size(static_cast<std::size_t>(head_dim)) : 0;
   }
 
