@@ -649,13 +649,25 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
 
   // A tile's packets copied asynchronously into its slot kt as they are
-  // (direct_keys: the bytes are the operand words), consecutive lanes
-  // consecutive packets of a row; rows read nowhere zeroed (plain stores),
-  // the padding past D zero_key_padding's.
+  // (direct_keys: the bytes are the operand words; stage_key_packets'
+  // walk).
   KOKKOS_INLINE_FUNCTION void copy_key_packets(member_type const& member, std::uint32_t* kt,
                                                std::int64_t const* entry, int D, int RW) const {
-    static_assert(packet * sizeof(C) == 16, "a packet is 16 bytes");
-    constexpr int per_packet = 4;  // words a packet
+    static_assert(packet / S::per_reg == 4, "a packet is 4 operand words");
+    for_each_tile_packet(member, kt, entry, D, RW, [&](std::uint32_t* out, C const* src) {
+      KokkosExt::async_copy<16>(out, src);
+    });
+  }
+
+  // f(out, src) for each 16-byte packet of a tile's rows, consecutive
+  // lanes consecutive packets of a row: its operand words at `out`, its
+  // source in the cache; the words of rows read nowhere are zeroed
+  // instead (the padding past D is zero_key_padding's).
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void for_each_tile_packet(member_type const& member, std::uint32_t* kt,
+                                                   std::int64_t const* entry, int D, int RW,
+                                                   F const& f) const {
+    constexpr int per_packet = packet / S::per_reg;  // words a packet
     int const npk = D / packet;
     for (int l = 0; l < L; ++l) {
       int const lane = lane_of(member, l);
@@ -666,7 +678,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         if (entry[j] < 0) {
           for (int w = 0; w < per_packet; ++w) out[w] = 0;
         } else {
-          KokkosExt::async_copy<16>(out, cache.values + entry[j] + pk * packet);
+          f(out, cache.values + entry[j] + pk * packet);
         }
       }
     }
@@ -713,23 +725,12 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
                                                 std::int64_t const* entry, int D,
                                                 int RW) const {
     constexpr int per_packet = packet / S::per_reg;  // words a packet
-    int const npk = D / packet;
-    for (int l = 0; l < L; ++l) {
-      int const lane = lane_of(member, l);
-      for (int idx = lane; idx < TM * npk; idx += 32) {
-        int const j = idx / npk;
-        int const pk = idx % npk;
-        std::uint32_t* out = kt + j * RW + pk * per_packet;
-        if (entry[j] < 0) {
-          for (int w = 0; w < per_packet; ++w) out[w] = 0;
-          continue;
-        }
-        alignas(16) C v[packet];
-        KokkosExt::copy_aligned_bytes<16>(v, cache.values + entry[j] + pk * packet);
-        KPOOL_IMPL_UNROLL
-        for (int w = 0; w < per_packet; ++w) out[w] = key_word(v + w * S::per_reg, S::per_reg);
-      }
-    }
+    for_each_tile_packet(member, kt, entry, D, RW, [&](std::uint32_t* out, C const* src) {
+      alignas(16) C v[packet];
+      KokkosExt::copy_aligned_bytes<16>(v, src);
+      KPOOL_IMPL_UNROLL
+      for (int w = 0; w < per_packet; ++w) out[w] = key_word(v + w * S::per_reg, S::per_reg);
+    });
   }
 
   // v[l] = (v[l] + v[l ^ 1]) + (v[l ^ 2] + v[l ^ 3]) over each group of
