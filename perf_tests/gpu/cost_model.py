@@ -284,10 +284,20 @@ def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1):
     of the MMA, of the ids' L2 read, or of a tile's whole chain and MMA
     over the depth, whichever is longest."""
     threads = 32 * warps
-    items = math.ceil(rows * HEADS / threads)
-    values = items * DIM
-    lines = values * 4 / 128
-    staging = lines * LAT_L2 + values * CVT_CYC[profile] / CLOCK
+    if profile == "serving":
+        # The prepared E4M3 bytes as they are (stage_query_codes): the
+        # group's rows x heads x D bytes in 16-byte packets over the team's
+        # threads, a (row, head)'s weight with its first packet, one L2
+        # round trip for each INFLIGHT packets a thread.
+        packets = math.ceil(rows * HEADS * DIM / 16 / threads)
+        staging = math.ceil(packets / INFLIGHT) * LAT_L2
+    else:
+        # The prepared f32 values, a (row, head) a thread, converted into
+        # the operand's bf16 terms as staged.
+        items = math.ceil(rows * HEADS / threads)
+        values = items * DIM
+        lines = values * 4 / 128
+        staging = lines * LAT_L2 + values * CVT_CYC[profile] / CLOCK
     tiles = max(1, math.ceil(pools / (MMA_TILE * warps)))
     chain, compute = tile_chain(), tile_compute(profile, rows)
     if depth > 1:
@@ -430,9 +440,9 @@ def model(c, res, limits):
         prep_teams = math.ceil(prep_items / 4)
         _, prep_at_once = resident(res["prepare"], 128)
         # Its rounds of resident teams, or its bytes (the bf16 queries read,
-        # the prepared f32 values written) at the HBM rate, whichever is
-        # longer.
-        prep_bytes = prep_items * DIM * (2 + 4)
+        # the prepared values written: E4M3 bytes in the serving profile,
+        # f32 in the exact one) at the HBM rate, whichever is longer.
+        prep_bytes = prep_items * DIM * (2 + (1 if profile == "serving" else 4))
         prepare = max(math.ceil(prep_teams / prep_at_once) * PREP_WARP, prep_bytes / HBM)
         if fused:
             # The first wave prepares the rows; the last row's top-k runs after it.

@@ -292,6 +292,11 @@ TEST(Score, ServingCache) {
   ShardCase longer = score_case(true, true);
   longer.tokens = {9, 4100, 300};
   check_case<KPool::bfloat16, KPool::float8_e4m3>(longer, 16, true);
+  // Channels not a multiple of 16: the tensor-core engine stages the
+  // prepared E4M3 bytes a word at a time, not in 16-byte packets.
+  ShardCase narrow = score_case(true, true);
+  narrow.D = 8;
+  check_case<KPool::bfloat16, KPool::float8_e4m3>(narrow, 17);
 }
 
 // A scores View without room for the workspace's rows or its pools is

@@ -332,8 +332,11 @@ TEST(MmaEngine, AServingDecodeCallHoldsAKeyRingOfThreeInAnH200sScratch) {
 // (row, head) of the chunk bit for bit as prepare_query_row, the serial
 // definition every engine used before, leaves it: both profiles, rotated
 // or not, f32, bf16 and f64 queries, a chunk that starts past row 0.
+// With codes (the serving profile for the E4M3 MMA), each (row, head)'s
+// region starts with the E4M3 bytes of those values, and the launch writes
+// nothing past them.
 template <class T>
-void expect_prepared_rows(bool rotate, bool serving, int D) {
+void expect_prepared_rows(bool rotate, bool serving, int D, bool codes = false) {
   using E = Kokkos::DefaultExecutionSpace;
   using M = E::memory_space;
   using A = KPool::accumulator_t<T>;
@@ -346,10 +349,14 @@ void expect_prepared_rows(bool rotate, bool serving, int D) {
   KPool::Details::QueryPrep<A> const prep{static_cast<A>(1 / std::sqrt(static_cast<double>(D))),
                                           rotate, serving};
   Kokkos::View<A*, M> out("prepared", chunk * H * D), out_w("prepared_w", chunk * H);
+  // A sentinel in every byte, so that a byte the launch leaves shows.
+  Kokkos::deep_copy(Kokkos::View<unsigned char*, M>(reinterpret_cast<unsigned char*>(out.data()),
+                                                     out.size() * sizeof(A)),
+                    static_cast<unsigned char>(0xA5));
   E space;
   KPool::Details::launch_prepare_queries<E, T, A>(
       KPool::Details::Checker("test"), space, q, w, prep, row0, chunk, H, D, out.data(),
-      out_w.data());
+      out_w.data(), codes);
   space.fence();
   auto const hq = KPoolTest::on_host(q);
   auto const hw = KPoolTest::on_host(w);
@@ -362,9 +369,23 @@ void expect_prepared_rows(bool rotate, bool serving, int D) {
       A const wt = KPool::Details::prepare_query_row(x.data(), D, prep, hw(row0 + i, h));
       int const at = i * H + h;
       ASSERT_EQ(std::memcmp(&wt, &how(at), sizeof(A)), 0) << "weight of row " << i << " head " << h;
-      ASSERT_EQ(std::memcmp(x.data(), &ho(at * D), D * sizeof(A)), 0)
-          << "row " << i << " head " << h << (rotate ? " rotated" : "")
-          << (serving ? " serving" : " exact") << " D " << D;
+      if (codes) {
+        unsigned char const* bytes = reinterpret_cast<unsigned char const*>(&ho(at * D));
+        for (int c = 0; c < D; ++c)
+          ASSERT_EQ(bytes[c], KPool::Details::float_to_e4m3_bits(static_cast<float>(x[c])))
+              << "code " << c << " of row " << i << " head " << h << (rotate ? " rotated" : "")
+              << " D " << D;
+        // The team launch writes the bytes alone (a host's one-thread
+        // teams convert the values in place).
+        if (KPool::Details::device_shapes<E>::value) {
+          for (std::size_t b = D; b < D * sizeof(A); ++b)
+            ASSERT_EQ(bytes[b], 0xA5) << "byte " << b << " of row " << i << " head " << h;
+        }
+      } else {
+        ASSERT_EQ(std::memcmp(x.data(), &ho(at * D), D * sizeof(A)), 0)
+            << "row " << i << " head " << h << (rotate ? " rotated" : "")
+            << (serving ? " serving" : " exact") << " D " << D;
+      }
     }
 }
 
@@ -375,6 +396,8 @@ TEST(PreparedQueries, AreThoseOfPrepareQueryRowBitForBit) {
       expect_prepared_rows<float>(rotate, true, D);
       expect_prepared_rows<KPool::bfloat16>(rotate, true, D);
       expect_prepared_rows<double>(rotate, false, D);
+      expect_prepared_rows<float>(rotate, true, D, true);
+      expect_prepared_rows<KPool::bfloat16>(rotate, true, D, true);
     }
 }
 

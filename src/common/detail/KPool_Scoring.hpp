@@ -230,12 +230,19 @@ struct ScoreTeamInputs {
   // and [chunk rows][H].
   A const* prepared = nullptr;
   A const* prepared_weights = nullptr;
+  // The serving values are E4M3 bytes, D at the start of each (row, head)'s
+  // region (PrepareQueriesFunctor's codes: the tensor-core engine's E4M3
+  // MMA only).
+  bool prepared_codes = false;
 
   // Query row t's head h as prepared: its D values, and its weight.
   KOKKOS_INLINE_FUNCTION A const* prepared_row(std::uint64_t t, int h) const {
     return prepared + ((t - batch.row_begin) * static_cast<std::uint64_t>(heads) +
                        static_cast<std::uint64_t>(h)) *
                           static_cast<std::uint64_t>(cache.head_dim());
+  }
+  KOKKOS_INLINE_FUNCTION std::uint8_t const* prepared_code_row(std::uint64_t t, int h) const {
+    return reinterpret_cast<std::uint8_t const*>(prepared_row(t, h));
   }
   KOKKOS_INLINE_FUNCTION A prepared_weight(std::uint64_t t, int h) const {
     return prepared_weights[(t - batch.row_begin) * static_cast<std::uint64_t>(heads) +
@@ -260,7 +267,7 @@ struct ScoreTeamInputs {
       typename Inputs::scratch_space, typename Inputs::A, typename Inputs::Key;             \
   using Inputs::batch, Inputs::cache, Inputs::keys, Inputs::heads, \
       Inputs::rows_per_team, Inputs::splits, Inputs::write_key, Inputs::prepared_row, \
-      Inputs::prepared_weight
+      Inputs::prepared_weight, Inputs::prepared_codes, Inputs::prepared_code_row
 
 }  // namespace Details
 }  // namespace KPool

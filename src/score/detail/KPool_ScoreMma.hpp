@@ -100,6 +100,15 @@ MmaPlan mma_plan(bool rotated, bool serving = false) {
   return p;
 }
 
+// Whether the engine's plan for the call is the E4M3 MMA, which takes the
+// serving profile's queries prepared as E4M3 bytes (PrepareQueriesFunctor's
+// codes) rather than as f32 values.
+template <class ExecutionSpace, class T, class C>
+bool mma_query_codes(bool rotated, bool serving) {
+  MmaPlan const p = mma_plan<ExecutionSpace, T, C>(rotated, serving);
+  return p.usable && p.kind == MmaKind::e4m3;
+}
+
 }  // namespace Details
 }  // namespace KPool
 

@@ -246,9 +246,16 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
 
   // Query operands of rows [t0, t1) into scratch from the prepared rows,
-  // one (row, head) a thread.
+  // one (row, head) a thread; prepared E4M3 bytes (the serving profile's
+  // codes) as they are, by stage_query_codes.
   KOKKOS_INLINE_FUNCTION void stage_queries(member_type const& member, Tiles const& s,
                                             std::uint64_t t0, int nrows) const {
+    if constexpr (Kind == MmaKind::e4m3) {
+      if (prepared_codes) {
+        stage_query_codes(member, s, t0, nrows);
+        return;
+      }
+    }
     int const H = heads;
     int const D = cache.head_dim();
     int const HP = padded_heads(H);
@@ -274,6 +281,45 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
           }
           out[wd] = word;
         }
+      }
+    });
+    member.team_barrier();
+  }
+
+  // The prepared E4M3 bytes of rows [t0, t0 + nrows) are the operand words
+  // as they are: the team's threads take a row's 16-byte packets in turn
+  // (one wide load each, where D is a multiple of 16 and so every (row,
+  // head)'s region starts 16-byte aligned) or its words (a byte past D
+  // zero); heads past H and channels past D (to the MMA's K) are zero.
+  KOKKOS_INLINE_FUNCTION void stage_query_codes(member_type const& member, Tiles const& s,
+                                                std::uint64_t t0, int nrows) const {
+    int const H = heads;
+    int const D = cache.head_dim();
+    int const HP = padded_heads(H);
+    int const RW = row_words(D);
+    int const items = nrows * HP;
+    bool const wide = D % 16 == 0;
+    int const per = wide ? 4 : 1;  // words a step
+    int const steps = padded_dim(D) / S::per_reg / per;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items * steps), [&](int idx) {
+      int const ih = idx / steps;
+      int const h = ih % HP;
+      int const c0 = (idx % steps) * per * S::per_reg;
+      // The (row, head)'s weight with its first step (0 past H).
+      if (c0 == 0) s.w[ih] = h < H ? prepared_weight(t0 + ih / HP, h) : 0.0f;
+      std::uint32_t* const out = s.q + static_cast<std::size_t>(ih) * RW + c0 / S::per_reg;
+      if (h >= H || c0 >= D) {
+        for (int w = 0; w < per; ++w) out[w] = 0;
+        return;
+      }
+      std::uint8_t const* const x = prepared_code_row(t0 + ih / HP, h) + c0;
+      if (wide) {
+        KokkosExt::copy_aligned_bytes<16>(out, x);
+      } else {
+        std::uint32_t word = 0;
+        for (int e = 0; e < S::per_reg && c0 + e < D; ++e)
+          word |= static_cast<std::uint32_t>(x[e]) << (8 * e);
+        out[0] = word;
       }
     });
     member.team_barrier();

@@ -22,6 +22,15 @@
 // bytes are the same whatever the group; the unit suite compares them with
 // prepare_query_row on every profile. On a host a team is one thread and
 // runs prepare_query_row itself.
+//
+// Operand codes (`codes`, the serving profile on the tensor-core engine's
+// E4M3 MMA, docs/indexer.md): each (row, head) is written as the E4M3 bytes
+// its scoring multiplies (float_to_e4m3_bits of its code values, which the
+// engine used to take from the f32 values as it staged them), D bytes at
+// the start of the (row, head)'s own region of `prepared` (its D values'
+// place): 4 KiB a row for H = 32, D = 128 instead of 16, read by the
+// scoring teams with 16-byte loads and no conversion. Only the bytes
+// change place; every code is the one the values held.
 
 #include <common/detail/KPool_ServingQuant.hpp>
 #include <common/detail/KPool_KokkosExt.hpp>
@@ -54,6 +63,8 @@ struct PrepareQueriesFunctor {
   int head_dim;
 
   std::uint64_t items = 0;  // the chunk's (row, head)s (the launch's)
+  // Serving profile: the E4M3 bytes instead of the values (above).
+  bool codes = false;
   // Warps a team of the launch (with device shapes), each one (row, head).
   static constexpr int warps_per_team = 4;
   static constexpr int warp_lanes = 32;
@@ -89,6 +100,14 @@ struct PrepareQueriesFunctor {
     }
   }
 
+  // Whether the serving values are written as E4M3 bytes.
+  KOKKOS_INLINE_FUNCTION bool codes_out() const {
+    if constexpr (std::is_same<A, float>::value)
+      return codes && prep.serving;
+    else
+      return false;
+  }
+
   KOKKOS_FORCEINLINE_FUNCTION static void warp_sync() {
 #if defined(__CUDA_ARCH__)
     __syncwarp();
@@ -110,6 +129,10 @@ struct PrepareQueriesFunctor {
       Kokkos::single(Kokkos::PerTeam(member), [&]() {
         for (int c = 0; c < D; ++c) out[c] = to_accumulator(q(t, h, c));
         prepared_weights[item] = prepare_query_row(out, D, prep, weights(t, h));
+        // In place, in order: byte c lands in value c / 4, already read.
+        if (codes_out())
+          for (int c = 0; c < D; ++c)
+            reinterpret_cast<std::uint8_t*>(out)[c] = float_to_e4m3_bits(static_cast<float>(out[c]));
       });
       (void)scratch;
     } else {
@@ -163,9 +186,17 @@ struct PrepareQueriesFunctor {
             Kokkos::Max<std::uint32_t>(m));
         float const scale = serving_scale(m);
         float const inv = 1.0f / scale;
-        Kokkos::parallel_for(range(D), [&](int c) {
-          out[c] = static_cast<A>(static_cast<float>(serving_code(static_cast<float>(v(c)), inv)));
-        });
+        if (codes_out()) {
+          std::uint8_t* const bytes = reinterpret_cast<std::uint8_t*>(out);
+          Kokkos::parallel_for(range(D), [&](int c) {
+            bytes[c] = float_to_e4m3_bits(
+                static_cast<float>(serving_code(static_cast<float>(v(c)), inv)));
+          });
+        } else {
+          Kokkos::parallel_for(range(D), [&](int c) {
+            out[c] = static_cast<A>(static_cast<float>(serving_code(static_cast<float>(v(c)), inv)));
+          });
+        }
         w = static_cast<A>(static_cast<float>(weights(t, h)) * scale);
       } else {
         Kokkos::parallel_for(range(D), [&](int c) {
@@ -179,16 +210,18 @@ struct PrepareQueriesFunctor {
 
 // Prepares query rows [row0, row0 + rows) of q into `prepared` ([rows][H]
 // [D]) and their weights into `prepared_weights` ([rows][H]), one team a
-// (row, head), on the caller's instance.
+// (row, head), on the caller's instance; `codes`: the serving profile's
+// values as E4M3 bytes (PrepareQueriesFunctor).
 template <class ExecutionSpace, class T, class A>
 void launch_prepare_queries(Checker const& chk, ExecutionSpace const& space,
                             Strided<const T, 3> const& q, Strided<const float, 2> const& weights,
                             QueryPrep<A> const& prep, std::uint64_t row0, std::uint64_t rows,
-                            int heads, int head_dim, A* prepared, A* prepared_weights) {
+                            int heads, int head_dim, A* prepared, A* prepared_weights,
+                            bool codes = false) {
   using F = PrepareQueriesFunctor<ExecutionSpace, T, A>;
   if (rows == 0) return;
   std::uint64_t const items = rows * static_cast<std::uint64_t>(heads);
-  F const f{q, weights, prep, prepared, prepared_weights, row0, heads, head_dim, items};
+  F const f{q, weights, prep, prepared, prepared_weights, row0, heads, head_dim, items, codes};
   LaunchShape shape;
   if constexpr (F::team_rows) {
     // Teams of warps_per_team warps (as many as the backend allows), a

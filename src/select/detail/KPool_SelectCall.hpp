@@ -384,6 +384,11 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     in.heads = H;
     in.prepared = workspace.prepared_queries();
     in.prepared_weights = workspace.prepared_weights();
+    // The tensor-core engine's E4M3 MMA takes the queries prepared as its
+    // operand bytes.
+    in.prepared_codes = engine == ScoreEngine::tensor_cores &&
+                        mma_query_codes<ExecutionSpace, T, C>(
+                            cache.rotated(), cache.profile() == CacheProfile::serving);
     // The fused decode selection's launcher (the same for every chunk but
     // its first row): it prepares the chunk's queries itself.
     using Prepare = PrepareQueriesFunctor<ExecutionSpace, T, A>;
@@ -400,6 +405,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       fused.prepare = Prepare{Strided<const T, 3>(q), Strided<const float, 2>(weights),
                               in.cache.query_prep(), workspace.prepared_queries(),
                               workspace.prepared_weights(), 0, H, D};
+      fused.prepare.codes = in.prepared_codes;
     }
     SplitArgs split;
     split.seg_hist = workspace.segment_histograms();
@@ -424,7 +430,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
           chk, space, Strided<const T, 3>(q), Strided<const float, 2>(weights),
           in.cache.query_prep(), in.batch.row_begin,
           in.batch.row_end - in.batch.row_begin, H, D, workspace.prepared_queries(),
-          workspace.prepared_weights());
+          workspace.prepared_weights(), in.prepared_codes);
       launch_score(chk, space, engine, in, workspace, options, LaunchScore<ExecutionSpace>{space});
       if constexpr (Scores)
         launch_scores(chk, space, in.batch, static_cast<Key const*>(in.keys), out, options);
