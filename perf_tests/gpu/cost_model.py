@@ -98,6 +98,9 @@ CVT_CYC = {"serving": assume("cvt_serving", 12, "cycles a value", "a query value
                              "E4M3 code (float_to_e4m3_bits, portable form), counted"),
            "exact": assume("cvt_exact", 24, "cycles a value", "a query value to its three "
                            "bf16 terms (bf16_term x 3), counted")}
+HIST_CYC = assume("hist_count_cycles", 20, "cycles a tile", "a lane's two shared-memory "
+                  "atomic adds (its two pools' first digits) in a tile's epilogue, where the "
+                  "scoring builds the row's histogram (ScoreMmaFunctor::score_tile); assumption")
 BANK_CYC = assume("bank_conflict_cycles", 16, "cycles", "a warp's shared-memory read "
                   "whose 32 addresses are 16 words apart: 16-way bank conflicts, a cycle "
                   "each (compute capability 9.0: 32 banks of 4 bytes)")
@@ -137,12 +140,25 @@ SHAPES = {
     "prepare": "src/score/detail/KPool_ScorePrepare.hpp: a warp a (row, head), 4 a team of 128",
     "ring": "src/score/detail/KPool_ScoreLaunch.hpp: launch_score_mma_kind, the deepest "
             "key ring up to 3 that fits the level-0 scratch",
+    "hist": "src/score/detail/KPool_ScoreLaunch.hpp: launch_score_mma_kind (one query row "
+            "a team, rows of at most 65535 pools, the 4 KiB of counts in the level-0 scratch)",
     "persistent": "src/score/detail/KPool_ScoreLaunch.hpp: persistent_teams, the "
                   "tensor-core engine's scoring launch but the fused kernel's",
 }
 # The tensor-core engine's register cap under its launch bounds
 # (KPool_ScoreMmaFunctor.hpp: LaunchBounds<128, 3>, mma_register_cap).
 MMA_REG_CAP = REGS_SM // (3 * 128) // 8 * 8
+CANDIDATES = 1024           # candidate_capacity (KPool_TopkCore.hpp)
+
+
+def select_scratch(pools, topk=TOPK):
+    """The top-k team's level-0 scratch (select_plan, SelectFunctor::
+    scratch_bytes): the histogram, shared words, 2 x topk ids and the full
+    candidate buffer, and the row itself where all of it fits (the staged
+    kernel), else without the row."""
+    fixed = BINS * 4 + 8 * 8 + 2 * topk * 4 + CANDIDATES * 8
+    staged = fixed + pools * 4
+    return staged if staged + 2 * 64 <= SCRATCH0 else fixed
 # The fused decode selection's kernel has no launch bounds: at most 255
 # registers a thread (FuseScoreSelect::register_cap, KPool_TopkFused.hpp).
 FUSED_REG_CAP = 255
@@ -238,9 +254,14 @@ SCRATCH0 = 40936           # modeled_device_scratch0 (KPool_Launch.hpp): an H200
 MAX_DEPTH = 3               # ScoreMmaFunctor::max_depth: key tiles a warp's ring holds
 
 
-def mma_scratch(profile, rows, warps, depth):
+HIST_SCRATCH = BINS * 2      # ScoreMmaFunctor's Layout::hist: 2048 16-bit counts
+HIST_MAX_POOLS = 0xFFFF      # score_hist_max_pools (KPool_Scoring.hpp)
+
+
+def mma_scratch(profile, rows, warps, depth, hist=False):
     """ScoreMmaFunctor::scratch_bytes for H = 32, D = 128: places, query
-    operands, weights, `depth` key tiles a warp, scales (Layout)."""
+    operands, weights, `depth` key tiles a warp, scales (Layout), and the
+    row's first-digit counts where it builds them."""
     per_reg = 4 if profile == "serving" else 2       # E4M3 or bf16 operands a word
     terms = 1 if profile == "serving" else 3
     rw = DIM // per_reg + 4
@@ -248,10 +269,21 @@ def mma_scratch(profile, rows, warps, depth):
     a16 = lambda b: (b + 15) // 16 * 16
     return (a16(warps * slots * MMA_TILE * 8) + a16(rows * terms * HEADS * rw * 4)
             + a16(rows * HEADS * 4) + a16(warps * depth * MMA_TILE * rw * 4)
-            + a16(warps * slots * 2 * MMA_TILE * 4) + 16)
+            + a16(warps * slots * 2 * MMA_TILE * 4) + (HIST_SCRATCH if hist else 0) + 16)
 
 
-def key_depth(profile, rows, warps):
+def builds_hist(profile, rows, warps, pools):
+    """Whether the scoring builds its rows' first-digit histograms
+    (launch_score_mma_kind): one query row a team, rows of at most
+    HIST_MAX_POOLS pools, the counts beside the rows and warps, and for
+    keys taken as they are (the serving profile's), which count in the key
+    ring only, a ring of 2 beside them."""
+    depth = 2 if profile == "serving" else 1
+    return rows == 1 and pools <= HIST_MAX_POOLS and \
+        mma_scratch(profile, rows, warps, depth, True) <= SCRATCH0
+
+
+def key_depth(profile, rows, warps, hist=False):
     """The key ring the launcher takes (launch_score_mma_kind): the deepest up
     to MAX_DEPTH whose scratch fits beside the rows and warps, where the
     keys are operands as they are (the serving profile's E4M3; the exact
@@ -259,7 +291,7 @@ def key_depth(profile, rows, warps):
     prefetch)."""
     d = 1
     if profile == "serving":
-        while d < MAX_DEPTH and mma_scratch(profile, rows, warps, d + 1) <= SCRATCH0:
+        while d < MAX_DEPTH and mma_scratch(profile, rows, warps, d + 1, hist) <= SCRATCH0:
             d += 1
     return d
 
@@ -272,7 +304,7 @@ def tile_compute(profile, rows):
     return rows * (mmas * MMA_CYC + EPI_CYC) / CLOCK
 
 
-def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1):
+def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1, hist=False):
     """(seconds, parts, tiles a warp) of one scoring team: `pools` pools of
     each of `groups` row groups in turn (a persistent team's share crosses
     groups), the group's queries staged once, its tiles one pipeline:
@@ -307,6 +339,12 @@ def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1):
     walk = chain + (tiles - 1) * period + compute
     parts = {"staging": groups * staging, "tiles": groups * walk,
              "keys": groups * (LAT_L2 + 4 * BARRIER)}
+    if hist:
+        # The row's counts: zeroed before the group's staging, a shared
+        # atomic add a key in the tiles' epilogue, then the nonzero bins
+        # added to the workspace's (global atomics, not waited for) and a
+        # barrier (ScoreMmaFunctor::merge_hist), a group's part at a time.
+        parts["histogram"] = groups * (tiles * HIST_CYC / CLOCK + LAT_L2 + 2 * BARRIER)
     if fused:
         # A claim, the prepared count and the ticket (atomics), the last
         # two with release and acquire (KPool_TopkFused.hpp), a group's part
@@ -325,13 +363,17 @@ def digit_search(threads=TEAM_THREADS):
     return SCAN + 2 * run * (BANK_CYC * min(run, 32) / 16) / CLOCK
 
 
-def topk_row(n, threads=TEAM_THREADS):
+def topk_row(n, threads=TEAM_THREADS, built=False):
     """One team's top-k of a row of n keys read from L2 (SelectFunctor):
-    a histogram pass, the threshold search as a team scan over the bins,
+    a histogram pass (or, `built` while scoring, the row's 2048 counts
+    read: load_hist), the threshold search as a team scan over the bins,
     the partition (two walks of a thread's run), the threshold bin's
     refinement (a second digit)."""
     per = math.ceil(n / threads)
-    hist = math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK
+    if built:
+        hist = math.ceil(BINS / threads / INFLIGHT) * LAT_L2 + BARRIER
+    else:
+        hist = math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK
     search = digit_search(threads)
     partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN + 4 * BARRIER
     refine = search + LAT_L2 + 4 * BARRIER
@@ -423,8 +465,10 @@ def model(c, res, limits):
             pools = math.ceil(share * c["pools"] / splits / share_groups)
             how = "persistent, %.1f virtual teams a team over %d row groups (%s)" % (
                 share, share_groups, SHAPES["persistent"])
-        depth = key_depth(profile, rows, warps)
-        team, parts, tiles = scoring_team(profile, rows, pools, warps, fused, share_groups, depth)
+        hist = c["kind"] != "long" and builds_hist(profile, rows, warps, c["pools"])
+        depth = key_depth(profile, rows, warps, hist)
+        team, parts, tiles = scoring_team(profile, rows, pools, warps, fused, share_groups, depth,
+                                          hist)
         score = rounds * team
         notes.append("%d teams of %d warps for %d virtual teams (%d row groups x %d splits: %s), "
                      "%d resident (%d an SM at %d registers), %s; a team %.2f us: %s; %d tiles a warp, "
@@ -433,8 +477,12 @@ def model(c, res, limits):
                         kern["regs"], how, team * 1e6,
                         ", ".join("%s %.2f" % (k, v * 1e6) for k, v in parts.items()), tiles,
                         ("a key ring of %d (%d bytes of scratch a team)"
-                         % (depth, mma_scratch(profile, rows, warps, depth))) if depth > 1
+                         % (depth, mma_scratch(profile, rows, warps, depth, hist))) if depth > 1
                         else "one tile ahead in registers", SHAPES["ring"]))
+        notes.append("the rows' first-digit histograms %s (%s)"
+                     % ("built while scoring: the top-k reads them instead of a pass"
+                        if hist else "not built while scoring: the top-k counts each row",
+                        SHAPES["hist"]))
         # What goes around the scoring.
         prep_items = c["rows"] * HEADS
         prep_teams = math.ceil(prep_items / 4)
@@ -446,19 +494,21 @@ def model(c, res, limits):
         prepare = max(math.ceil(prep_teams / prep_at_once) * PREP_WARP, prep_bytes / HBM)
         if fused:
             # The first wave prepares the rows; the last row's top-k runs after it.
-            around = PREP + topk_row(c["pools"])
+            around = PREP + topk_row(c["pools"], built=hist)
             notes.append("fused: one launch; the teams prepare each group's queries before "
                          "scoring it (%.1f us), the team that completes a group selects its "
                          "row (%.1f us)"
-                         % (PREP * 1e6, topk_row(c["pools"]) * 1e6))
+                         % (PREP * 1e6, topk_row(c["pools"], built=hist) * 1e6))
         elif c["kind"] == "long":
             top, segs, _ = split_topk(c["pools"])
             around = prepare + GAP + GAP + top
             notes.append("prepare %.1f us, the split top-k %.1f us (%d segments), launch gaps"
                          % (prepare * 1e6, top * 1e6, segs))
         else:
-            _, sel_at_once = resident(res["select"], TEAM_THREADS)
-            top = math.ceil(c["rows"] / sel_at_once) * topk_row(c["pools"])
+            # Its registers (no launch bounds: KPool_TopkCore.hpp) and its
+            # scratch.
+            _, sel_at_once = resident(res["select"], TEAM_THREADS, select_scratch(c["pools"]))
+            top = math.ceil(c["rows"] / sel_at_once) * topk_row(c["pools"], built=hist)
             around = prepare + GAP + GAP + top
             notes.append("prepare %d teams, %.1f us (%s; %.1f MB of queries read and prepared "
                          "values written); top-k %.1f us (%d rows, %d at once); "

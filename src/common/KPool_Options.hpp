@@ -101,11 +101,21 @@ struct Options {
   /// copied asynchronously, cp.async on CUDA): 0 lets KPool choose (the
   /// deepest, up to 3, that fits the team's fast scratch beside its query
   /// rows and warps, where the cache's rows are 16-byte packets the MMA
-  /// takes as they are), 1 takes no ring (fp8 keys: the next tile's
-  /// packets in registers; bf16 and f16 keys: each tile staged, then
-  /// scored), 2 or more caps the ring. Negative is refused by name. Never
+  /// takes as they are), 1 takes no ring (each tile staged, then scored),
+  /// 2 or more caps the ring. Keys converted as they are staged (the exact
+  /// profile's fp8 keys) take no ring and keep the next tile's packets in
+  /// registers whatever it says. Negative is refused by name. Never
   /// changes results.
   int key_pipeline_depth = 0;
+  /// Whether the tensor-core engine builds each query row's first-digit
+  /// histogram while it scores (true, the default), so that the top-k
+  /// starts from it instead of a pass over the row's keys. It applies on
+  /// devices and in device-shapes builds, to selections (not KPool::score)
+  /// whose teams score one query row (decode-shaped calls), whose rows
+  /// have fewer than 2^16 pools and whose cache is not sharded, where the
+  /// counts fit the team's fast scratch; elsewhere the top-k counts
+  /// itself. false always lets the top-k count. Never changes results.
+  bool score_histograms = true;
   /// KPool::step only: one launch for ring_close, compress and seed_tail
   /// (true, the default) or three (false). Both give the same bits.
   bool fused = true;

@@ -50,7 +50,10 @@ class SelectWorkspace {
   /// Allocates the buffers on `space` (labelled
   /// KPool::SelectWorkspace::keys, ...::prepared_queries,
   /// ...::prepared_weights and ...::fused_tickets (the
-  /// one buffer filled, with zeros, on `space`); for max_visible
+  /// one buffer filled, with zeros, on `space`); on a device (or with
+  /// device shapes), for max_visible up to 65535 and the automatic or
+  /// tensor_cores engine, ...::row_histograms, 8 KiB a row
+  /// (Options::score_histograms); for max_visible
   /// above 65536 the long rows' ...::segment_histograms and
   /// ...::split_plans, a quarter as many 4-byte words as keys in all; for
   /// the blas engine its staging buffers).
@@ -131,6 +134,17 @@ class SelectWorkspace {
     // put back to zero by each launch.
     fused_tickets_ = Kokkos::View<std::uint32_t*, MemorySpace>(
         Kokkos::view_alloc(space, "KPool::SelectWorkspace::fused_tickets"), 3 * max_tokens);
+    // Each row's first-digit histogram built while scoring (8 KiB a row):
+    // on devices (and with device shapes), where the tensor-core engine
+    // may run and rows are short enough (Options::score_histograms). Each
+    // call zeroes its rows' before it scores them.
+    if (Details::device_shapes<ExecutionSpace>::value &&
+        max_visible <= Details::score_hist_max_pools &&
+        (engine == ScoreEngine::automatic || engine == ScoreEngine::tensor_cores))
+      row_hist_ = Kokkos::View<std::uint32_t*, MemorySpace>(
+          Kokkos::view_alloc(space, Kokkos::WithoutInitializing,
+                             "KPool::SelectWorkspace::row_histograms"),
+          max_tokens * static_cast<std::size_t>(Details::score_hist_bins));
     // The blas engine's staging: only for it, on hosts with Kokkos Kernels.
     if (engine == ScoreEngine::blas) {
       chunks_ = Details::BlasChunks::for_shape(max_tokens, max_visible, num_heads);
@@ -181,6 +195,10 @@ class SelectWorkspace {
   void reset_counters(ExecutionSpace const& space) const {
     if (fused_tickets_.data() != nullptr) Kokkos::deep_copy(space, fused_tickets_, 0u);
   }
+  /// @return each row's first-digit histogram built while scoring,
+  /// [max_tokens][2048] (null where the workspace has none; the selection
+  /// stage's own use).
+  std::uint32_t* row_histograms() const { return row_hist_.data(); }
   /// @return the long rows' regions: per-segment counts, then their sure
   /// ids and candidates (null without long rows).
   std::uint32_t* segment_histograms() const { return seg_hist_.data(); }
@@ -228,6 +246,7 @@ class SelectWorkspace {
   Details::BlasChunks chunks_;
   Kokkos::View<key_type*, MemorySpace> keys_;
   Kokkos::View<std::uint32_t*, MemorySpace> seg_hist_;
+  Kokkos::View<std::uint32_t*, MemorySpace> row_hist_;
   Kokkos::View<std::uint32_t*, MemorySpace> split_plans_;
   int split_segments_ = 0;
   std::uint64_t split_from_ = 0;

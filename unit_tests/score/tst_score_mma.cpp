@@ -306,7 +306,8 @@ TEST(MmaEngine, ARotatedFp8DecodeCallTakesThreeWarpsInAnH200sScratch) {
 // row, 4 warps) holds the deepest ring, 3 tiles a warp; a prefill-shaped
 // one (4 rows a team) holds 2 (35,472 and 39,440 bytes of 40,936); each
 // warp's ring is `depth` key tiles, and its places and scales a slot a
-// tile.
+// tile. With the row's histogram built while scoring, the decode call still
+// holds its ring of 3 (39,568 bytes).
 TEST(MmaEngine, AServingDecodeCallHoldsAKeyRingOfThreeInAnH200sScratch) {
   using F = KPool::Details::ScoreMmaFunctor<Kokkos::DefaultHostExecutionSpace, KPool::bfloat16,
                                             KPool::float8_e4m3, MmaKind::e4m3>;
@@ -316,6 +317,11 @@ TEST(MmaEngine, AServingDecodeCallHoldsAKeyRingOfThreeInAnH200sScratch) {
   EXPECT_EQ(F::scratch_bytes(1, 1, 32, 128, 4, 3), 35472u);
   EXPECT_EQ(F::scratch_bytes(4, 1, 32, 128, 4, 2), 39440u);
   EXPECT_GT(F::scratch_bytes(4, 1, 32, 128, 4, 3), h200);
+  // The row's first-digit counts built while scoring (2048 16-bit bins)
+  // fit beside the decode call's ring of 3.
+  EXPECT_EQ(F::scratch_bytes(1, 1, 32, 128, 4, 3, true), 35472u + 4096u);
+  EXPECT_LE(F::scratch_bytes(1, 1, 32, 128, 4, 3, true), h200);
+  EXPECT_EQ(F::layout(1, 1, 32, 128, 4, 3, true).hist, F::layout(1, 1, 32, 128, 4, 3).total);
   for (int depth : {1, 2, 3}) {
     auto const l = F::layout(1, 1, 32, 128, 4, depth);
     EXPECT_EQ(l.meta - l.k, static_cast<std::size_t>(4 * depth) * 16 * F::row_words(128) * 4)

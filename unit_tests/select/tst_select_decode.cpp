@@ -39,6 +39,51 @@ DecodeRows decode_rows(Scenario const& sc, int next_n, Rng& rng) {
   return d;
 }
 
+// Rows whose first-digit histogram a tensor-core call built while scoring
+// (check_row_histograms), over the whole run.
+int& hist_rows_built() {
+  static int n = 0;
+  return n;
+}
+
+// After a call of one chunk: each row's histogram in the workspace is the
+// first-digit histogram of the keys the call wrote (every key but
+// key_not_visible; positions never written still hold the poison ~0, no
+// score's key), or all zero where the call built none (the preparation
+// zeroes them before the scoring may add). Anything else fails.
+template <class T, class M>
+void check_row_histograms(KPool::SelectWorkspace<T, M> const& ws, std::size_t rows) {
+  using Key = typename KPool::SelectWorkspace<T, M>::key_type;
+  constexpr int bins = KPool::Details::score_hist_bins;
+  auto const keys = on_host(ws.keys());
+  auto const hist = on_host(Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      ws.row_histograms(), rows * bins));
+  std::size_t const mv = ws.max_visible();
+  for (std::size_t i = 0; i < rows; ++i) {
+    std::vector<std::uint32_t> want(bins, 0u);
+    for (std::size_t p = 0; p < mv; ++p) {
+      Key const k = keys(i * mv + p);
+      if (k != Key(KPool::Details::key_not_visible) && k != static_cast<Key>(~0ull))
+        ++want[KPool::Details::first_digit(k)];
+    }
+    bool same = true, zero = true;
+    std::uint64_t total = 0;
+    for (int d = 0; d < bins; ++d) {
+      same = same && hist(i * bins + d) == want[d];
+      zero = zero && hist(i * bins + d) == 0u;
+      total += want[d];
+    }
+    if (same && total > 0) ++hist_rows_built();
+    if (same || zero) continue;
+    for (int d = 0; d < bins; ++d)
+      if (hist(i * bins + d) != want[d]) {
+        ADD_FAILURE() << "row " << i << ": bin " << d << " of its histogram built while scoring "
+                      << "holds " << hist(i * bins + d) << ", its keys " << want[d];
+        break;
+      }
+  }
+}
+
 // pool_ids (or token rows) of a decode Batch selection of the scenario.
 // With `died`, the workspace first holds what a fused launch that died
 // mid-way may leave (every group's words set), and reset_counters puts
@@ -88,6 +133,9 @@ std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& 
           ws.prepared_queries(), ws_rows * static_cast<std::size_t>(sc.s.H * sc.s.D)),
       std::numeric_limits<A>::quiet_NaN());
   call(in.q);
+  if (options.engine == KPool::ScoreEngine::tensor_cores && options.score_histograms &&
+      ws.row_histograms() != nullptr && ws_rows >= static_cast<std::size_t>(sc.rows))
+    check_row_histograms(ws, ws_rows);
   auto const after = on_host(words);
   for (std::size_t i = 0; i < after.extent(0); ++i)
     EXPECT_EQ(after(i), 0u) << "the fused call left word " << i << " of its groups' words";
@@ -166,6 +214,8 @@ TYPED_TEST(SelectDecode, DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit) {
   Rng rng(77);
   std::uint64_t seed = 700;
   int compared = 0;
+  int const built_before = hist_rows_built();
+  bool mma_decode = false;  // a tensor-core call of one row a request ran
   for (Case const& cs : cases) {
     Shape const& s = cs.s;
     int const next_n = cs.next_n, B = cs.B;
@@ -215,12 +265,30 @@ TYPED_TEST(SelectDecode, DecodeSelectionInOneLaunchIsTheTwoLaunchesBitForBit) {
                   run_decode<E, T>(sc, d, persistent, tokens, ws_rows);
               EXPECT_EQ(p, y) << "fused, scoring_teams 3";
             }
+            // Without histograms built while scoring (the top-k counts
+            // every row itself), fused and separate; and one scoring team
+            // (one team's counts a row, where the others merge many).
+            for (EngineOptions o : {fused, separate}) {
+              o.score_histograms = false;
+              EXPECT_EQ((run_decode<E, T>(sc, d, o, tokens, ws_rows)), y)
+                  << "score_histograms false, "
+                  << (o.decode_selection == KPool::DecodeSelection::fused ? "fused" : "separate");
+            }
+            EngineOptions one = separate;
+            one.scoring_teams = 1;
+            EXPECT_EQ((run_decode<E, T>(sc, d, one, tokens, ws_rows)), y) << "scoring_teams 1";
+            mma_decode = mma_decode || next_n == 1;
           }
         }
         ++compared;
       }
   }
   EXPECT_GT(compared, 20) << "too few engines took the fused call";
+  // Device shapes build the rows' histograms while the tensor-core engine
+  // scores one row a request (check_row_histograms found them right).
+  if (KPool::Details::device_shapes<E>::value && mma_decode) {
+    EXPECT_GT(hist_rows_built(), built_before) << "no call built a row's histogram";
+  }
 }
 
 // Rows of one value (zero queries: every pool ties), of NaN scores, of
@@ -230,29 +298,42 @@ TYPED_TEST(SelectDecode, DecodeSelectionInOneLaunchOnTiesNanAndInfinities) {
   using E = typename TypeParam::execution_space;
   using T = typename TypeParam::value_type;
   Shape const s{2, 4, 64, 8, false, false, 16};
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> live;
-  for (int r = 0; r < 6; ++r) live.push_back({static_cast<std::uint32_t>(100 + 37 * r), 2});
-  Scenario sc = make_scenario(s, TypeParam::dtype, live, 6, 0, 911);
-  std::size_t const row = static_cast<std::size_t>(s.H) * s.D;
-  auto q_row = [&](int t) { return sc.q.begin() + static_cast<std::ptrdiff_t>(t * row); };
-  std::fill(q_row(0), q_row(2), 0.0);                       // request 0: every pool ties
-  sc.q[2 * row] = std::numeric_limits<double>::quiet_NaN();  // row 2: NaN everywhere
-  for (int h = 0; h < s.H; ++h)                              // row 5: -inf weights
-    sc.w[5 * s.H + h] = -std::numeric_limits<double>::infinity();
-  std::fill(q_row(7), q_row(8), 8192.0);  // row 7: large products
-  Rng rng(3);
-  DecodeRows const d = decode_rows(sc, 2, rng);
-  for (KPool::ScoreEngine engine : fused_engines<E, T>(s)) {
-    SCOPED_TRACE(KPool::Details::engine_name(engine));
-    EngineOptions const fused = decode_options<E>(KPool::DecodeSelection::fused, engine);
-    EngineOptions const separate = decode_options<E>(KPool::DecodeSelection::separate, engine);
-    std::vector<std::int32_t> const a = run_decode<E, T>(sc, d, fused, false, 12);
-    std::vector<std::int32_t> const b = run_decode<E, T>(sc, d, separate, false, 12);
-    EXPECT_EQ(a, b);
-    // Request 0 ties everywhere: its rows take the lowest ids.
-    for (int t = 0; t < 2; ++t)
-      for (int j = 0; j < s.topk; ++j) EXPECT_EQ(a[t * s.topk + j], j) << "row " << t;
-    EXPECT_TRUE(conforms(sc, a));
+  // Two rows a request, and one (each team then scores one row: the
+  // tensor-core engine builds the rows' histograms while scoring, with
+  // device shapes; the histograms are checked against the keys).
+  for (int nn : {2, 1}) {
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> live;
+    for (int r = 0; r < 6; ++r)
+      live.push_back({static_cast<std::uint32_t>(100 + 37 * r), static_cast<std::uint32_t>(nn)});
+    Scenario sc = make_scenario(s, TypeParam::dtype, live, 6, 0, 911);
+    std::size_t const row = static_cast<std::size_t>(s.H) * s.D;
+    auto q_row = [&](int t) { return sc.q.begin() + static_cast<std::ptrdiff_t>(t * row); };
+    std::fill(q_row(0), q_row(nn), 0.0);  // request 0: every pool ties
+    sc.q[static_cast<std::size_t>(nn) * row] =
+        std::numeric_limits<double>::quiet_NaN();  // request 1's first row: NaN everywhere
+    for (int h = 0; h < s.H; ++h)                  // request 2's last row: -inf weights
+      sc.w[(3 * nn - 1) * s.H + h] = -std::numeric_limits<double>::infinity();
+    std::fill(q_row(4 * nn - 1), q_row(4 * nn), 8192.0);  // request 3's last: large products
+    Rng rng(3);
+    DecodeRows const d = decode_rows(sc, nn, rng);
+    for (KPool::ScoreEngine engine : fused_engines<E, T>(s)) {
+      SCOPED_TRACE(std::string(KPool::Details::engine_name(engine)) + " next_n " +
+                   std::to_string(nn));
+      EngineOptions const fused = decode_options<E>(KPool::DecodeSelection::fused, engine);
+      EngineOptions const separate = decode_options<E>(KPool::DecodeSelection::separate, engine);
+      std::size_t const ws_rows = static_cast<std::size_t>(6 * nn);
+      std::vector<std::int32_t> const a = run_decode<E, T>(sc, d, fused, false, ws_rows);
+      std::vector<std::int32_t> const b = run_decode<E, T>(sc, d, separate, false, ws_rows);
+      EXPECT_EQ(a, b);
+      // The top-k counting every row itself: the same bits.
+      EngineOptions counted = separate;
+      counted.score_histograms = false;
+      EXPECT_EQ((run_decode<E, T>(sc, d, counted, false, ws_rows)), b) << "score_histograms false";
+      // Request 0 ties everywhere: its rows take the lowest ids.
+      for (int t = 0; t < nn; ++t)
+        for (int j = 0; j < s.topk; ++j) EXPECT_EQ(a[t * s.topk + j], j) << "row " << t;
+      EXPECT_TRUE(conforms(sc, a));
+    }
   }
 }
 

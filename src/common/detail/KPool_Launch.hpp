@@ -62,14 +62,23 @@ constexpr int power_of_two_floor(int n) {
   return p;
 }
 
+// A team size for f's launch: what Options::team_size asked (requested >
+// 0), else the backend's recommendation (a device), a device block (device
+// shapes) or one thread (a host); never above what the backend allows for
+// f under its launch bounds (KokkosExt::BoundedTeamPolicy: the policy f
+// launches with, so that the query compiles no kernel besides the
+// launched one), nor above the bounds' threads on a backend that ignores
+// them, so that device shapes take a device's teams.
 template <class ExecutionSpace, class Functor>
 int team_size_for(ExecutionSpace const& space, Functor const& f, int lanes,
                   int requested) {
-  KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, lanes);
-  int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
+  KokkosExt::BoundedTeamPolicy<ExecutionSpace, Functor> const probe(space, 1, 1, lanes);
+  int max = probe.team_size_max(f, Kokkos::ParallelForTag());
+  int const bound = KokkosExt::launch_bounds_threads<Functor>() / lanes;
+  if (bound > 0 && max > bound) max = bound;
   if (requested > 0) return std::max(1, std::min(requested, max));
   if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value) {
-    return std::max(1, probe.team_size_recommended(f, Kokkos::ParallelForTag()));
+    return std::max(1, std::min(max, probe.team_size_recommended(f, Kokkos::ParallelForTag())));
   } else if constexpr (device_shapes<ExecutionSpace>::value) {
     return std::max(1, std::min(max, device_block_threads / lanes));
   } else {

@@ -49,6 +49,20 @@ KOKKOS_INLINE_FUNCTION std::uint64_t score_key(double s) {
   return (u & sign) ? ~u : (u | sign);
 }
 
+// The top-k's first radix digit of a key, its top score_hist_bits bits
+// (KPool_TopkCore.hpp's select_digit_bits): the bin a row's histogram
+// built while scoring counts the key in (docs/indexer.md, "Histograms
+// built while scoring").
+constexpr int score_hist_bits = 11;
+constexpr int score_hist_bins = 1 << score_hist_bits;
+template <class Key>
+KOKKOS_FORCEINLINE_FUNCTION int first_digit(Key key) {
+  return static_cast<int>(key >> (8 * sizeof(Key) - score_hist_bits));
+}
+// A row's histogram built while scoring holds counts of at most this many
+// pools: a scoring team keeps its share in 16-bit counts.
+constexpr std::uint64_t score_hist_max_pools = 0xFFFF;
+
 // relu that passes NaN: a NaN product makes the pool's score NaN.
 template <class A>
 KOKKOS_FORCEINLINE_FUNCTION A relu(A x) {
@@ -234,6 +248,11 @@ struct ScoreTeamInputs {
   // region (PrepareQueriesFunctor's codes: the tensor-core engine's E4M3
   // MMA only).
   bool prepared_codes = false;
+  // [chunk rows][score_hist_bins], or null: where set (the tensor-core
+  // engine, one query row a team), the scoring adds every key it writes
+  // but key_not_visible to its row's first-digit histogram (first_digit),
+  // zeroed by the chunk's preparation, so that the top-k starts from it.
+  std::uint32_t* row_hist = nullptr;
 
   // Query row t's head h as prepared: its D values, and its weight.
   KOKKOS_INLINE_FUNCTION A const* prepared_row(std::uint64_t t, int h) const {
@@ -267,7 +286,7 @@ struct ScoreTeamInputs {
       typename Inputs::scratch_space, typename Inputs::A, typename Inputs::Key;             \
   using Inputs::batch, Inputs::cache, Inputs::keys, Inputs::heads, \
       Inputs::rows_per_team, Inputs::splits, Inputs::write_key, Inputs::prepared_row, \
-      Inputs::prepared_weight, Inputs::prepared_codes, Inputs::prepared_code_row
+      Inputs::prepared_weight, Inputs::prepared_codes, Inputs::prepared_code_row, Inputs::row_hist
 
 }  // namespace Details
 }  // namespace KPool

@@ -333,7 +333,9 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   if (warp_lanes) {
     f.warps = mma_team_warps;
   } else {
-    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, 1);
+    // The launch's own policy (an unbounded one would compile a kernel of
+    // its own for the query).
+    KokkosExt::BoundedTeamPolicy<ExecutionSpace, F> const probe(space, 1, 1, 1);
     int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
     int const want = options.team_size > 0 ? options.team_size : mma_team_warps;
     f.warps = std::max(1, std::min(want, max));
@@ -354,19 +356,34 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   // A launch whose kernel scans over its team (the fused decode
   // selection) takes a power-of-two team.
   if (run.power_of_two_team) f.warps = power_of_two_floor(f.warps);
+  // The rows' first-digit histograms built while scoring (in.row_hist):
+  // with one query row a team, rows of at most score_hist_max_pools pools
+  // (a team's counts are 16-bit) and the counts' 4 KiB of scratch beside
+  // the rows and warps; otherwise none, and the top-k counts the rows
+  // itself (the caller learns which from the functor's row_hist).
+  // Keys taken as they are count in the key ring only (F::counts_at), so
+  // those need a ring of 2 beside the counts.
+  int const deepest = options.key_pipeline_depth > 0
+                          ? std::min(options.key_pipeline_depth, F::max_depth)
+                          : F::max_depth;
+  bool const ring = f.packets && F::direct_keys;
+  int const hist_depth = F::direct_keys ? 2 : 1;
+  bool const hist = f.row_hist != nullptr && f.rows_per_team == 1 &&
+                    in.batch.max_visible <= score_hist_max_pools &&
+                    (!F::direct_keys || (ring && deepest >= 2)) &&
+                    F::scratch_bytes(1, terms, in.heads, D, f.warps, hist_depth, true) <= budget;
+  if (!hist) f.row_hist = nullptr;
   // Then the deepest key ring (F::score_ring) the same rows and warps fit
   // in fast scratch, where the tiles are copied as they are: 16-byte
   // packets whose bytes are the MMA's operands (Options::key_pipeline_depth
   // caps it; 1 keeps the register prefetch).
-  int const deepest = options.key_pipeline_depth > 0
-                          ? std::min(options.key_pipeline_depth, F::max_depth)
-                          : F::max_depth;
-  if (f.packets && F::direct_keys)
+  if (ring)
     while (f.depth < deepest &&
-           F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, f.depth + 1) <= budget)
+           F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, f.depth + 1, hist) <=
+               budget)
       ++f.depth;
   std::size_t const bytes =
-      F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, f.depth);
+      F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, f.depth, hist);
   if (device_shapes<ExecutionSpace>::value && bytes > budget)
     fail_device_scratch<ExecutionSpace>(chk, "tensor_cores", "one query row and a warp's tiles",
                                         in.heads, D, bytes);
@@ -495,8 +512,11 @@ struct LaunchScore {
   // as many as its launch bounds keep resident.
   static constexpr bool persistent = true;
   static constexpr int register_cap = mma_register_cap;
+  // Where set, told the rows' histograms the launch builds (null: none).
+  std::uint32_t const** built_hist = nullptr;
   template <class F>
   void operator()(std::string const& label, LaunchShape const& shape, F const& f) const {
+    if (built_hist != nullptr) *built_hist = f.row_hist;
     launch(space, label, shape, f);
   }
 };

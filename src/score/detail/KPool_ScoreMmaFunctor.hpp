@@ -117,10 +117,17 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
       !(std::is_same<C, float8_e4m3>::value && Kind != MmaKind::e4m3);
   // Which pipelines a kernel compiles (each holds registers of its own,
   // and a kernel's registers are its costliest path's): the ring where
-  // keys are taken as they are; the register prefetch where keys are
-  // converted, or are 1-byte (a 2-byte key tile fits the prefetch's 128
-  // packets only for D <= 64, where the ring fits too).
-  static constexpr bool register_prefetch = !direct_keys || sizeof(C) == 1;
+  // keys are taken as they are (a call whose ring does not fit, or
+  // key_pipeline_depth 1, stages each tile, then scores it); the register
+  // prefetch where keys are converted. The serving kernel compiled both
+  // until its ring always fit: at its cap of 168 registers (202 unbounded)
+  // it then spilled 92 bytes once it counted the rows' first digits; with
+  // the ring alone it takes 148 (nvcc 13, sm_90).
+  static constexpr bool register_prefetch = !direct_keys;
+  // Which pipeline counts the rows' first digits where the launch builds
+  // histograms (row_hist): the ring where keys are taken as they are (the
+  // launcher then takes a ring), else the one-tile pipeline.
+  static constexpr bool counts_one_tile = !direct_keys;
   // Places and scales of a warp's tiles: double-buffered, or one a tile of
   // the ring.
   KOKKOS_INLINE_FUNCTION static int slots_for(int depth) { return depth < 2 ? 2 : depth; }
@@ -140,11 +147,12 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
   // Byte offsets of the team's scratch regions, each 16-byte aligned.
   struct Layout {
-    std::size_t entry, q, w, k, meta, total;
+    std::size_t entry, q, w, k, meta, hist, total;
   };
   KOKKOS_INLINE_FUNCTION static std::size_t align16(std::size_t b) { return (b + 15) / 16 * 16; }
+  // hist: the row's first-digit counts (row_hist), 16 bits a bin.
   KOKKOS_INLINE_FUNCTION static Layout layout(int rows, int terms, int H, int D, int warps,
-                                               int depth) {
+                                               int depth, bool hist = false) {
     Layout l;
     std::size_t o = 0;
     std::size_t const slots = static_cast<std::size_t>(slots_for(depth));
@@ -158,11 +166,14 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     o += align16(static_cast<std::size_t>(warps) * depth * TM * row_words(D) * 4);
     l.meta = o;
     o += align16(static_cast<std::size_t>(warps) * slots * 2 * TM * 4);
+    l.hist = o;
+    o += hist ? static_cast<std::size_t>(score_hist_bins) * 2 : 0;
     l.total = o;
     return l;
   }
-  static std::size_t scratch_bytes(int rows, int terms, int H, int D, int warps, int depth) {
-    return layout(rows, terms, H, D, warps, depth).total + 16;
+  static std::size_t scratch_bytes(int rows, int terms, int H, int D, int warps, int depth,
+                                   bool hist = false) {
+    return layout(rows, terms, H, D, warps, depth, hist).total + 16;
   }
 
   struct Tiles {
@@ -175,6 +186,17 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     std::int64_t* entry;   // [warps][slots][TM]: offset of each pool's values in the cache
   };
 
+  // Where the launch builds histograms (row_hist set): the row's
+  // first-digit counts of the team's current part, [score_hist_bins / 2]
+  // words right after the scales, two 16-bit bins a word (bin d in word
+  // d / 2, its high half for odd d). Computed where used, from the scales'
+  // place and the launch's constants, rather than held through the tiles.
+  KOKKOS_INLINE_FUNCTION std::uint32_t* hist_words(Tiles const& s) const {
+    std::size_t const meta_bytes =
+        align16(static_cast<std::size_t>(warps) * slots_for(depth) * 2 * TM * 4);
+    return reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(s.meta) + meta_bytes);
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
     Tiles const tiles = tiles_of(member);
     walk(member, [&](std::uint64_t group, int s0, int s1) {
@@ -184,7 +206,8 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
 
   // The team's scratch regions (taken once a team).
   KOKKOS_INLINE_FUNCTION Tiles tiles_of(member_type const& member) const {
-    Layout const lay = layout(rows_per_team, terms, heads, cache.head_dim(), warps, depth);
+    Layout const lay =
+        layout(rows_per_team, terms, heads, cache.head_dim(), warps, depth, row_hist != nullptr);
     // One block of scratch, taken at a level fixed per call site (a level
     // read at run time costs a local-memory stack frame on CUDA).
     char* const base = static_cast<char*>(
@@ -377,11 +400,17 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     auto const tile_of = [&](std::uint64_t k) {
       return (k / n) * static_cast<std::uint64_t>(splits) + static_cast<std::uint64_t>(s0) + k % n;
     };
+    if (row_hist != nullptr) {  // ordered before the counts by stage_queries' barrier
+      std::uint32_t* const hist = hist_words(s);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, score_hist_bins / 2),
+                           [&](int w) { hist[w] = 0; });
+    }
     stage_queries(member, s, t0, nrows);
     if constexpr (direct_keys) {
       if (depth > 1) {
         score_ring(member, s, r, req, t0, nrows, vis_hi, tile_of);
         member.team_barrier();
+        merge_hist(member, s, t0);
         return;
       }
     }
@@ -414,9 +443,29 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         if (ahead) load_key_packets(member, entries(s, warp, buf ^ 1), D, next);
       }
       warp_sync();
-      score_tile(member, s, kt, scales(s, warp, buf), req, t0, nrows, tile * TM);
+      score_tile<counts_one_tile>(member, s, kt, scales(s, warp, buf), req, t0, nrows,
+                                  tile * TM);
     }
     // The queries' scratch is restaged for the next rows.
+    member.team_barrier();
+    merge_hist(member, s, t0);
+  }
+
+  // The part's counts of row t (one row a team where the launch builds
+  // histograms) added to the row's histogram in the workspace, a global
+  // atomic a nonzero bin; then a barrier, before the next part zeroes
+  // them. The scores of a row cluster in few bins, so few bins are added.
+  KOKKOS_INLINE_FUNCTION void merge_hist(member_type const& member, Tiles const& s,
+                                         std::uint64_t t) const {
+    if (row_hist == nullptr) return;
+    std::uint32_t const* const hist = hist_words(s);
+    std::uint32_t* const out =
+        row_hist + (t - batch.row_begin) * static_cast<std::uint64_t>(score_hist_bins);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, score_hist_bins / 2), [&](int w) {
+      std::uint32_t const pair = hist[w];
+      if ((pair & 0xFFFFu) != 0) Kokkos::atomic_add(&out[2 * w], pair & 0xFFFFu);
+      if ((pair >> 16) != 0) Kokkos::atomic_add(&out[2 * w + 1], pair >> 16);
+    });
     member.team_barrier();
   }
 
@@ -481,7 +530,7 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
       else
         KokkosExt::async_wait<max_depth - 1>();
       warp_sync();
-      score_tile(member, s, key_tile(s, warp, i), scales(s, warp, i), req, t0, nrows,
+      score_tile<true>(member, s, key_tile(s, warp, i), scales(s, warp, i), req, t0, nrows,
                  tile_of(k) * TM);
     }
     // Nothing is left in flight into the scratch the next rows restage.
@@ -539,6 +588,9 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
 
   // One warp: pools [p0, p0 + 16) for the team's rows, their keys staged
   // in the warp's tile kt, their scales and usability in `scale`.
+  // Count: the pipeline counts the keys' first digits where row_hist is set
+  // (compiled only into the pipeline a histogram launch takes).
+  template <bool Count = false>
   KOKKOS_INLINE_FUNCTION void score_tile(member_type const& member, Tiles const& s,
                                          std::uint32_t const* kt, float const* scale,
                                          SelectRequest const& req, std::uint64_t t0,
@@ -615,8 +667,14 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
           std::uint64_t const p = p0 + pool;
           if (p >= vis) continue;
           float const score = serving ? scale[pool] * part[l][half] : part[l][half];
-          keys[batch.key_offset(t) + p] =
+          Key const key =
               usable[pool] != 0.0f ? score_key(score) : static_cast<Key>(key_not_visible);
+          keys[batch.key_offset(t) + p] = key;
+          // The row's first-digit count (one row a team where row_hist is set).
+          if (Count && row_hist != nullptr && key != static_cast<Key>(key_not_visible)) {
+            int const d = first_digit(key);
+            Kokkos::atomic_add(hist_words(s) + (d >> 1), 1u << (16 * (d & 1)));
+          }
         }
       }
     }

@@ -65,17 +65,32 @@ struct PrepareQueriesFunctor {
   std::uint64_t items = 0;  // the chunk's (row, head)s (the launch's)
   // Serving profile: the E4M3 bytes instead of the values (above).
   bool codes = false;
+  // [chunk rows][score_hist_bins], or null: the rows' histograms built
+  // while scoring (ScoreTeamInputs::row_hist), zeroed here with each row's
+  // head 0, before any team scores the row.
+  std::uint32_t* row_hist = nullptr;
   // Warps a team of the launch (with device shapes), each one (row, head).
   static constexpr int warps_per_team = 4;
   static constexpr int warp_lanes = 32;
+  // 16 teams of 4 warps an SM on CUDA, the most an SM's 64 warps hold: a
+  // cap of 32 registers, which the kernel meets without a spill (38
+  // without bounds since it writes E4M3 bytes and zeroes histograms, 12
+  // teams an SM; nvcc 13, sm_90).
+  using launch_bounds = Kokkos::LaunchBounds<warps_per_team * warp_lanes, 16>;
 
   // The fused prologue's need (a row for its team).
   static std::size_t scratch_bytes(int head_dim) {
     return team_rows ? Row::shmem_size(static_cast<std::size_t>(head_dim)) : 0;
   }
-  // The launch's: a row a warp (warps_per_team at most).
+  // The launch's: a row a warp (warps_per_team at most), each 16-byte
+  // aligned, and 16 bytes for the block's own alignment. Plain arithmetic:
+  // the kernel calls it (View::shmem_size checks its arguments with an
+  // assertion, which costs a kernel a stack frame on CUDA).
+  KOKKOS_INLINE_FUNCTION static std::size_t warp_row_bytes(int head_dim) {
+    return (static_cast<std::size_t>(head_dim) * sizeof(A) + 15) / 16 * 16;
+  }
   KOKKOS_INLINE_FUNCTION static std::size_t launch_scratch_bytes(int head_dim) {
-    return team_rows ? warps_per_team * Row::shmem_size(static_cast<std::size_t>(head_dim)) : 0;
+    return team_rows ? warps_per_team * warp_row_bytes(head_dim) + 16 : 0;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
@@ -83,21 +98,26 @@ struct PrepareQueriesFunctor {
       prepare(member, member.team_scratch(0), static_cast<std::uint64_t>(member.league_rank()));
     } else {
       // A row of scratch each warp, taken before any warp leaves.
-      A* const rows = static_cast<A*>(member.team_scratch(0).get_shmem(
-          launch_scratch_bytes(head_dim)));
+      A* const rows = static_cast<A*>(member.team_scratch(0).get_shmem_aligned(
+          launch_scratch_bytes(head_dim) - 16, 16));
       std::uint64_t const item =
           static_cast<std::uint64_t>(member.league_rank()) *
               static_cast<std::uint64_t>(member.team_size()) +
           static_cast<std::uint64_t>(member.team_rank());
       if (item >= items) return;  // no barrier follows: only warp syncs
       Row const v(rows + static_cast<std::size_t>(member.team_rank()) *
-                             Row::shmem_size(static_cast<std::size_t>(head_dim)) / sizeof(A),
+                             warp_row_bytes(head_dim) / sizeof(A),
                   head_dim);
       prepare_by(
           v, item, [&](int n) { return Kokkos::ThreadVectorRange(member, n); },
           [&]() { warp_sync(); },
           [&](auto const& f) { Kokkos::single(Kokkos::PerThread(member), f); });
     }
+  }
+
+  // The histogram of (row, head) `item`'s row.
+  KOKKOS_INLINE_FUNCTION std::uint32_t* hist_of(std::uint64_t item) const {
+    return row_hist + item / static_cast<std::uint64_t>(heads) * score_hist_bins;
   }
 
   // Whether the serving values are written as E4M3 bytes.
@@ -127,6 +147,8 @@ struct PrepareQueriesFunctor {
       A* const out = prepared + item * static_cast<std::uint64_t>(D);
       // A host team of several threads (a fused call's) prepares it once.
       Kokkos::single(Kokkos::PerTeam(member), [&]() {
+        if (row_hist != nullptr && h == 0)
+          for (int d = 0; d < score_hist_bins; ++d) hist_of(item)[d] = 0;
         for (int c = 0; c < D; ++c) out[c] = to_accumulator(q(t, h, c));
         prepared_weights[item] = prepare_query_row(out, D, prep, weights(t, h));
         // In place, in order: byte c lands in value c / 4, already read.
@@ -156,6 +178,10 @@ struct PrepareQueriesFunctor {
     int const D = head_dim;
     A* const out = prepared + item * static_cast<std::uint64_t>(D);
     {
+      if (row_hist != nullptr && h == 0) {
+        std::uint32_t* const hist = hist_of(item);
+        Kokkos::parallel_for(range(score_hist_bins), [&](int d) { hist[d] = 0; });
+      }
       Kokkos::parallel_for(range(D), [&](int c) { v(c) = to_accumulator(q(t, h, c)); });
       sync();
       if (prep.rotate) {
@@ -211,22 +237,24 @@ struct PrepareQueriesFunctor {
 // Prepares query rows [row0, row0 + rows) of q into `prepared` ([rows][H]
 // [D]) and their weights into `prepared_weights` ([rows][H]), one team a
 // (row, head), on the caller's instance; `codes`: the serving profile's
-// values as E4M3 bytes (PrepareQueriesFunctor).
+// values as E4M3 bytes; `row_hist`: the rows' histograms to zero
+// (PrepareQueriesFunctor).
 template <class ExecutionSpace, class T, class A>
 void launch_prepare_queries(Checker const& chk, ExecutionSpace const& space,
                             Strided<const T, 3> const& q, Strided<const float, 2> const& weights,
                             QueryPrep<A> const& prep, std::uint64_t row0, std::uint64_t rows,
                             int heads, int head_dim, A* prepared, A* prepared_weights,
-                            bool codes = false) {
+                            bool codes = false, std::uint32_t* row_hist = nullptr) {
   using F = PrepareQueriesFunctor<ExecutionSpace, T, A>;
   if (rows == 0) return;
   std::uint64_t const items = rows * static_cast<std::uint64_t>(heads);
-  F const f{q, weights, prep, prepared, prepared_weights, row0, heads, head_dim, items, codes};
+  F const f{q,     weights, prep,  prepared, prepared_weights, row0,
+            heads, head_dim, items, codes,   row_hist};
   LaunchShape shape;
   if constexpr (F::team_rows) {
     // Teams of warps_per_team warps (as many as the backend allows), a
     // (row, head) a warp.
-    KokkosExt::TeamPolicy<ExecutionSpace> const probe(space, 1, 1, F::warp_lanes);
+    KokkosExt::BoundedTeamPolicy<ExecutionSpace, F> const probe(space, 1, 1, F::warp_lanes);
     int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
     int const warps = max < F::warps_per_team ? (max < 1 ? 1 : max) : F::warps_per_team;
     shape.league = league_for(chk, "q", items, warps);

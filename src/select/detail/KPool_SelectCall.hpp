@@ -154,11 +154,13 @@ void set_split_args(F& f, SplitArgs const& split) {
 // segment); then one team a row, in the kernel select_plan picks. No
 // launch waits on the host.
 // out_keys: a shard's keys of the selected pools (SelectTeamInputs), or null.
+// row_hist: the rows' first-digit histograms the scoring built (null:
+// none), which the one-team-a-row kernels start from.
 template <bool Expand, class ExecutionSpace, class Key, class OutView>
 void launch_select(Checker const& chk, ExecutionSpace const& space,
                    SelectBatch const& batch, Key const* keys, OutView const& out,
                    int topk, SplitArgs const& split, Options const& options,
-                   Key* out_keys = nullptr) {
+                   Key* out_keys = nullptr, std::uint32_t const* row_hist = nullptr) {
   std::size_t const rows = batch.row_end - batch.row_begin;
   if (rows == 0) return;
   SelectPlan const plan = select_plan<ExecutionSpace, Key, Expand>(topk, batch.max_visible);
@@ -209,6 +211,7 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     set_split_args(f, split);
     f.cap = plan.cap;
     f.plans = split.plans;
+    f.built_hist = row_hist;
     launch(space, name, select_shape(space, f, rows, plan.scratch_bytes, options), f);
   };
   if (plan.kernel == SelectKernel::staged)
@@ -389,6 +392,13 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     in.prepared_codes = engine == ScoreEngine::tensor_cores &&
                         mma_query_codes<ExecutionSpace, T, C>(
                             cache.rotated(), cache.profile() == CacheProfile::serving);
+    // The rows' first-digit histograms, built while the tensor-core engine
+    // scores where its launch takes them (Options::score_histograms): the
+    // preparation zeroes a chunk's, and the top-k starts from them.
+    if constexpr (!Scores)
+      if (options.score_histograms && engine == ScoreEngine::tensor_cores &&
+          !cache.shard().sharded())
+        in.row_hist = workspace.row_histograms();
     // The fused decode selection's launcher (the same for every chunk but
     // its first row): it prepares the chunk's queries itself.
     using Prepare = PrepareQueriesFunctor<ExecutionSpace, T, A>;
@@ -406,6 +416,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
                               in.cache.query_prep(), workspace.prepared_queries(),
                               workspace.prepared_weights(), 0, H, D};
       fused.prepare.codes = in.prepared_codes;
+      fused.prepare.row_hist = in.row_hist;
     }
     SplitArgs split;
     split.seg_hist = workspace.segment_histograms();
@@ -430,14 +441,16 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
           chk, space, Strided<const T, 3>(q), Strided<const float, 2>(weights),
           in.cache.query_prep(), in.batch.row_begin,
           in.batch.row_end - in.batch.row_begin, H, D, workspace.prepared_queries(),
-          workspace.prepared_weights(), in.prepared_codes);
-      launch_score(chk, space, engine, in, workspace, options, LaunchScore<ExecutionSpace>{space});
+          workspace.prepared_weights(), in.prepared_codes, in.row_hist);
+      std::uint32_t const* built_hist = nullptr;
+      launch_score(chk, space, engine, in, workspace, options,
+                   LaunchScore<ExecutionSpace>{space, &built_hist});
       if constexpr (Scores)
         launch_scores(chk, space, in.batch, static_cast<Key const*>(in.keys), out, options);
       else
         launch_select<Expand>(chk, space, in.batch, static_cast<Key const*>(in.keys),
                               View2<std::int32_t, M>(out), topk, split, options,
-                              static_cast<Key*>(shard_keys));
+                              static_cast<Key*>(shard_keys), built_hist);
     }
   }
 }

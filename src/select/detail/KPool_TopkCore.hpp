@@ -55,6 +55,8 @@ namespace Details {
 constexpr int select_digit_bits = 11;
 constexpr int select_bins = 1 << select_digit_bits;
 constexpr int candidate_capacity = 1024;
+static_assert(select_digit_bits == score_hist_bits,
+              "a histogram built while scoring is the top-k's first digit's");
 
 // Where long rows split (docs/indexer.md, "Selection"): rows of more than
 // `from` visible pools are split over teams, `segment` pools a team. A
@@ -88,6 +90,12 @@ KOKKOS_INLINE_FUNCTION void check_select_team_size(Member const& member) {
 // The largest team a selection kernel takes (select_shape clamps to it):
 // team_ordered_scan keeps a word a thread in team scratch.
 constexpr int max_select_team = 1024;
+
+// The one-team-a-row selection (SelectFunctor) carries no launch bounds:
+// nvcc 13 (sm_90) gives it 71-77 registers without them, 6 teams of 128
+// an SM, and more under any: LaunchBounds<128, 5> 87 (5 teams an SM),
+// <128, 6> 79-80 with a 24-byte spill in the staged kernel, <128, 7> 72
+// with 232 bytes spilled. Its occupancy is the unbounded kernel's.
 
 // An ordered scan of [0, n) by a team, not chunked by the team size (a
 // Kokkos team scan over n indices runs n / team_size chunks, each a team

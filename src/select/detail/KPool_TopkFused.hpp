@@ -120,6 +120,9 @@ struct FusedSelectFunctor : ScoreF {
         this->batch, this->keys, out, out_columns, topk};
     sel.out_keys = out_keys;
     sel.cap = cap;
+    // The rows' histograms, where the scoring built them: every split's
+    // counts were added before its team drew the group's ticket.
+    sel.built_hist = this->row_hist;
     for (int j = 0; j < this->rows_per_team; ++j) {
       SelectRow r{};
       std::uint64_t const i = group * static_cast<std::uint64_t>(this->rows_per_team) +

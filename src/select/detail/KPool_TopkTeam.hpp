@@ -55,6 +55,10 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
   std::uint32_t const* plans = nullptr;  // [chunk rows][split_plan_words(segs)]
 
   int cap = 0;  // candidates the buffer holds
+  // [chunk rows][bins], or null: each row's first-digit histogram as the
+  // scoring built it (ScoreTeamInputs::row_hist); a row not split starts
+  // from it instead of a histogram pass over its keys.
+  std::uint32_t const* built_hist = nullptr;
 
   // hist, shared values, sure ids, chosen ids, `cap` candidate ids and
   // keys, and (Staged) the row.
@@ -166,6 +170,12 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
         int const shift = s.shift - bits;
         if (first && split) {
           merge_segments(member, b, i, n);
+        } else if (first && built_hist != nullptr) {
+          // The histogram the scoring built (load_hist).
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, bins), [&](int d) {
+            b.hist(d) = built_hist[i * static_cast<std::uint64_t>(bins) + d];
+          });
+          member.team_barrier();
         } else {
           if (first && staged) {
             stage_row_hist(member, b, row, n, shift);
