@@ -46,11 +46,14 @@ int& hist_rows_built() {
   return n;
 }
 
-// After a call of one chunk: each row's histogram in the workspace is the
-// first-digit histogram of the keys the call wrote (every key but
-// key_not_visible; positions never written still hold the poison ~0, no
-// score's key), or all zero where the call built none (the preparation
-// zeroes them before the scoring may add). Anything else fails.
+// After a call of one chunk whose histograms were poisoned (hist_poison)
+// before it: each row's histogram in the workspace is the first-digit
+// histogram of the keys the call wrote (every key but key_not_visible;
+// positions never written still hold the poison ~0, no score's key), or
+// all zero where the preparation zeroed it and the scoring then built
+// none, or still the poison where the call took no histograms (more rows
+// a team). Anything else (counts added to stale ones) fails.
+constexpr std::uint32_t hist_poison = 0xA5A5A5A5u;
 template <class T, class M>
 void check_row_histograms(KPool::SelectWorkspace<T, M> const& ws, std::size_t rows) {
   using Key = typename KPool::SelectWorkspace<T, M>::key_type;
@@ -66,15 +69,16 @@ void check_row_histograms(KPool::SelectWorkspace<T, M> const& ws, std::size_t ro
       if (k != Key(KPool::Details::key_not_visible) && k != static_cast<Key>(~0ull))
         ++want[KPool::Details::first_digit(k)];
     }
-    bool same = true, zero = true;
+    bool same = true, zero = true, poison = true;
     std::uint64_t total = 0;
     for (int d = 0; d < bins; ++d) {
       same = same && hist(i * bins + d) == want[d];
       zero = zero && hist(i * bins + d) == 0u;
+      poison = poison && hist(i * bins + d) == hist_poison;
       total += want[d];
     }
     if (same && total > 0) ++hist_rows_built();
-    if (same || zero) continue;
+    if (same || zero || poison) continue;
     for (int d = 0; d < bins; ++d)
       if (hist(i * bins + d) != want[d]) {
         ADD_FAILURE() << "row " << i << ": bin " << d << " of its histogram built while scoring "
@@ -132,10 +136,15 @@ std::vector<std::int32_t> run_decode_with(Scenario const& sc, DecodeRows const& 
       Kokkos::View<A*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
           ws.prepared_queries(), ws_rows * static_cast<std::size_t>(sc.s.H * sc.s.D)),
       std::numeric_limits<A>::quiet_NaN());
+  bool const check_hist = options.engine == KPool::ScoreEngine::tensor_cores &&
+                          options.score_histograms && ws.row_histograms() != nullptr &&
+                          ws_rows >= static_cast<std::size_t>(sc.rows);
+  if (check_hist)
+    Kokkos::deep_copy(Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                          ws.row_histograms(), ws_rows * KPool::Details::score_hist_bins),
+                      hist_poison);
   call(in.q);
-  if (options.engine == KPool::ScoreEngine::tensor_cores && options.score_histograms &&
-      ws.row_histograms() != nullptr && ws_rows >= static_cast<std::size_t>(sc.rows))
-    check_row_histograms(ws, ws_rows);
+  if (check_hist) check_row_histograms(ws, ws_rows);
   auto const after = on_host(words);
   for (std::size_t i = 0; i < after.extent(0); ++i)
     EXPECT_EQ(after(i), 0u) << "the fused call left word " << i << " of its groups' words";

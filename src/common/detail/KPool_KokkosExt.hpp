@@ -158,11 +158,6 @@ template <class F>
 struct launch_bounds_of<F, std::void_t<typename F::launch_bounds>> {
   using type = typename F::launch_bounds;
 };
-// The threads a team of F may have under its launch bounds (0: unbounded).
-template <class F>
-constexpr int launch_bounds_threads() {
-  return static_cast<int>(launch_bounds_of<F>::type::maxTperB);
-}
 template <class ExecutionSpace, class Functor>
 using BoundedTeamPolicy =
     Kokkos::TeamPolicy<ExecutionSpace, Kokkos::Experimental::WorkItemProperty::HintLightWeight_t,

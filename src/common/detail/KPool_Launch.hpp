@@ -67,15 +67,12 @@ constexpr int power_of_two_floor(int n) {
 // shapes) or one thread (a host); never above what the backend allows for
 // f under its launch bounds (KokkosExt::BoundedTeamPolicy: the policy f
 // launches with, so that the query compiles no kernel besides the
-// launched one), nor above the bounds' threads on a backend that ignores
-// them, so that device shapes take a device's teams.
+// launched one).
 template <class ExecutionSpace, class Functor>
 int team_size_for(ExecutionSpace const& space, Functor const& f, int lanes,
                   int requested) {
   KokkosExt::BoundedTeamPolicy<ExecutionSpace, Functor> const probe(space, 1, 1, lanes);
-  int max = probe.team_size_max(f, Kokkos::ParallelForTag());
-  int const bound = KokkosExt::launch_bounds_threads<Functor>() / lanes;
-  if (bound > 0 && max > bound) max = bound;
+  int const max = probe.team_size_max(f, Kokkos::ParallelForTag());
   if (requested > 0) return std::max(1, std::min(requested, max));
   if constexpr (KokkosExt::is_device_backend<ExecutionSpace>::value) {
     return std::max(1, std::min(max, probe.team_size_recommended(f, Kokkos::ParallelForTag())));

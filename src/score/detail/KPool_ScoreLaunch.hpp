@@ -361,8 +361,8 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   // (a team's counts are 16-bit) and the counts' 4 KiB of scratch beside
   // the rows and warps; otherwise none, and the top-k counts the rows
   // itself (the caller learns which from the functor's row_hist).
-  // Keys taken as they are count in the key ring only (F::counts_at), so
-  // those need a ring of 2 beside the counts.
+  // Keys taken as they are count in the key ring only
+  // (F::counts_one_tile), so those need a ring of 2 beside the counts.
   int const deepest = options.key_pipeline_depth > 0
                           ? std::min(options.key_pipeline_depth, F::max_depth)
                           : F::max_depth;
@@ -376,7 +376,7 @@ void launch_score_mma_kind(Checker const& chk, ExecutionSpace const& space,
   // Then the deepest key ring (F::score_ring) the same rows and warps fit
   // in fast scratch, where the tiles are copied as they are: 16-byte
   // packets whose bytes are the MMA's operands (Options::key_pipeline_depth
-  // caps it; 1 keeps the register prefetch).
+  // caps it; 1 stages each tile, then scores it).
   if (ring)
     while (f.depth < deepest &&
            F::scratch_bytes(f.rows_per_team, terms, in.heads, D, f.warps, f.depth + 1, hist) <=

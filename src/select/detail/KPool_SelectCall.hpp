@@ -394,10 +394,12 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
                             cache.rotated(), cache.profile() == CacheProfile::serving);
     // The rows' first-digit histograms, built while the tensor-core engine
     // scores where its launch takes them (Options::score_histograms): the
-    // preparation zeroes a chunk's, and the top-k starts from them.
+    // preparation zeroes a chunk's, and the top-k starts from them. Only
+    // where its teams score one row each (rows_per_team_for), so that a
+    // prefill call does not zero 8 KiB a row for nothing.
     if constexpr (!Scores)
       if (options.score_histograms && engine == ScoreEngine::tensor_cores &&
-          !cache.shard().sharded())
+          !cache.shard().sharded() && rows_per_team_for(rows, num_requests) == 1)
         in.row_hist = workspace.row_histograms();
     // The fused decode selection's launcher (the same for every chunk but
     // its first row): it prepares the chunk's queries itself.
