@@ -68,6 +68,8 @@ HBM = assume("hbm", h200_limits.MEM, "bytes/s", "sustained copy (h200_limits.py)
 LAT_HBM = assume("lat_hbm", 0.6e-6, "s", "a load from HBM under a streaming load: "
                  "Hopper's is commonly put at 0.5-0.7 us (docs/performance.md's "
                  "assumption since the key pipeline)")
+LAT_SMEM = assume("lat_smem", 30 / 1.98e9, "s", "a shared-memory load's latency, about "
+                  "30 cycles (Hopper); assumption")
 LAT_L2 = assume("lat_l2", 0.2e-6, "s", "a load or atomic served by L2 under load "
                 "(Hopper's unloaded L2 hit is about 260 cycles, 0.13 us); assumption")
 RELEASE = assume("release", 0.2e-6, "s", "the release half of an atom.acq_rel.gpu by one "
@@ -80,6 +82,9 @@ BARRIER = assume("barrier", 0.02e-6, "s", "a team barrier of 128 threads arrivin
 SCAN = assume("team_scan", 0.1e-6, "s", "one chunk of a Kokkos team scan of 128 "
               "values in shared memory (warp shuffles, two barriers); a team of 512's "
               "taken at the same cost (one more level of shuffles); assumption")
+SMEM_BW = assume("smem_bytes_cycle", 128, "bytes a cycle an SM", "shared-memory "
+                 "bandwidth: 32 banks of 4 bytes (compute capability 9.0); binds the MMA "
+                 "fragments' loads (fragment_bytes)")
 L2_SM = assume("l2_sm_bytes", 64, "bytes a cycle", "what one SM reads from L2 at most "
                "(the SM's L2 path, as on Ampere); binds the split plan's merge, one team "
                "reading 64 x 4 KiB of 16-bit counts; assumption")
@@ -157,8 +162,15 @@ def select_scratch(pools, topk=TOPK):
     candidate buffer, and the row itself where all of it fits (the staged
     kernel), else without the row."""
     fixed = BINS * 4 + 8 * 8 + 2 * topk * 4 + CANDIDATES * 8
-    staged = fixed + pools * 4
-    return staged if staged + 2 * 64 <= SCRATCH0 else fixed
+    return fixed + pools * 4 if row_staged(pools, topk) else fixed
+
+
+def row_staged(pools, topk=TOPK):
+    """Whether the top-k team stages the row in its scratch (the staged
+    kernel: select_plan, SelectFunctor::select_row's stage_row_hist), so
+    that its partition walks the row in shared memory, not in L2."""
+    fixed = BINS * 4 + 8 * 8 + 2 * topk * 4 + CANDIDATES * 8
+    return fixed + pools * 4 + 2 * 64 <= SCRATCH0
 # The fused decode selection's kernel has no launch bounds: at most 255
 # registers a thread (FuseScoreSelect::register_cap, KPool_TopkFused.hpp).
 FUSED_REG_CAP = 255
@@ -296,6 +308,18 @@ def key_depth(profile, rows, warps, hist=False):
     return d
 
 
+def fragment_bytes(profile):
+    """Shared-memory bytes one row's products over one 16-pool tile load
+    as MMA fragments (ScoreMmaFunctor::score_tile): the keys (A, 16 pools x
+    DIM operands, loaded once a k-step for every head and term) and the
+    query (B, HEADS x DIM operands a term, loaded for every tile). E4M3
+    operands are a byte, bf16 two; the exact profile's query has 3 terms.
+    Every row of a team reloads both."""
+    if profile == "serving":
+        return MMA_TILE * DIM + HEADS * DIM
+    return MMA_TILE * DIM * 2 + 3 * HEADS * DIM * 2
+
+
 def tile_compute(profile, rows):
     """A warp's MMA work on one 16-pool tile for `rows` rows: the A fragments
     are reloaded for each row (ScoreMmaFunctor's row loop)."""
@@ -355,12 +379,14 @@ def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1, hist=Fal
 
 def digit_search(threads=TEAM_THREADS):
     """The threshold digit (find_digit, KPool_TopkTeam.hpp): a thread a run
-    of BINS / threads bins, one team scan of the runs' sums, each run walked
+    of BINS / threads bins rounded up to an odd length (17 for a team of
+    128, 5 for one of 512), one team scan of the runs' sums, each run walked
     twice (its sum, then from its prefix), the runs `run` words apart in
-    shared memory (run-way bank conflicts: 16-way for a team of 128, 4-way
-    for one of 512)."""
-    run = BINS // threads
-    return SCAN + 2 * run * (BANK_CYC * min(run, 32) / 16) / CLOCK
+    shared memory: gcd(run, 32)-way bank conflicts, none for an odd run
+    (a run of 16 was 16-way)."""
+    run = math.ceil(BINS / threads) | 1
+    ways = math.gcd(run, 32)
+    return SCAN + 2 * run * (BANK_CYC * ways / 16) / CLOCK
 
 
 def topk_row(n, threads=TEAM_THREADS, built=False):
@@ -375,7 +401,10 @@ def topk_row(n, threads=TEAM_THREADS, built=False):
     else:
         hist = math.ceil(per / INFLIGHT) * LAT_L2 + per * 4 / CLOCK
     search = digit_search(threads)
-    partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN + 4 * BARRIER
+    # The row's two walks: from L2, or from the team's scratch where the
+    # first pass staged the row there.
+    walk = LAT_SMEM if (not built and row_staged(n)) else LAT_L2
+    partition = 2 * (walk + per * 4 / CLOCK) + SCAN + 4 * BARRIER
     refine = search + LAT_L2 + 4 * BARRIER
     return hist + search + partition + refine
 
@@ -518,7 +547,15 @@ def model(c, res, limits):
         lat = score + around
         rate, inflight = in_flight_rate(at_once, warps, depth - 1 if depth > 1 else 1)
         duty = tiles * tile_chain() / team
-        bw = max(nbytes / rate, mma_time(flops, tensor)) + (around if not fused else 0.0)
+        # The fragments' shared-memory traffic: a (row, tile) per
+        # 2 x 16 x HEADS x DIM of the case's FLOPs, at every SM's bandwidth.
+        row_tiles = flops / (2 * MMA_TILE * HEADS * DIM)
+        smem = row_tiles * fragment_bytes(profile) / (SMS * SMEM_BW * CLOCK)
+        bw = max(nbytes / rate, mma_time(flops, tensor), smem) + (around if not fused else 0.0)
+        notes.append("MMA fragments from shared memory: %.2f GB (%d bytes a row and tile), "
+                     "%.1f us at %d bytes a cycle an SM"
+                     % (row_tiles * fragment_bytes(profile) / 1e9, fragment_bytes(profile),
+                        smem * 1e6, SMEM_BW))
         out.update(latency_us=lat * 1e6, bandwidth_us=bw * 1e6,
                    in_flight_mb=inflight / 1e6, in_flight_effective_mb=inflight * min(1.0, duty) / 1e6,
                    registers=kern["regs"], teams=teams, resident=at_once, rounds=rounds)

@@ -282,6 +282,10 @@ TEST(Score, NativeCache) {
 TEST(Score, Fp8Cache) {
   check_case<float, KPool::float8_e4m3>(score_case(true, false), 13);
   check_case<KPool::bfloat16, KPool::float8_e4m3>(score_case(true, false), 14);
+  // 40 heads: two head groups a row (32, then 8) on the tensor-core engine.
+  ShardCase wide = score_case(true, false);
+  wide.H = 40;
+  check_case<KPool::bfloat16, KPool::float8_e4m3>(wide, 19);
 }
 
 TEST(Score, ServingCache) {
@@ -297,6 +301,11 @@ TEST(Score, ServingCache) {
   ShardCase narrow = score_case(true, true);
   narrow.D = 8;
   check_case<KPool::bfloat16, KPool::float8_e4m3>(narrow, 17);
+  // 40 heads: the tensor-core engine's rows take two head groups (32, then
+  // 8), items of its row pipeline that fold into one row's sums.
+  ShardCase wide = score_case(true, true);
+  wide.H = 40;
+  check_case<KPool::bfloat16, KPool::float8_e4m3>(wide, 18);
 }
 
 // A scores View without room for the workspace's rows or its pools is

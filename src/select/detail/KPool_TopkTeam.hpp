@@ -377,8 +377,12 @@ struct SelectFunctor : SelectTeamInputs<ExecutionSpace, Key> {
     // top (d = nb - 1 - j), one a thread, so the team scans the runs' sums
     // in one chunk (a team scan of the bins takes one a team size: 16, with
     // their barriers, for 2048 bins and 128 threads), then each run walks
-    // its bins from its prefix: the same sums, the same digit.
-    int const len = (nb + member.team_size() - 1) / member.team_size();
+    // its bins from its prefix: the same sums, the same digit. The runs'
+    // length is odd (17 for 2048 bins and 128 threads), so the threads of
+    // a warp reading their runs' j-th bins fall on distinct banks (a run
+    // of 16 put 16 of them on one bank); a team's last runs may be short
+    // or missing.
+    int const len = ((nb + member.team_size() - 1) / member.team_size()) | 1;
     int const runs = (nb + len - 1) / len;
     Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, runs),
                           [&](int q, std::uint64_t& above, bool final) {
