@@ -514,10 +514,15 @@ struct LaunchScore {
   static constexpr int register_cap = mma_register_cap;
   // Where set, told the rows' histograms the launch builds (null: none).
   std::uint32_t const** built_hist = nullptr;
+  // Plan only: tell built_hist and launch nothing (the tensor-core engine
+  // only, whose planning has no side effect; SelectCall asks before it
+  // prepares, so that the preparation zeroes only histograms a launch
+  // builds).
+  bool plan_only = false;
   template <class F>
   void operator()(std::string const& label, LaunchShape const& shape, F const& f) const {
     if (built_hist != nullptr) *built_hist = f.row_hist;
-    launch(space, label, shape, f);
+    if (!plan_only) launch(space, label, shape, f);
   }
 };
 

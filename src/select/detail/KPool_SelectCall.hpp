@@ -401,6 +401,19 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
       if (options.score_histograms && engine == ScoreEngine::tensor_cores &&
           !cache.shard().sharded() && rows_per_team_for(rows, num_requests) == 1)
         in.row_hist = workspace.row_histograms();
+    // Where the separate path's scoring launch would decline them (no
+    // room for the counts, no key ring, rows too long: launch_score_mma),
+    // none: its preparation then zeroes nothing. The launcher plans the
+    // same for every chunk; the fused kernel's prologue learns it from
+    // the functor it wraps.
+    if constexpr (!Scores)
+      if (in.row_hist != nullptr && !fuse) {
+        std::uint32_t const* planned = nullptr;
+        LaunchScore<ExecutionSpace> plan{space, &planned};
+        plan.plan_only = true;
+        launch_score(chk, space, engine, in, workspace, options, plan);
+        if (planned == nullptr) in.row_hist = nullptr;
+      }
     // The fused decode selection's launcher (the same for every chunk but
     // its first row): it prepares the chunk's queries itself.
     using Prepare = PrepareQueriesFunctor<ExecutionSpace, T, A>;

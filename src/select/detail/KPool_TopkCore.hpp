@@ -92,7 +92,7 @@ KOKKOS_INLINE_FUNCTION void check_select_team_size(Member const& member) {
 constexpr int max_select_team = 1024;
 
 // The one-team-a-row selection (SelectFunctor) carries no launch bounds:
-// nvcc 13 (sm_90) gives it 71-77 registers without them, 6 teams of 128
+// nvcc 13 (sm_90) gives it 71-78 registers without them, 6 teams of 128
 // an SM, and more under any: LaunchBounds<128, 5> 87 (5 teams an SM),
 // <128, 6> 79-80 with a 24-byte spill in the staged kernel, <128, 7> 72
 // with 232 bytes spilled. Its occupancy is the unbounded kernel's.

@@ -253,6 +253,9 @@ struct FuseScoreSelect {
     g.prepared_count = tickets + 2 * groups_capacity;
     g.out_keys = out_keys;
     g.prepare = prepare;
+    // The preparation zeroes only the histograms the scoring builds (its
+    // launcher may decline them: f.row_hist null).
+    g.prepare.row_hist = f.row_hist;
     std::size_t const level0 =
         std::max(plan.scratch_bytes, Prepare::scratch_bytes(prepare.head_dim));
     if (shape.scratch_level == 0) {
