@@ -302,7 +302,7 @@ TEST(Score, ServingCache) {
   narrow.D = 8;
   check_case<KPool::bfloat16, KPool::float8_e4m3>(narrow, 17);
   // 40 heads: the tensor-core engine's rows take two head groups (32, then
-  // 8), items of its row pipeline that fold into one row's sums.
+  // 8), whose folds add into one row's sums.
   ShardCase wide = score_case(true, true);
   wide.H = 40;
   check_case<KPool::bfloat16, KPool::float8_e4m3>(wide, 18);
