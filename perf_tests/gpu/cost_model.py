@@ -101,8 +101,9 @@ EPI_CYC = assume("epilogue_cycles", 300, "cycles", "a warp's relu, weight and he
                  "counted from the code")
 CVT_CYC = {"serving": assume("cvt_serving", 12, "cycles a value", "a query value to its "
                              "E4M3 code (float_to_e4m3_bits, portable form), counted"),
-           "exact": assume("cvt_exact", 24, "cycles a value", "a query value to its three "
-                           "bf16 terms (bf16_term x 3), counted")}
+           "exact": assume("cvt_exact", 12, "cycles a value", "a query value to its three "
+                           "bf16 terms, one conversion each (ScoreMmaFunctor::operand_terms), "
+                           "counted")}
 HIST_CYC = assume("hist_count_cycles", 20, "cycles a tile", "a lane's two shared-memory "
                   "atomic adds (its two pools' first digits) in a tile's epilogue, where the "
                   "scoring builds the row's histogram (ScoreMmaFunctor::score_tile); assumption")
@@ -348,12 +349,13 @@ def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1, hist=Fal
         packets = math.ceil(rows * HEADS * DIM / 16 / threads)
         staging = math.ceil(packets / INFLIGHT) * LAT_L2
     else:
-        # The prepared f32 values, a (row, head) a thread, converted into
-        # the operand's bf16 terms as staged.
-        items = math.ceil(rows * HEADS / threads)
-        values = items * DIM
-        lines = values * 4 / 128
-        staging = lines * LAT_L2 + values * CVT_CYC[profile] / CLOCK
+        # The prepared f32 values in 16-byte packets over the team's
+        # threads (stage_queries), each value split into its bf16 terms as
+        # staged: one L2 round trip for each INFLIGHT packets a thread,
+        # then the conversions.
+        packets = math.ceil(rows * HEADS * DIM / 4 / threads)
+        staging = (math.ceil(packets / INFLIGHT) * LAT_L2
+                   + packets * 4 * CVT_CYC[profile] / CLOCK)
     tiles = max(1, math.ceil(pools / (MMA_TILE * warps)))
     chain, compute = tile_chain(), tile_compute(profile, rows)
     if depth > 1:

@@ -286,6 +286,12 @@ TEST(Score, Fp8Cache) {
   ShardCase wide = score_case(true, false);
   wide.H = 40;
   check_case<KPool::bfloat16, KPool::float8_e4m3>(wide, 19);
+  // Channels not a multiple of 4: the tensor-core engine stages the f32
+  // query's three bf16 terms from one prepared value at a time, not from
+  // 16-byte packets, and pads them to the MMA's K.
+  ShardCase narrow = score_case(true, false);
+  narrow.D = 18;
+  check_case<float, KPool::float8_e4m3>(narrow, 20);
 }
 
 TEST(Score, ServingCache) {

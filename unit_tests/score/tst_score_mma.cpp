@@ -407,6 +407,117 @@ TEST(PreparedQueries, AreThoseOfPrepareQueryRowBitForBit) {
     }
 }
 
+// ------------------------------------------------ queries staged as operands
+
+// A scoring team's staging of prepared query rows for the 16-bit MMAs
+// (ScoreMmaFunctor's stage_queries, one team of the default execution
+// space's shape) against the operand bits of each prepared value, computed
+// here one value at a time by the functions the MMA numerics tests check:
+// split_bf16's terms (bf16, 1 or 3 terms) and float16's bits. Channels past
+// D and heads past H are zero, each (row, head)'s weight is the prepared
+// one (0 past H), and the 4 words of padding after each operand row keep
+// what they held. D of 18 (values read one at a time) and of 20, 32 and
+// 128 (16-byte loads); rows of a chunk that does not start at row 0.
+template <class T, class C, MmaKind Kind>
+void expect_staged_queries(int D, int H, int terms) {
+  using E = Kokkos::DefaultExecutionSpace;
+  using M = E::memory_space;
+  using F = KPool::Details::ScoreMmaFunctor<E, T, C, Kind>;
+  using S = MmaShape<Kind>;
+  SCOPED_TRACE("D " + std::to_string(D) + ", H " + std::to_string(H) + ", terms " +
+               std::to_string(terms) + ", operand words of " + std::to_string(S::per_reg));
+  int const nrows = 2, row_begin = 3, t0 = 4;  // the chunk's rows 1 and 2
+  int const chunk = 4;
+  Rng rng(static_cast<std::uint64_t>(D * 31 + H * 7 + terms));
+  Kokkos::View<float*, M> prepared("prepared", chunk * H * D), weights("weights", chunk * H);
+  KPoolTest::fill_uniform(rng, prepared, -3, 3);
+  KPoolTest::fill_uniform(rng, weights, 0, 2);
+  {  // an infinity and a tiny value among them (their terms past the first are 0)
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prepared);
+    h(H * D + 1) = std::numeric_limits<float>::infinity();
+    h(H * D + 2) = 1.0e-30f;
+    Kokkos::deep_copy(prepared, h);
+  }
+  F f;
+  f.heads = H;
+  f.cache.dim = D;
+  f.batch.row_begin = row_begin;
+  f.prepared = prepared.data();
+  f.prepared_weights = weights.data();
+  f.prepared_codes = false;
+  f.row_hist = nullptr;
+  f.terms = terms;
+  f.warps = 1;
+  f.depth = 1;
+  f.rows_per_team = nrows;
+  f.scratch_level = 0;
+  int const HP = F::padded_heads(H), RW = F::row_words(D);
+  int const DW = F::padded_dim(D) / S::per_reg;  // operand words of a (row, head)
+  std::size_t const qwords = F::query_words(nrows, terms, H, D);
+  std::uint32_t const sentinel = 0xA5A5A5A5u;
+  Kokkos::View<std::uint32_t*, M> q_out("q_out", qwords);
+  Kokkos::View<float*, M> w_out("w_out", static_cast<std::size_t>(nrows) * HP);
+  using Policy = KPool::Details::KokkosExt::TeamPolicy<E>;
+  int const team = KPool::Details::mma_lanes<E>::value == 1 ? 32 : 1;  // one warp
+  Kokkos::parallel_for(
+      "test_stage_queries",
+      Policy(1, team).set_scratch_size(0, Kokkos::PerTeam(F::scratch_bytes(nrows, terms, H, D, 1, 1))),
+      KOKKOS_LAMBDA(typename Policy::member_type const& member) {
+        typename F::Tiles const s = f.tiles_of(member);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, static_cast<int>(qwords)),
+                             [&](int i) { s.q[i] = sentinel; });
+        member.team_barrier();
+        f.stage_queries(member, s, t0, nrows);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, static_cast<int>(qwords)),
+                             [&](int i) { q_out(i) = s.q[i]; });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, nrows * HP),
+                             [&](int i) { w_out(i) = s.w[i]; });
+      });
+  auto const hq = KPoolTest::on_host(q_out);
+  auto const hw = KPoolTest::on_host(w_out);
+  auto const hp = KPoolTest::on_host(prepared);
+  auto const hwt = KPoolTest::on_host(weights);
+  for (int i = 0; i < nrows; ++i)
+    for (int h = 0; h < HP; ++h) {
+      std::size_t const at = static_cast<std::size_t>(t0 - row_begin + i) * H + h;
+      float const want_w = h < H ? hwt(at) : 0.0f;
+      ASSERT_EQ(std::memcmp(&want_w, &hw(i * HP + h), 4), 0) << "weight of row " << i << " head " << h;
+      for (int term = 0; term < terms; ++term) {
+        std::size_t const base = ((static_cast<std::size_t>(i) * terms + term) * HP + h) * RW;
+        for (int wd = 0; wd < RW; ++wd) {
+          std::uint32_t want = sentinel;
+          if (wd < DW) {
+            want = 0;
+            for (int e = 0; e < S::per_reg; ++e) {
+              int const c = wd * S::per_reg + e;
+              float const v = (h < H && c < D) ? hp(at * D + c) : 0.0f;
+              std::uint32_t bits;
+              if constexpr (Kind == MmaKind::bf16) {
+                std::uint32_t t3[3];
+                KPool::Details::split_bf16(v, terms, t3);
+                bits = t3[term];
+              } else {
+                bits = KPool::float16(v).bits;
+              }
+              want |= bits << (e * (32 / S::per_reg));
+            }
+          }
+          ASSERT_EQ(hq(base + wd), want) << "row " << i << " head " << h << " term " << term
+                                         << " word " << wd << (wd >= DW ? " (padding)" : "");
+        }
+      }
+    }
+}
+
+TEST(StagedQueries, AreTheOperandBitsOfThePreparedValues) {
+  for (int D : {18, 20, 32, 128})
+    for (int H : {3, 8}) {
+      expect_staged_queries<float, KPool::bfloat16, MmaKind::bf16>(D, H, 3);
+      expect_staged_queries<KPool::bfloat16, KPool::bfloat16, MmaKind::bf16>(D, H, 1);
+      expect_staged_queries<float, KPool::float16, MmaKind::f16>(D, H, 1);
+    }
+}
+
 // ------------------------------------------------ the hardware MMA
 
 #if defined(KOKKOS_ENABLE_CUDA)

@@ -428,6 +428,12 @@ void launch_score_mma(Checker const& chk, ExecutionSpace const& space,
                std::string("does not take this call (") + plan.why + ")");
     // mma_plan refuses what mma_kernel_runs leaves out.
     if (plan.kind == MmaKind::e4m3) {
+      // Its teams stage the queries' E4M3 bytes as they are (the call
+      // prepares them so for this engine: mma_query_codes).
+      if (!in.prepared_codes)
+        chk.fail("workspace", "engine", -1, "tensor_cores",
+                 "takes the serving profile's queries prepared as E4M3 bytes, and this call "
+                 "prepared values (an internal error)");
       if constexpr (std::is_same<C, float8_e4m3>::value &&
                     mma_kernel_runs<ExecutionSpace, MmaKind::e4m3>())
         launch_score_mma_kind<ExecutionSpace, T, C, MmaKind::e4m3>(chk, space, in, options, 1,

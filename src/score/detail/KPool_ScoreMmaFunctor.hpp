@@ -268,45 +268,69 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
 #endif
   }
 
-  // Query operands of rows [t0, t1) into scratch from the prepared rows,
-  // one (row, head) a thread; prepared E4M3 bytes (the serving profile's
-  // codes) as they are, by stage_query_codes.
+  // Query operands of rows [t0, t1) into scratch from the prepared rows.
+  // The E4M3 MMA takes the serving profile's prepared E4M3 bytes as they
+  // are (stage_query_codes; its launcher refuses a call without them).
+  // The 16-bit MMAs' (bf16, f16) terms: the team's threads take a (row,
+  // head)'s steps in turn, a step 4 channels, read as one 16-byte packet
+  // of prepared values where D is a multiple of 4 (every (row, head)'s
+  // values then start 16-byte aligned), a value at a time otherwise; each
+  // value is split into its terms once (operand_terms), and each term's 2
+  // operand words are written as one 8-byte store. Channels past D (to
+  // the MMA's K) and heads past H are zero.
   KOKKOS_INLINE_FUNCTION void stage_queries(member_type const& member, Tiles const& s,
                                             std::uint64_t t0, int nrows) const {
     if constexpr (Kind == MmaKind::e4m3) {
-      if (prepared_codes) {
-        stage_query_codes(member, s, t0, nrows);
-        return;
-      }
-    }
-    int const H = heads;
-    int const D = cache.head_dim();
-    int const HP = padded_heads(H);
-    int const DP = padded_dim(D);
-    int const RW = row_words(D);
-    int const items = nrows * HP;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, items), [&](int ih) {
-      int const i = ih / HP;
-      int const h = ih % HP;
-      // The row as prepared once (exact profile: R(q), the weight as
-      // given; serving profile: the E4M3 codes and the weight times s_q).
-      float const* x = h < H ? prepared_row(t0 + i, h) : nullptr;
-      s.w[ih] = h < H ? prepared_weight(t0 + i, h) : 0.0f;
-      for (int term = 0; term < terms; ++term) {
-        std::uint32_t* out =
-            s.q + ((static_cast<std::size_t>(i) * terms + term) * HP + h) * RW;
-        for (int wd = 0; wd < DP / S::per_reg; ++wd) {
-          std::uint32_t word = 0;
-          for (int e = 0; e < S::per_reg; ++e) {
-            int const c = wd * S::per_reg + e;
-            float const v = (h < H && c < D) ? x[c] : 0.0f;
-            word |= operand_bits(v, term) << (e * (32 / S::per_reg));
-          }
-          out[wd] = word;
+      stage_query_codes(member, s, t0, nrows);
+    } else {
+      static_assert(S::per_reg == 2, "the 16-bit MMAs' words hold 2 channels");
+      int const H = heads;
+      int const D = cache.head_dim();
+      int const HP = padded_heads(H);
+      int const RW = row_words(D);
+      constexpr int chans = 4;                  // channels a step: 2 words of a term
+      bool const wide = D % chans == 0;
+      int const steps = padded_dim(D) / chans;  // the MMA's K is a multiple of a step
+      std::size_t const term_words = static_cast<std::size_t>(HP) * RW;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, nrows * HP * steps), [&](int idx) {
+        int const ih = idx / steps;
+        int const h = ih % HP;
+        int const c0 = (idx % steps) * chans;
+        if (c0 == 0) s.w[ih] = h < H ? prepared_weight(t0 + ih / HP, h) : 0.0f;
+        std::uint32_t* const out = s.q + static_cast<std::size_t>(ih / HP) * terms * term_words +
+                                   static_cast<std::size_t>(h) * RW + c0 / 2;
+        // The step's values as 32-bit words (held in registers: no array's
+        // address is taken on a device).
+        alignas(16) std::uint32_t v[4];
+        float const* const x = h < H ? prepared_row(t0 + ih / HP, h) + c0 : nullptr;
+        if (h < H && wide && c0 < D) {
+          load_packet_words(v, x);
+        } else {
+          KPOOL_IMPL_UNROLL
+          for (int e = 0; e < chans; ++e)
+            v[e] = KokkosExt::bit_cast<std::uint32_t>((h < H && c0 + e < D) ? x[e] : 0.0f);
         }
-      }
-    });
-    member.team_barrier();
+        alignas(8) std::uint32_t word[3][2];
+        KPOOL_IMPL_UNROLL
+        for (int e = 0; e < chans; ++e) {
+          std::uint32_t bits[3];
+          operand_terms(KokkosExt::bit_cast<float>(v[e]), terms, bits);
+          KPOOL_IMPL_UNROLL
+          for (int term = 0; term < 3; ++term) {
+            if (e % 2 == 0)
+              word[term][e / 2] = bits[term];
+            else
+              word[term][e / 2] |= bits[term] << 16;
+          }
+        }
+        // Unrolled, so that no term's words are indexed at run time (an
+        // array in local memory on a device).
+        KPOOL_IMPL_UNROLL
+        for (int term = 0; term < 3; ++term)
+          if (term < terms) store_word_pair(out + term * term_words, word[term]);
+      });
+      member.team_barrier();
+    }
   }
 
   // The prepared E4M3 bytes of rows [t0, t0 + nrows) are the operand words
@@ -348,14 +372,25 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
     member.team_barrier();
   }
 
-  // Term `term` of query value v as an operand's bits.
-  KOKKOS_INLINE_FUNCTION std::uint32_t operand_bits(float v, int term) const {
+  // Query value v's first n operand terms of a 16-bit MMA, in order
+  // (bf16: the terms bf16_term gives, each from what the ones before it
+  // left, one conversion each; f16: one term), zeros after them.
+  KOKKOS_FORCEINLINE_FUNCTION static void operand_terms(float v, int n,
+                                                        std::uint32_t (&bits)[3]) {
+    bits[0] = bits[1] = bits[2] = 0u;
     if constexpr (Kind == MmaKind::bf16) {
-      return bf16_term(v, term);
-    } else if constexpr (Kind == MmaKind::f16) {
-      return float16(v).bits;
+      // Unrolled, so that bits is not indexed at run time.
+      float r = v;
+      KPOOL_IMPL_UNROLL
+      for (int j = 0; j < 3; ++j) {
+        if (j >= n) break;
+        std::uint16_t const b = float_to_bf16_bits(r);
+        float const t = bf16_bits_to_float(b);
+        r = (t - t == 0.0f) ? r - t : 0.0f;  // t finite
+        bits[j] = b;
+      }
     } else {
-      return float_to_e4m3_bits(v);
+      bits[0] = float16(v).bits;
     }
   }
 
@@ -711,15 +746,24 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
 
   // One 16-byte packet as four words: one wide load on GPUs.
   KOKKOS_FORCEINLINE_FUNCTION static void load_packet_words(std::uint32_t (&w)[4],
-                                                            C const* src) {
+                                                            void const* src) {
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-    uint4 const u = *reinterpret_cast<uint4 const*>(src);
+    uint4 const u = *static_cast<uint4 const*>(src);
     w[0] = u.x;
     w[1] = u.y;
     w[2] = u.z;
     w[3] = u.w;
 #else
     KokkosExt::copy_aligned_bytes<16>(w, src);
+#endif
+  }
+  // Two words as one 8-byte store (8-byte aligned).
+  KOKKOS_FORCEINLINE_FUNCTION static void store_word_pair(std::uint32_t* dst,
+                                                          std::uint32_t const (&w)[2]) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+#else
+    KokkosExt::copy_aligned_bytes<8>(dst, w);
 #endif
   }
   // Element e of a packet held as words (little-endian, as memory).
