@@ -214,6 +214,9 @@ TEST(MmaNumerics, ThreeBf16TermsAreExact) {
     }
     ASSERT_EQ(t1[1], 0u);
     ASSERT_EQ(t1[0], KPool::bfloat16(x).bits);
+    // The split (one conversion a term) gives bf16_term's terms, each
+    // computed anew from x.
+    for (int j = 0; j < 3; ++j) ASSERT_EQ(t3[j], KPool::Details::bf16_term(x, j)) << "x = " << x;
   }
   // inf and NaN stay in the first term.
   std::uint32_t t[3];
@@ -412,9 +415,10 @@ TEST(PreparedQueries, AreThoseOfPrepareQueryRowBitForBit) {
 // A scoring team's staging of prepared query rows for the 16-bit MMAs
 // (ScoreMmaFunctor's stage_queries, one team of the default execution
 // space's shape) against the operand bits of each prepared value, computed
-// here one value at a time by the functions the MMA numerics tests check:
-// split_bf16's terms (bf16, 1 or 3 terms) and float16's bits. Channels past
-// D and heads past H are zero, each (row, head)'s weight is the prepared
+// here one value at a time: bf16_term (bf16, 1 or 3 terms, each computed
+// anew from the value, which the numerics test above ties to split_bf16)
+// and float16's bits. Channels past D and heads past H are zero, each
+// (row, head)'s weight is the prepared
 // one (0 past H), and the 4 words of padding after each operand row keep
 // what they held. D of 18 (values read one at a time) and of 20, 32 and
 // 128 (16-byte loads); rows of a chunk that does not start at row 0.
@@ -493,9 +497,7 @@ void expect_staged_queries(int D, int H, int terms) {
               float const v = (h < H && c < D) ? hp(at * D + c) : 0.0f;
               std::uint32_t bits;
               if constexpr (Kind == MmaKind::bf16) {
-                std::uint32_t t3[3];
-                KPool::Details::split_bf16(v, terms, t3);
-                bits = t3[term];
+                bits = KPool::Details::bf16_term(v, term);
               } else {
                 bits = KPool::float16(v).bits;
               }

@@ -257,9 +257,21 @@ KOKKOS_INLINE_FUNCTION std::uint32_t bf16_term(float x, int term) {
   return b;
 }
 
-// The first `terms` bf16 terms of x, zeros after.
-KOKKOS_INLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[3]) {
-  for (int j = 0; j < 3; ++j) out[j] = j < terms ? bf16_term(x, j) : 0u;
+// The first `terms` bf16 terms of x (bf16_term's), zeros after: each term
+// from what the ones before it left, one conversion a term. Unrolled, so
+// that out is not indexed at run time (an array in local memory on a
+// device).
+KOKKOS_FORCEINLINE_FUNCTION void split_bf16(float x, int terms, std::uint32_t (&out)[3]) {
+  out[0] = out[1] = out[2] = 0u;
+  float r = x;
+  KPOOL_IMPL_UNROLL
+  for (int j = 0; j < 3; ++j) {
+    if (j >= terms) break;
+    std::uint16_t const b = float_to_bf16_bits(r);
+    float const v = bf16_bits_to_float(b);
+    r = (v - v == 0.0f) ? r - v : 0.0f;  // v finite
+    out[j] = b;
+  }
 }
 
 }  // namespace Details

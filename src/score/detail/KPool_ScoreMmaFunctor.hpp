@@ -302,13 +302,13 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         // The step's values as 32-bit words (held in registers: no array's
         // address is taken on a device).
         alignas(16) std::uint32_t v[4];
-        float const* const x = h < H ? prepared_row(t0 + ih / HP, h) + c0 : nullptr;
+        float const* const x = h < H ? prepared_row(t0 + ih / HP, h) : nullptr;
         if (h < H && wide && c0 < D) {
-          load_packet_words(v, x);
+          load_packet_words(v, x + c0);
         } else {
           KPOOL_IMPL_UNROLL
           for (int e = 0; e < chans; ++e)
-            v[e] = KokkosExt::bit_cast<std::uint32_t>((h < H && c0 + e < D) ? x[e] : 0.0f);
+            v[e] = KokkosExt::bit_cast<std::uint32_t>((h < H && c0 + e < D) ? x[c0 + e] : 0.0f);
         }
         alignas(8) std::uint32_t word[3][2];
         KPOOL_IMPL_UNROLL
@@ -373,24 +373,15 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
   }
 
   // Query value v's first n operand terms of a 16-bit MMA, in order
-  // (bf16: the terms bf16_term gives, each from what the ones before it
-  // left, one conversion each; f16: one term), zeros after them.
+  // (bf16: split_bf16's, one conversion a term; f16: one term), zeros
+  // after them.
   KOKKOS_FORCEINLINE_FUNCTION static void operand_terms(float v, int n,
                                                         std::uint32_t (&bits)[3]) {
-    bits[0] = bits[1] = bits[2] = 0u;
     if constexpr (Kind == MmaKind::bf16) {
-      // Unrolled, so that bits is not indexed at run time.
-      float r = v;
-      KPOOL_IMPL_UNROLL
-      for (int j = 0; j < 3; ++j) {
-        if (j >= n) break;
-        std::uint16_t const b = float_to_bf16_bits(r);
-        float const t = bf16_bits_to_float(b);
-        r = (t - t == 0.0f) ? r - t : 0.0f;  // t finite
-        bits[j] = b;
-      }
+      split_bf16(v, n, bits);
     } else {
       bits[0] = float16(v).bits;
+      bits[1] = bits[2] = 0u;
     }
   }
 
