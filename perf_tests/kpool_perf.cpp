@@ -2170,6 +2170,7 @@ void run_topk(Runner& run, std::string const& scenario, int rows, std::uint32_t 
   D::SplitArgs split;
   split.seg_hist = ws.segment_histograms();
   split.plans = ws.split_plans();
+  split.tickets = ws.fused_tickets();
   split.segs = ws.split_segments();
   split.from = ws.split_from();
   split.segment = ws.split_segment();
@@ -2179,7 +2180,7 @@ void run_topk(Runner& run, std::string const& scenario, int rows, std::uint32_t 
   std::uint64_t const n = static_cast<std::uint64_t>(rows) * pools;
   run.measure_read(
       scenario, "f32", "topk", static_cast<std::uint64_t>(rows), rows, n * 4,
-      split.segs > 0 ? 4 : 1,
+      split.segs > 0 ? 3 : 1,
       [&]() {
         D::launch_select<false>(chk, space, batch,
                                 static_cast<std::uint32_t const*>(keys.data()),

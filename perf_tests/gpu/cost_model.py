@@ -140,7 +140,8 @@ SHAPES = {
     "select": "src/select/detail/KPool_SelectCall.hpp: select_shape (a team of 128 "
               "a row)",
     "split": "src/select/detail/KPool_TopkCore.hpp: SelectSplit (rows past 2^16 "
-             "pools, segments of 2^14, three launches before the selection); "
+             "pools, segments of 2^14, two launches before the selection, the "
+             "plan made by a row's last segment team); "
              "src/select/detail/KPool_SelectCall.hpp: split_shape (their teams: the "
              "largest power of two up to 512 the kernel allows)",
     "prepare": "src/score/detail/KPool_ScorePrepare.hpp: a warp a (row, head), 4 a team of 128",
@@ -209,7 +210,6 @@ KERNELS = {
     "prepare": r"^KPool::Details::PrepareQueriesFunctor<",
     "select": r"^KPool::Details::SelectFunctor<",
     "segment_hist": r"^KPool::Details::SegmentHistFunctor<",
-    "split_plan": r"^KPool::Details::SplitPlanFunctor<",
     "segment_partition": r"^KPool::Details::SegmentPartitionFunctor<",
 }
 
@@ -412,9 +412,10 @@ def topk_row(n, threads=TEAM_THREADS, built=False):
 
 
 def split_topk(n):
-    """A long row's top-k: SegmentHist, SplitPlan and SegmentPartition in
-    teams of SPLIT_THREADS (split_shape), then the selection in a team of
-    TEAM_THREADS, four launches (KPool_TopkSplit.hpp). (seconds, segments,
+    """A long row's top-k: SegmentHist (whose last team of the row, by a
+    ticket, makes the row's plan) and SegmentPartition in teams of
+    SPLIT_THREADS (split_shape), then the selection in a team of
+    TEAM_THREADS, three launches (KPool_TopkSplit.hpp). (seconds, segments,
     {part: seconds})."""
     t = SPLIT_THREADS
     segs = math.ceil(n / SEGMENT)
@@ -429,15 +430,16 @@ def split_topk(n):
     # segment (16-bit counts, COUNT_BYTES each), independent, INFLIGHT of
     # them in flight a thread; or the row's segments x 4 KiB over what one
     # SM reads from L2, whichever is slower. Then the bins' differences
-    # (three barriers).
+    # (three barriers). The plan follows the row's last count in the same
+    # team, after its ticket (one release-acquire add, an L2 round trip).
     loads = math.ceil(BINS / (16 // COUNT_BYTES) / t) * segs
     merge = max(math.ceil(loads / INFLIGHT) * LAT_L2,
                 segs * BINS * COUNT_BYTES / (L2_SM * CLOCK)) + 3 * BARRIER
     plan = merge + digit_search(t) + math.ceil(segs / t) * SCAN
     partition = 2 * (LAT_L2 + per * 4 / CLOCK) + SCAN
     finish = digit_search() + LAT_L2
-    parts = {"segment counts": seg_hist, "plan": plan, "partition": partition,
-             "finish": finish, "gaps": 3 * GAP}
+    parts = {"segment counts": seg_hist, "ticket": LAT_L2, "plan": plan,
+             "partition": partition, "finish": finish, "gaps": 2 * GAP}
     return sum(parts.values()), segs, parts
 
 
@@ -460,7 +462,7 @@ def model(c, res, limits):
     if c["kind"] == "topk":
         if c["pools"] > SPLIT_FROM:
             lat, segs, parts = split_topk(c["pools"])
-            notes.append("%d segments of 2^14, teams of %d, four launches (%s): %s"
+            notes.append("%d segments of 2^14, teams of %d, three launches (%s): %s"
                          % (segs, SPLIT_THREADS, SHAPES["split"],
                             ", ".join("%s %.2f" % (k, v * 1e6) for k, v in parts.items())))
         else:

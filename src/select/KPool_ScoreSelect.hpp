@@ -177,16 +177,20 @@ class SelectWorkspace {
   /// stage's own use).
   Kokkos::View<key_type*, MemorySpace> const& keys() const { return keys_; }
   /// @return 3 * max_tokens() words, zero between calls: the fused decode
-  /// selection's tickets, then its counts of queries claimed and prepared
-  /// (the selection stage's own use).
+  /// selection's tickets, then its counts of queries claimed and prepared;
+  /// the first max_tokens() are also the long rows' tickets of their
+  /// counted segments (rows past split_from() pools, which no fused call
+  /// has) (the selection stage's own use).
   std::uint32_t* fused_tickets() const { return fused_tickets_.data(); }
 
-  /// Puts the fused decode selection's words (fused_tickets()) back to
-  /// zero: one fill queued on `space`, no fence. Every fused launch that
-  /// runs to its end leaves them at zero; one that dies mid-way (a device
-  /// fault, a killed stream or process sharing the workspace, an aborted
-  /// graph) may leave some set, and the next fused call through this
-  /// workspace would then wait for queries no team prepares. Call it after
+  /// Puts the fused decode selection's words and the long rows' tickets
+  /// (fused_tickets()) back to zero: one fill queued on `space`, no fence.
+  /// Every launch that runs to its end leaves them at zero; one that dies
+  /// mid-way (a device fault, a killed stream or process sharing the
+  /// workspace, an aborted graph) may leave some set, and the next fused
+  /// call through this workspace would then wait for queries no team
+  /// prepares, or a long row be planned before all its segments are
+  /// counted. Call it after
   /// such a failure, before the workspace is used again (docs/indexer.md,
   /// "One launch for a decode selection"); anywhere else it is needless and
   /// harmless. The other buffers need nothing: every call writes what it

@@ -287,6 +287,13 @@ std::vector<std::int32_t> run_with(Scenario const& sc, EngineOptions const& o, b
   else
     KPool::score_select(in.space, in.q, in.w, sc.s.topk, batch,
                         KPool::paged(in.cache, in.table), out, ws, o);
+  // Every call leaves the workspace's words at zero (the fused groups' and
+  // the long rows' tickets), for the next call.
+  auto const words = on_host(
+      Kokkos::View<std::uint32_t*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+          ws.fused_tickets(), 3 * ws.max_tokens()));
+  for (std::size_t i = 0; i < words.extent(0); ++i)
+    EXPECT_EQ(words(i), 0u) << "workspace word " << i << " left set by the call";
   auto const h = on_host(out);
   return std::vector<std::int32_t>(h.data(), h.data() + h.size());
 }

@@ -112,9 +112,13 @@ void check_rows(std::vector<std::vector<Key>> const& rows, int topk, int team_si
       "hist", chunk_rows * D::split_region_words(std::max<std::size_t>(segs, 1)));
   Kokkos::View<std::uint32_t*, M> plans(
       "plans", chunk_rows * D::split_plan_words(std::max<std::size_t>(segs, 1)));
+  // The long rows' tickets, zero between launches (the workspace's
+  // fused_tickets): checked after every launch.
+  Kokkos::View<std::uint32_t*, M> tickets("tickets", chunk_rows);
   D::SplitArgs args;
   args.seg_hist = hist.data();
   args.plans = plans.data();
+  args.tickets = tickets.data();
   args.segs = static_cast<int>(segs);
   args.from = split.from;
   args.segment = split.segment;
@@ -139,6 +143,9 @@ void check_rows(std::vector<std::vector<Key>> const& rows, int topk, int team_si
     D::launch_select<false>(chk, space, batch, static_cast<Key const*>(keys.data()),
                             D::View2<std::int32_t, M>(out), c.topk, args, o);
     space.fence();
+    auto const ht = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tickets);
+    for (std::size_t t = 0; t < chunk_rows; ++t)
+      ASSERT_EQ(ht(t), 0u) << "ticket of chunk row " << t << " left set, rows from " << b;
     if (states && segs > 0) {
       auto const hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), plans);
       for (std::size_t t = b; t < e; ++t)

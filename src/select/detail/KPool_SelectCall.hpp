@@ -55,6 +55,9 @@ struct SplitArgs {
   // suffix counts (split_counts), then the rows' lists.
   std::uint32_t* seg_hist = nullptr;
   std::uint32_t* plans = nullptr;     // [rows][split_plan_words(segs)]
+  // [rows], zero between calls: each long row's ticket of its counted
+  // segments (SegmentHistFunctor), the workspace's fused_tickets.
+  std::uint32_t* tickets = nullptr;
   int segs = 0;
   std::uint64_t from = 0;
   std::uint64_t segment = 1;
@@ -107,9 +110,10 @@ SelectPlan select_plan(int topk, std::size_t max_visible) {
   return p;
 }
 
-// The split launches' teams (SegmentHistFunctor, SplitPlanFunctor,
-// SegmentPartitionFunctor). Each walks one long stretch of memory with
-// only one team a segment or a row (65 teams at 2^20 pools, on 132 SMs):
+// The split launches' teams (SegmentHistFunctor, whose last team a row
+// makes its plan, and SegmentPartitionFunctor). Each walks one long
+// stretch of memory with only one team a segment or a row (65 teams at
+// 2^20 pools, on 132 SMs):
 // a segment's 2^14 keys, or the plan's 2048 bins over every segment (64 x
 // 4 KiB of 16-bit counts). Their time is rounds of L2 latency a thread,
 // so with device shapes they take the largest power of two up to
@@ -148,11 +152,11 @@ void set_split_args(F& f, SplitArgs const& split) {
 }
 
 // The selection of rows [row_begin, row_end) from their keys: with split
-// rows (and a kernel that reads them in segments), three launches first
-// (split_shape's teams): per-segment counts (a team a segment), each split
-// row's plan (a team a row), each planned segment's partition (a team a
-// segment); then one team a row, in the kernel select_plan picks. No
-// launch waits on the host.
+// rows (and a kernel that reads them in segments), two launches first
+// (split_shape's teams): per-segment counts (a team a segment; the last
+// team of each split row makes the row's plan), each planned segment's
+// partition (a team a segment); then one team a row, in the kernel
+// select_plan picks. No launch waits on the host.
 // out_keys: a shard's keys of the selected pools (SelectTeamInputs), or null.
 // row_hist: the rows' first-digit histograms the scoring built (null:
 // none), which the one-team-a-row kernels start from.
@@ -185,18 +189,19 @@ void launch_select(Checker const& chk, ExecutionSpace const& space,
     };
     std::uint64_t const segments = rows * static_cast<std::uint64_t>(split.segs);
     int const segment_teams = league_for(chk, "q", segments, 1);
+    if (split.tickets == nullptr || split.plans == nullptr || split.seg_hist == nullptr)
+      chk.fail("workspace", "", -1, "split",
+               "has no segment counts, plans or tickets for rows past " +
+                   std::to_string(split.from) + " pools (an internal error)");
     SegmentHistFunctor<ExecutionSpace, Key> h;
     split_args(h);
     h.keys = keys;
+    h.tickets = split.tickets;
+    h.planner.plans = split.plans;
+    h.planner.topk = topk;
     LaunchShape shape = split_shape(space, h, rows, h.scratch_bytes(), options);
     shape.league = segment_teams;
     launch(space, chk.entry_point() + "::select_segments", shape, h);
-    SplitPlanFunctor<ExecutionSpace, Key> pl;
-    split_args(pl);
-    pl.plans = split.plans;
-    pl.topk = topk;
-    launch(space, chk.entry_point() + "::select_split_plans",
-           split_shape(space, pl, rows, pl.scratch_bytes(), options), pl);
     SegmentPartitionFunctor<ExecutionSpace, Key> pa;
     split_args(pa);
     pa.keys = keys;
@@ -436,6 +441,7 @@ void score_select_call(Checker const& chk, ExecutionSpace const& space,
     SplitArgs split;
     split.seg_hist = workspace.segment_histograms();
     split.plans = workspace.split_plans();
+    split.tickets = workspace.fused_tickets();
     split.segs = workspace.split_segments();
     split.from = workspace.split_from();
     split.segment = workspace.split_segment();

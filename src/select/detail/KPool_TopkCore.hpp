@@ -35,7 +35,7 @@
 //   KPool_TopkTeam.hpp   SelectFunctor, the steps above by a team;
 //   KPool_TopkHost.hpp   its host path (host_select), for a host's
 //                        one-thread teams;
-//   KPool_TopkSplit.hpp  long rows split over teams, in three launches
+//   KPool_TopkSplit.hpp  long rows split over teams, in two launches
 //                        before the selection;
 //   KPool_TopkWide.hpp   SelectWideFunctor, any topk in level-0 scratch.
 
@@ -213,11 +213,11 @@ struct SelectRow {
   }
 };
 
-// A split row's plan (SplitPlanFunctor), split_plan_words(segs) words:
-// what the row takes, its first digit, what is left to take in that
-// digit's bin, the bin's keys, the sure ids, then each used segment's
-// offsets into the row's sure list and its candidate list (exclusive
-// sums, the totals after the last used segment).
+// A split row's plan (SplitPlanner, KPool_TopkSplit.hpp),
+// split_plan_words(segs) words: what the row takes, its first digit, what
+// is left to take in that digit's bin, the bin's keys, the sure ids, then
+// each used segment's offsets into the row's sure list and its candidate
+// list (exclusive sums, the totals after the last used segment).
 namespace SplitPlan {
 enum : std::uint32_t { fallback = 0, threshold = 1, all = 2 };
 constexpr int state = 0, digit = 1, rem = 2, count = 3, sure = 4, offsets = 8;
@@ -270,6 +270,36 @@ KOKKOS_INLINE_FUNCTION void host_block_masks(Key const* block, Key top, Key firs
     above |= static_cast<std::uint32_t>(key > top) << c;
     on |= static_cast<std::uint32_t>(static_cast<Key>(key - first) <= span) << c;
   }
+}
+
+// A team's ticket: whether this team's `count` added to *word completes
+// `total` (every team that shares the word has then written what it
+// published). A team barrier after the team's writes, then one thread adds
+// with release and acquire ordering (KokkosExt::fetch_add_acq_rel: a
+// release by one thread after a barrier publishes the whole team's
+// writes), and Kokkos' broadcast holds the team until the answer is in, so
+// the last team reads the others' writes after an acquire and a barrier.
+// No team waits at its ticket. The last one, which no team of the launch
+// follows on this word, puts it back to zero and calls on_last() (the same
+// thread: other words to put back).
+template <class Member, class OnLast>
+KOKKOS_INLINE_FUNCTION bool team_ticket(Member const& member, std::uint32_t* word,
+                                        std::uint32_t count, std::uint64_t total,
+                                        OnLast const& on_last) {
+  member.team_barrier();
+  int last = 0;
+  Kokkos::single(
+      Kokkos::PerTeam(member),
+      [&](int& l) {
+        std::uint32_t const drawn = KokkosExt::fetch_add_acq_rel(word, count);
+        l = static_cast<std::uint64_t>(drawn) + count == total ? 1 : 0;
+        if (l) {
+          *word = 0;
+          on_last();
+        }
+      },
+      last);
+  return last != 0;
 }
 
 // The segment a segment team has (its league rank): chunk row i, segment

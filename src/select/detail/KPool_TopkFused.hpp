@@ -185,23 +185,13 @@ struct FusedSelectFunctor : ScoreF {
   // written and visible to it).
   KOKKOS_INLINE_FUNCTION bool last_of_group(member_type const& member, std::uint64_t group,
                                             std::uint32_t count) const {
-    member.team_barrier();
-    int last = 0;
-    Kokkos::single(
-        Kokkos::PerTeam(member),
-        [&](int& l) {
-          std::uint32_t const drawn = KokkosExt::fetch_add_acq_rel(&tickets[group], count);
-          l = drawn + count == static_cast<std::uint32_t>(this->splits) ? 1 : 0;
-          // Every split has drawn: no team of this launch touches the
-          // group's words again.
-          if (l) {
-            tickets[group] = 0;
-            claims[group] = 0;
-            prepared_count[group] = 0;
-          }
-        },
-        last);
-    return last != 0;
+    // Every split has drawn: no team of this launch touches the group's
+    // words again.
+    return team_ticket(member, &tickets[group], count,
+                       static_cast<std::uint64_t>(this->splits), [&]() {
+                         claims[group] = 0;
+                         prepared_count[group] = 0;
+                       });
   }
 };
 

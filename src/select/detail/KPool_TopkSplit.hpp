@@ -2,12 +2,13 @@
 #define KPOOL_SELECT_DETAIL_TOPK_SPLIT_HPP
 
 // Long rows (docs/indexer.md, "Top-k"): rows longer than the workspace's
-// split length are split over teams in three launches before the selection
-// (no inter-team barrier): per-segment counts of the first digit
-// (SegmentHistFunctor), a plan a row (SplitPlanFunctor: the threshold
-// digit and each segment's offsets into the row's lists), the partition of
-// each segment into those lists (SegmentPartitionFunctor); the selection
-// launch (SelectFunctor, KPool_TopkTeam.hpp) then goes on from the row's
+// split length are split over teams in two launches before the selection
+// (no team waits on another): per-segment counts of the first digit
+// (SegmentHistFunctor), whose last team for a row (a ticket a row) makes
+// the row's plan (SplitPlanner: the threshold digit and each segment's
+// offsets into the row's lists); then the partition of each segment into
+// those lists (SegmentPartitionFunctor); the selection launch
+// (SelectFunctor, KPool_TopkTeam.hpp) then goes on from the row's
 // candidates (split_finish, below), or, when they do not fit the row's
 // region, reads the row whole from its summed counts.
 
@@ -23,10 +24,91 @@
 namespace KPool {
 namespace Details {
 
+// The plan of a split row (docs/indexer.md, "Top-k"), made by the team
+// that counted the row's last segment (SegmentHistFunctor): the row's
+// first digit from the sum of its segments' suffix counts; then, when its
+// sure ids and the ids and keys in its threshold bin fit its region
+// (split_lists_fit), each used segment's offsets into those lists, one
+// team scan over the segments (a segment's sure keys are its suffix count
+// above the digit, its candidates the count at it). Otherwise the plan
+// says `fallback` and the selection launch takes the row whole.
+template <class ExecutionSpace, class Key>
+struct SplitPlanner {
+  using Select = SelectFunctor<ExecutionSpace, Key, false, false>;
+  using member_type = typename Select::member_type;
+  using scratch_space = typename ExecutionSpace::scratch_memory_space;
+  template <class V>
+  using Scratch = typename Select::template Scratch<V>;
+  static constexpr int bins = select_bins;
+
+  std::uint32_t* plans = nullptr;  // [chunk rows][split_plan_words(segs)]
+  int topk = 0;
+
+  static std::size_t scratch_bytes() {
+    return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<std::uint64_t>::shmem_size(8);
+  }
+
+  // Row i (n visible pools, `used` segments of `segs`) from its counts
+  // `cum`, with buffers from `scratch`.
+  KOKKOS_INLINE_FUNCTION void plan_row(member_type const& member, scratch_space const& scratch,
+                                       std::uint16_t const* cum, std::uint64_t i,
+                                       std::uint64_t n, std::uint64_t used, int segs) const {
+    std::uint32_t* const plan = plans + i * split_plan_words(segs);
+    typename Select::Buffers b;
+    b.hist = Scratch<std::uint32_t>(scratch, bins);
+    b.shared = Scratch<std::uint64_t>(scratch, 8);
+    Select::template merge_suffix_counts<4>(member, b, cum, used);
+    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
+    std::uint64_t rem = k, count = 0, total = 0;
+    int const d = Select::find_digit(member, b, bins, rem, count, total);
+    bool const all = total <= k;
+    bool const fits = all || split_lists_fit<Key>(k, count, segs);
+    if (fits) {
+      // (sure ids before g) in the low half, (candidates before g) in the
+      // high half; the totals land at g = used.
+      std::uint32_t* const sure_at = plan + SplitPlan::offsets;
+      std::uint32_t* const cand_at = sure_at + segs + 1;
+      Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, static_cast<int>(used) + 1),
+                            [&](int g, std::uint64_t& before, bool final) {
+                              std::uint64_t up = 0, on = 0;
+                              if (static_cast<std::uint64_t>(g) < used) {
+                                std::uint16_t const* h = cum + static_cast<std::uint64_t>(g) * bins;
+                                up = all ? h[0] : d + 1 < bins ? h[d + 1] : 0u;
+                                on = all ? 0u : h[d] - up;
+                              }
+                              if (final) {
+                                sure_at[g] = static_cast<std::uint32_t>(before & 0xFFFFFFFFull);
+                                cand_at[g] = static_cast<std::uint32_t>(before >> 32);
+                              }
+                              before += up + (on << 32);
+                            });
+    }
+    Kokkos::single(Kokkos::PerTeam(member), [&]() {
+      plan[SplitPlan::state] =
+          !fits ? SplitPlan::fallback : all ? SplitPlan::all : SplitPlan::threshold;
+      plan[SplitPlan::digit] = static_cast<std::uint32_t>(d);
+      plan[SplitPlan::rem] = static_cast<std::uint32_t>(rem);
+      plan[SplitPlan::count] = static_cast<std::uint32_t>(count);
+      // Keys in bins above the digit: k - rem of them.
+      plan[SplitPlan::sure] = static_cast<std::uint32_t>(all ? total : k - rem);
+    });
+  }
+};
+
 // The first digit's suffix counts (nonzero keys) of one segment of a long
 // row: out[d] is how many of its keys have a first digit of d or more, a
 // 16-bit word (split_counts: a segment holds at most split_segment_max
-// pools).
+// pools). Then the segment's team takes a ticket of its row (a word a row,
+// zero between launches); the team whose ticket completes the row's used
+// segments has every segment's counts before it, makes the row's plan
+// (SplitPlanner) and puts the word back to zero. The plan used to be a
+// launch of its own, a team a row: one launch gap more, and one round of
+// teams that mostly found no long row.
+//
+// Memory order: team_ticket's (KPool_TopkCore.hpp), as the fused decode
+// selection's groups. No team waits at its ticket. A launch that dies
+// mid-way may leave a word set: SelectWorkspace::reset_counters puts the
+// words back.
 template <class ExecutionSpace, class Key>
 struct SegmentHistFunctor {
   using member_type = typename KokkosExt::TeamPolicy<ExecutionSpace>::member_type;
@@ -39,27 +121,48 @@ struct SegmentHistFunctor {
   SelectBatch batch;
   Key const* keys;           // [chunk rows * max_visible]
   std::uint32_t* seg_hist;   // [chunk rows][split_region_words(segs)]
+  std::uint32_t* tickets;    // [chunk rows], zero between launches
   std::uint64_t split_from;
   std::uint64_t segment;
   int segs;
+  SplitPlanner<ExecutionSpace, Key> planner;
 
   // A host's one-thread team counts through host_hist_copies histograms.
   // A team's histogram is followed by team_ordered_scan's words
-  // (max_select_team + 1 of 64 bits), in a host's spare copies.
+  // (max_select_team + 1 of 64 bits), in a host's spare copies. The plan
+  // takes the same scratch afterwards.
   static constexpr int copies = device_shapes<ExecutionSpace>::value ? 1 : host_hist_copies;
   static constexpr int team_words = select_bins + 2 * (max_select_team + 1);
   static constexpr int words = copies * select_bins > team_words ? copies * select_bins : team_words;
-  static std::size_t scratch_bytes() { return Scratch::shmem_size(words); }
+  static std::size_t scratch_bytes() {
+    std::size_t const counts = Scratch::shmem_size(words);
+    std::size_t const plan = SplitPlanner<ExecutionSpace, Key>::scratch_bytes();
+    return counts > plan ? counts : plan;
+  }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    scratch_space const base = member.team_scratch(0);
     SplitSegment g;
     if (!g.find(batch, split_from, segment, segs, member.league_rank())) return;
-    std::uint64_t const i = g.i, p0 = g.p0, p1 = g.p1;
-    int const seg = g.seg;
-    Key const* row = keys + i * batch.max_visible;
-    Scratch hist(member.team_scratch(0), words);
-    std::uint16_t* out = split_counts(seg_hist + i * split_region_words(segs)) +
-                         static_cast<std::uint64_t>(seg) * select_bins;
+    std::uint16_t* const cum = split_counts(seg_hist + g.i * split_region_words(segs));
+    {
+      // A copy: the views taken from a scratch space advance its own
+      // position, and the plan below starts again from base.
+      scratch_space const scratch = base;
+      count(member, scratch, g, cum + static_cast<std::uint64_t>(g.seg) * select_bins);
+    }
+    std::uint64_t const used = (g.n + segment - 1) / segment;
+    if (last_of_row(member, g.i, used)) {
+      scratch_space const scratch = base;  // the counts' buffers are free
+      planner.plan_row(member, scratch, cum, g.i, g.n, used, segs);
+    }
+  }
+
+  KOKKOS_INLINE_FUNCTION void count(member_type const& member, scratch_space const& scratch,
+                                    SplitSegment const& g, std::uint16_t* out) const {
+    std::uint64_t const p0 = g.p0, p1 = g.p1;
+    Key const* row = keys + g.i * batch.max_visible;
+    Scratch hist(scratch, words);
     if constexpr (!device_shapes<ExecutionSpace>::value) {
       // A host's one-thread team: plain loops, every key counted, then
       // key 0 taken out of bin 0.
@@ -102,82 +205,13 @@ struct SegmentHistFunctor {
                         above += c;
                       });
   }
-};
 
-// The plan of each split row (docs/indexer.md, "Top-k"), one team a row,
-// between the segments' counts and their partition: the row's first digit
-// from the sum of its segments' suffix counts; then, when its sure ids and
-// the ids and keys in its threshold bin fit its region (split_lists_fit),
-// each used segment's offsets into those lists,
-// one team scan over the segments (a segment's sure keys are its suffix
-// count above the digit, its candidates the count at it). Otherwise the
-// plan says `fallback` and the selection launch takes the row whole.
-template <class ExecutionSpace, class Key>
-struct SplitPlanFunctor {
-  using Select = SelectFunctor<ExecutionSpace, Key, false, false>;
-  using member_type = typename Select::member_type;
-  template <class V>
-  using Scratch = typename Select::template Scratch<V>;
-  static constexpr int bins = select_bins;
-
-  SelectBatch batch;
-  std::uint32_t const* seg_hist;  // [chunk rows][split_region_words(segs)]
-  std::uint32_t* plans;           // [chunk rows][split_plan_words(segs)]
-  std::uint64_t split_from;
-  std::uint64_t segment;
-  int segs;
-  int topk;
-
-  static std::size_t scratch_bytes() {
-    return Scratch<std::uint32_t>::shmem_size(bins) + Scratch<std::uint64_t>::shmem_size(8);
-  }
-
-  KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
-    SelectRow r{};
-    if (!r.find<ExecutionSpace>(member, batch, member.league_rank())) return;
-    std::uint64_t const i = r.i, n = r.n;
-    if (n <= split_from) return;
-    std::uint64_t const used = (n + segment - 1) / segment;
-    std::uint16_t const* cum = split_counts(seg_hist + i * split_region_words(segs));
-    std::uint32_t* const plan = plans + i * split_plan_words(segs);
-    typename Select::Buffers b;
-    b.hist = Scratch<std::uint32_t>(member.team_scratch(0), bins);
-    b.shared = Scratch<std::uint64_t>(member.team_scratch(0), 8);
-    Select::template merge_suffix_counts<4>(member, b, cum, used);
-    std::uint64_t const k = n < static_cast<std::uint64_t>(topk) ? n : topk;
-    std::uint64_t rem = k, count = 0, total = 0;
-    int const d = Select::find_digit(member, b, bins, rem, count, total);
-    bool const all = total <= k;
-    bool const fits = all || split_lists_fit<Key>(k, count, segs);
-    if (fits) {
-      // (sure ids before g) in the low half, (candidates before g) in the
-      // high half; the totals land at g = used.
-      std::uint32_t* const sure_at = plan + SplitPlan::offsets;
-      std::uint32_t* const cand_at = sure_at + segs + 1;
-      Kokkos::parallel_scan(Kokkos::TeamThreadRange(member, static_cast<int>(used) + 1),
-                            [&](int g, std::uint64_t& before, bool final) {
-                              std::uint64_t up = 0, on = 0;
-                              if (static_cast<std::uint64_t>(g) < used) {
-                                std::uint16_t const* h = cum + static_cast<std::uint64_t>(g) * bins;
-                                up = all ? h[0] : d + 1 < bins ? h[d + 1] : 0u;
-                                on = all ? 0u : h[d] - up;
-                              }
-                              if (final) {
-                                sure_at[g] = static_cast<std::uint32_t>(before & 0xFFFFFFFFull);
-                                cand_at[g] = static_cast<std::uint32_t>(before >> 32);
-                              }
-                              before += up + (on << 32);
-                            });
-    }
-    Kokkos::single(Kokkos::PerTeam(member), [&]() {
-      plan[SplitPlan::state] =
-          !fits ? SplitPlan::fallback : all ? SplitPlan::all : SplitPlan::threshold;
-      plan[SplitPlan::digit] = static_cast<std::uint32_t>(d);
-      plan[SplitPlan::rem] = static_cast<std::uint32_t>(rem);
-      plan[SplitPlan::count] = static_cast<std::uint32_t>(count);
-      // Keys in bins above the digit: k - rem of them.
-      plan[SplitPlan::sure] = static_cast<std::uint32_t>(all ? total : k - rem);
-    });
+  // Whether this team, having counted its segment of row i, is the last of
+  // the row's `used` segments to finish (their counts are then all written
+  // and visible to it). The last puts the row's word back to zero.
+  KOKKOS_INLINE_FUNCTION bool last_of_row(member_type const& member, std::uint64_t i,
+                                          std::uint64_t used) const {
+    return team_ticket(member, &tickets[i], 1u, used, []() {});
   }
 };
 
