@@ -141,6 +141,7 @@ struct SegmentHistFunctor {
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(member_type const& member) const {
+    check_select_team_size<ExecutionSpace>(member);  // the scans, the plan's included
     scratch_space const base = member.team_scratch(0);
     SplitSegment g;
     if (!g.find(batch, split_from, segment, segs, member.league_rank())) return;
