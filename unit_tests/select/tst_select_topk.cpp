@@ -461,6 +461,40 @@ TEST(SelectTopk, SplitRowsOverOneTwoAndManySegments) {
   check_split_segments<double>(59);
 }
 
+// The selection's own launches (named after the checker, "tst_select_topk::"),
+// recorded through Kokkos Tools while armed.
+struct LaunchLog {
+  bool armed = false;
+  std::vector<std::string> names;
+};
+LaunchLog launch_log;
+void on_select_launch(char const* name, std::uint32_t, std::uint64_t*) {
+  std::string const n(name);
+  if (launch_log.armed && n.rfind("tst_select_topk::", 0) == 0) launch_log.names.push_back(n);
+}
+
+// A split row takes three launches: its segments' counts, whose last team
+// a row makes the row's plan; the partition; the selection. No plan
+// launch between the counts and the partition.
+TEST(SelectTopk, ASplitRowTakesThreeLaunches) {
+  KPool::Details::SelectSplit split;
+  split.from = 1500;
+  split.segment = 512;
+  std::mt19937_64 rng(61);
+  std::vector<std::vector<std::uint32_t>> const rows = {make_row<std::uint32_t>(rng, 0, 4000),
+                                                        make_row<std::uint32_t>(rng, 1, 700)};
+  launch_log = LaunchLog();
+  launch_log.armed = true;
+  Kokkos::Tools::Experimental::set_begin_parallel_for_callback(on_select_launch);
+  check_rows(rows, 64, 0, rows.size(), split, [](int r) { return r == 0 ? "split" : "short"; });
+  Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
+  launch_log.armed = false;
+  std::vector<std::string> const want = {"tst_select_topk::select_segments",
+                                         "tst_select_topk::select_split_partitions",
+                                         "tst_select_topk::select"};
+  EXPECT_EQ(launch_log.names, want);
+}
+
 TEST(SelectTopk, ScoreDistributionsWith64BitKeys) { check_score_kinds<double>(37); }
 
 // Every candidate-buffer boundary: the threshold bin holding exactly
