@@ -99,6 +99,25 @@ MMA_RATE = assume("mma_sync_fraction", 0.5, "of the tensor peak", "what mma.sync
 EPI_CYC = assume("epilogue_cycles", 300, "cycles", "a warp's relu, weight and head sum "
                  "over one 16-pool tile of 32 heads (ScoreMmaFunctor's epilogue), "
                  "counted from the code")
+FOLD_SAVED = {"serving": assume("fold_saved_serving", 49, "cycles", "the epilogue's fold "
+                                "(relu, weights, the lane's heads) where a group's 32 heads are "
+                                "all the row's: no head checked, a lane's 2 weights an N tile "
+                                "loaded once; its PTX instructions between a row's last MMA "
+                                "and its head sum, 117 before, 68 now (nvcc 13, sm_90), a "
+                                "cycle each off epilogue_cycles, counted"),
+              "exact": assume("fold_saved_exact", 75, "cycles", "the same in the exact "
+                              "profile's kernel (each product scaled by its pool's scale, "
+                              "now 2 loads a lane): 161 PTX instructions before, 86 now, "
+                              "counted")}
+KEYS_SAVED = {"serving": assume("keys_saved_serving", 30, "cycles", "the epilogue's key "
+                                "writes in the serving kernel: a group's lanes 0 and 1 each "
+                                "write one of its two pools at once, where lane 0 wrote both "
+                                "in turn; its PTX instructions from the head sum's first "
+                                "shuffle to the next MMA, 111 before, 81 now (nvcc 13, "
+                                "sm_90), a cycle each off epilogue_cycles, counted"),
+              "exact": assume("keys_saved_exact", 0, "cycles", "the exact kernels still "
+                              "write both pools from lane 0 (the bf16 keys' kernel has no "
+                              "registers to spare under its cap)")}
 CVT_CYC = {"serving": assume("cvt_serving", 12, "cycles a value", "a query value to its "
                              "E4M3 code (float_to_e4m3_bits, portable form), counted"),
            "exact": assume("cvt_exact", 12, "cycles a value", "a query value to its three "
@@ -326,7 +345,8 @@ def tile_compute(profile, rows):
     are reloaded for each row (ScoreMmaFunctor's row loop)."""
     k = 32 if profile == "serving" else 16
     mmas = (HEADS // 16) * (MMA_TILE // 8) * (DIM // k) * (1 if profile == "serving" else 3)
-    return rows * (mmas * MMA_CYC + EPI_CYC) / CLOCK
+    epilogue = EPI_CYC - FOLD_SAVED[profile] - KEYS_SAVED[profile]
+    return rows * (mmas * MMA_CYC + epilogue) / CLOCK
 
 
 def scoring_team(profile, rows, pools, warps, fused, groups=1, depth=1, hist=False):

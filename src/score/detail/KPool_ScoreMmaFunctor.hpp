@@ -669,7 +669,27 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
             }
           }
         }
-        // relu, weights and this lane's heads, in head order.
+        // relu, weights and this lane's heads, in head order. Where the
+        // group's 32 heads are all the row's (H = 32, the first group of
+        // 40, ...), no head is checked and a lane loads each of its 2
+        // weights an N tile once for its 4 products: the same sums in the
+        // same order, in about half the epilogue's instructions. Otherwise
+        // a padded head is skipped, not weighted by 0 (its product may be
+        // a NaN).
+        if (ntiles == 4 && hg + 32 <= H) {
+          for (int nt = 0; nt < 4; ++nt)
+            for (int l = 0; l < L; ++l) {
+              int const lane = lane_of(member, l);
+              float const w0 = wi[hg + nt * 8 + S::c_col(lane, 0)];
+              float const w1 = wi[hg + nt * 8 + S::c_col(lane, 1)];
+              for (int e = 0; e < 4; ++e) {
+                float const x =
+                    serving ? acc[nt][l][e] : scale[S::c_row(lane, e)] * acc[nt][l][e];
+                part[l][e >> 1] += ((e & 1) ? w1 : w0) * relu(x);
+              }
+            }
+          continue;
+        }
         for (int nt = 0; nt < 4; ++nt) {
           if (nt >= ntiles) break;
           for (int l = 0; l < L; ++l) {
@@ -685,14 +705,18 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
         }
       }
       group_sum(part);
-      for (int l = 0; l < L; ++l) {
-        int const lane = lane_of(member, l);
-        if ((lane & 3) != 0) continue;
-        for (int half = 0; half < 2; ++half) {
+      if constexpr (serving) {
+        // The butterfly leaves the same bits in all four lanes of a group
+        // (each sum is of the same two pairs, a + b = b + a), so the
+        // group's lane 0 writes pool g and its lane 1 pool g + 8, at once.
+        for (int l = 0; l < L; ++l) {
+          int const lane = lane_of(member, l);
+          int const half = lane & 3;
+          if (half > 1) continue;
           int const pool = (lane >> 2) + half * 8;
           std::uint64_t const p = p0 + pool;
           if (p >= vis) continue;
-          float const score = serving ? scale[pool] * part[l][half] : part[l][half];
+          float const score = scale[pool] * (half != 0 ? part[l][1] : part[l][0]);
           Key const key =
               usable[pool] != 0.0f ? score_key(score) : static_cast<Key>(key_not_visible);
           keys[batch.key_offset(t) + p] = key;
@@ -700,6 +724,29 @@ struct ScoreMmaFunctor : ScoreTeamInputs<ExecutionSpace, T, C> {
           if (Count && row_hist != nullptr && key != static_cast<Key>(key_not_visible)) {
             int const d = first_digit(key);
             Kokkos::atomic_add(hist_words(s) + (d >> 1), 1u << (16 * (d & 1)));
+          }
+        }
+      } else {
+        // The exact kernels write both from lane 0, this loop as it was
+        // before the serving kernel's above: the bf16 keys' kernel holds
+        // 166 registers of its cap of 168, and nvcc 13 spills 52 to 100
+        // bytes there with the loop in any other form tried (two lanes
+        // writing, a shared helper).
+        for (int l = 0; l < L; ++l) {
+          int const lane = lane_of(member, l);
+          if ((lane & 3) != 0) continue;
+          for (int half = 0; half < 2; ++half) {
+            int const pool = (lane >> 2) + half * 8;
+            std::uint64_t const p = p0 + pool;
+            if (p >= vis) continue;
+            float const score = part[l][half];
+            Key const key =
+                usable[pool] != 0.0f ? score_key(score) : static_cast<Key>(key_not_visible);
+            keys[batch.key_offset(t) + p] = key;
+            if (Count && row_hist != nullptr && key != static_cast<Key>(key_not_visible)) {
+              int const d = first_digit(key);
+              Kokkos::atomic_add(hist_words(s) + (d >> 1), 1u << (16 * (d & 1)));
+            }
           }
         }
       }
